@@ -1,0 +1,192 @@
+"""``dlrover-rm``: the stages of DLRover-RM from a shell (profile table → fit → plan).
+
+    dlrover-rm probes --cpu 64 --memory 256Gi [-o PROBES.csv]
+    dlrover-rm fit SAMPLES.csv -o MODEL.json [--prior OLD.json]
+    dlrover-rm predict MODEL.json CONFIGS.csv
+    dlrover-rm plan MODEL.json --cpu 64 --memory 256Gi [--objective throughput|deadline|efficiency]
+    dlrover-rm demo
+
+User mistakes print ``error: <field>=<value> is invalid: allowed ...`` and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from importlib.resources import files
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
+from airflow_dlrover.optimizer.planner import OBJECTIVES, plan
+from airflow_dlrover.optimizer.probes import design_probes
+from airflow_dlrover.optimizer.types import InvalidInputError, Quota, parse_duration_s
+
+EXAMPLE_SAMPLES = files("airflow_dlrover") / "data" / "example_profile.csv"
+
+
+def _read_table(path: str, field: str) -> pd.DataFrame:
+    try:
+        return pd.read_csv(path)
+    except FileNotFoundError:
+        raise InvalidInputError(field, path, "an existing CSV file") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        raise InvalidInputError(field, path, f"a CSV table with a header line ({err})") from None
+
+
+def _quota(args: argparse.Namespace) -> Quota:
+    return Quota.parse(
+        args.cpu, args.memory, args.gpu, args.max_nodes, args.price_per_core_hour, args.price_per_gb_hour
+    )
+
+
+def _print_fit(model: JobModel) -> None:
+    report = model.throughput.report
+    print("throughput model  1/X = Σ θ·f(x)   (see airflow_dlrover/optimizer/model.py)")
+    for line in model.throughput.describe():
+        print("  " + line)
+    loco = "n/a (too few configurations)" if report.loco_mape is None else f"{report.loco_mape:.1%}"
+    print(f"samples {report.n_samples}, configurations {report.n_configurations}, warm start: {report.warm_start}")
+    print(f"in-sample MAPE {report.in_sample_mape:.1%}   leave-one-configuration-out MAPE {loco}")
+    print(f"relative noise {report.relative_noise:.1%}")
+    if model.memory:
+        m = model.memory
+        print(
+            f"memory model: PS {m.ps_base_mb:.0f} MB + {m.table_mb:.0f} MB / p;  "
+            f"worker {m.worker_base_mb:.0f} MB + {m.activation_mb_per_sample:.3f} MB × batch"
+        )
+        for name, why in m.pinned.items():
+            print(f"  pinned {name}: {why}")
+    else:
+        print("memory model: none (no *_memory_used_mb columns): `plan` needs one")
+
+
+def cmd_fit(args: argparse.Namespace) -> None:
+    prior = JobModel.load(args.prior) if args.prior else None
+    model = fit_job_model(_read_table(args.samples, "SAMPLES"), prior, leave_one_out=not args.no_loco)
+    model.save(args.output)
+    _print_fit(model)
+    print(f"wrote {args.output}")
+
+
+def cmd_predict(args: argparse.Namespace) -> None:
+    model = JobModel.load(args.model)
+    configs = _read_table(args.configs, "CONFIGS")
+    missing = [c for c in ("workers", "ps", "worker_cpu", "ps_cpu") if c not in configs]
+    if missing:
+        raise InvalidInputError("CONFIGS columns", list(configs.columns), "workers, ps, worker_cpu, ps_cpu", f"Missing: {missing}.")
+    values = configs[["workers", "ps", "worker_cpu", "ps_cpu"]].apply(pd.to_numeric, errors="coerce")
+    bad = ~np.isfinite(values.to_numpy(float)) | (values.to_numpy(float) <= 0)
+    if bad.any():
+        row, col = map(int, np.argwhere(bad)[0])
+        raise InvalidInputError(f"CONFIGS.{values.columns[col]}", configs.iloc[row, configs.columns.get_loc(values.columns[col])], "a positive number", f"Row {row}.")
+    x, lower, upper = model.throughput.predict(configs)
+    out = configs.copy()
+    out["predicted_throughput"], out["lower_throughput"], out["upper_throughput"] = x.round(1), lower.round(1), upper.round(1)
+    out.to_csv(sys.stdout, index=False)
+
+
+def cmd_plan(args: argparse.Namespace) -> None:
+    model = JobModel.load(args.model)
+    deadline = parse_duration_s(args.deadline) if args.deadline is not None else None
+    result = plan(
+        model.throughput, model.memory, _quota(args), args.objective,
+        samples=args.samples, deadline_s=deadline, batch_size=args.batch_size,
+    )
+    out = result.to_dict(details=args.details)
+    print(json.dumps(out, indent=2))
+
+
+def cmd_probes(args: argparse.Namespace) -> None:
+    prior = JobModel.load(args.prior) if args.prior else None
+    table = design_probes(
+        _quota(args), batch_size=args.batch_size or 512, worker_gpu=args.worker_gpu,
+        prior=prior.throughput if prior else None, memory=prior.memory if prior else None,
+    )
+    table.to_csv(args.output or sys.stdout, index=False)
+    if args.output:
+        print(f"wrote {len(table)} probe configurations to {args.output}")
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    samples = pd.read_csv(EXAMPLE_SAMPLES)
+    print(f"== profile table: {EXAMPLE_SAMPLES.name} ({len(samples)} samples, measured on the queueing simulation)")
+    print(samples.to_string(index=False, max_rows=12))
+    print("\n== fit")
+    model = fit_job_model(samples)
+    model.save(out / "model.json")
+    _print_fit(model)
+    quota = Quota.parse(64, "256Gi")
+    for objective, extra in (("throughput", {}), ("efficiency", {}), ("deadline", {"samples": 2e8, "deadline_s": 4 * 3600})):
+        result = plan(model.throughput, model.memory, quota, objective, **extra)
+        print(f"\n== plan ({objective}) under 64 cores / 256 GiB")
+        print(json.dumps(result.to_dict(details=False), indent=2))
+    (out / "plan.json").write_text(json.dumps(plan(model.throughput, model.memory, quota).to_dict(), indent=2))
+    print(f"\nwrote {out / 'model.json'} and {out / 'plan.json'}")
+
+
+def _add_quota(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cpu", required=True, help="cores in the quota, e.g. 64")
+    parser.add_argument("--memory", required=True, help="memory in the quota, e.g. 256Gi")
+    parser.add_argument("--gpu", default=0, help="GPUs in the quota (default 0)")
+    parser.add_argument("--max-nodes", default=None, help="most pods/processes (default: no limit)")
+    parser.add_argument("--price-per-core-hour", default=None)
+    parser.add_argument("--price-per-gb-hour", default=None)
+    parser.add_argument("--batch-size", type=int, default=None, help="batch per worker step (default: the model's)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dlrover-rm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("fit", help="fit throughput and memory models to a sample table")
+    p.add_argument("samples", metavar="SAMPLES.csv")
+    p.add_argument("-o", "--output", required=True, metavar="MODEL.json")
+    p.add_argument("--prior", metavar="MODEL.json", help="warm start from an earlier model of the job")
+    p.add_argument("--no-loco", action="store_true", help="skip the leave-one-configuration-out MAPE")
+    p.set_defaults(func=cmd_fit)
+
+    p = sub.add_parser("predict", help="predict throughput for configurations")
+    p.add_argument("model", metavar="MODEL.json")
+    p.add_argument("configs", metavar="CONFIGS.csv")
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("plan", help="plan an allocation under a quota")
+    p.add_argument("model", metavar="MODEL.json")
+    _add_quota(p)
+    p.add_argument("--objective", choices=OBJECTIVES, default="throughput")
+    p.add_argument("--samples", type=float, default=None, help="samples to train (deadline objective; PS growth)")
+    p.add_argument("--deadline", default=None, help="e.g. 2h (deadline objective)")
+    p.add_argument("--details", action="store_true", help="include alternatives and the Pareto front")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("probes", help="design the configurations to profile")
+    _add_quota(p)
+    p.add_argument("--worker-gpu", type=int, default=0)
+    p.add_argument("--prior", metavar="MODEL.json")
+    p.add_argument("-o", "--output", metavar="PROBES.csv")
+    p.set_defaults(func=cmd_probes)
+
+    p = sub.add_parser("demo", help="profile table → fit → plan on the bundled example")
+    p.add_argument("--out", default="dlrover-demo", help="folder for model.json and plan.json")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except InvalidInputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Every tuning constant of the optimizer, with its reason and its source.
+
+One place, so that a reviewer can audit the knobs and a user can see what a decision rests on.
+Sources: "paper" = DLRover-RM (VLDB'24); "DLRover" = the open-source dlrover 0.6 defaults;
+"VPA" = the Kubernetes Vertical Pod Autoscaler recommender; "ours" = our choice, with the reason.
+"""
+
+from __future__ import annotations
+
+# --------------------------------------------------------------------------------------------
+# Throughput model fit
+# --------------------------------------------------------------------------------------------
+
+#: Strength of the pull toward the prior (warm start) or toward zero, relative to one sample row.
+#: Small enough that 4 good samples override it, large enough to keep a near-singular fit finite.
+#: (ours; same role as adaptdl's bounded fit that pins what the data cannot identify)
+PRIOR_WEIGHT = 0.05
+
+#: Pull toward the prior when refitting from a warm start: a prior counts as this many rows.
+#: (ours: yesterday's model of the same job is worth about one probe configuration)
+WARM_START_PRIOR_WEIGHT = 1.0
+
+#: Half-life of a sample's weight when refitting, in number of newer samples. Recent samples
+#: reflect the current data and cluster; older ones fade. (ours)
+RECENCY_HALF_LIFE_SAMPLES = 50.0
+
+#: Relative singular value below which a direction of the design is treated as unidentified and
+#: its parameters pinned (to the prior, or to zero). (ours; numpy's default rcond is ~1e-15)
+IDENTIFIABILITY_RCOND = 1e-6
+
+#: Relative noise assumed when the fit has no residual degrees of freedom (as many
+#: configurations as free parameters). 10 % is the spread we see between repeated profiling
+#: windows of one configuration on a shared machine. (ours, measured)
+DEFAULT_RELATIVE_NOISE = 0.10
+
+#: Smallest relative noise the uncertainty band will claim, even for a perfect fit. (ours)
+MIN_RELATIVE_NOISE = 0.01
+
+#: z-value of the prediction band (two-sided 90 %). (ours)
+BAND_Z = 1.645
+
+# --------------------------------------------------------------------------------------------
+# Memory
+# --------------------------------------------------------------------------------------------
+
+#: Safety margin on the forecast peak memory of a node. VPA's recommender uses 15 %
+#: (`safetyMarginFraction`). (VPA)
+MEMORY_MARGIN_FRACTION = 0.15
+
+#: Minimum absolute headroom above the forecast peak, MB: small nodes need more than 15 %.
+#: (ours; VPA's minimum memory recommendation is 250 MiB)
+MEMORY_MIN_HEADROOM_MB = 256.0
+
+#: Memory requests are rounded up to this granularity, MB. (ours: readable Kubernetes quantities)
+MEMORY_GRANULARITY_MB = 64
+
+# --------------------------------------------------------------------------------------------
+# Planner
+# --------------------------------------------------------------------------------------------
+
+#: The search grid (issue #2): w ≤ 128, p ≤ 64, CPU per node from these values, in cores.
+GRID_MAX_WORKERS = 128
+GRID_MAX_PS = 64
+GRID_CPU_VALUES = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+#: GPUs per worker searched when the quota has GPUs.
+GRID_GPU_VALUES = (1, 2, 4, 8)
+
+#: Efficiency objective (knee rule): keep adding cores while an extra core still buys at least
+#: this fraction of the throughput per core of the most efficient configuration. (ours; the
+#: same shape as DLRover's marginal-speed rule, which stops adding workers when the marginal
+#: speed-up per worker falls below a fraction of the average)
+KNEE_MARGINAL_FRACTION = 0.5
+
+#: Number of alternative plans reported beside the chosen one. (ours)
+PLAN_ALTERNATIVES = 5
+
+#: Default prices when the quota gives none: per core-hour and per GB-hour. The ratio is about
+#: that of on-demand vCPU-hour and GB-hour prices on the large clouds (~$0.04 vs ~$0.005). (ours)
+DEFAULT_PRICE_PER_CORE_HOUR = 1.0
+DEFAULT_PRICE_PER_GB_HOUR = 0.125
+
+# --------------------------------------------------------------------------------------------
+# Probe design
+# --------------------------------------------------------------------------------------------
+
+#: Probes use at most this fraction of the quota's cores, so profiling is cheap. (ours)
+PROBE_QUOTA_FRACTION = 0.5
+#: Candidate values for probe configurations. (ours: small, powers of two)
+PROBE_WORKERS = (1, 2, 4, 8)
+PROBE_PS = (1, 2, 4)
+PROBE_CPU = (1.0, 2.0, 4.0)
+#: A cold start profiles at least this many configurations (issue #2: ≥ 4).
+MIN_PROBES_COLD = 4
+#: A warm start (a prior model of the same job exists) profiles this many, to confirm and
+#: re-scale the prior. (ours)
+MIN_PROBES_WARM = 2
+#: Two candidate probes whose information gain is within this fraction count as equal, and the
+#: cheaper one (fewer cores) wins. (ours)
+PROBE_TIE_FRACTION = 0.02
+
+# --------------------------------------------------------------------------------------------
+# Fine-tune policy
+# --------------------------------------------------------------------------------------------
+
+#: Never resize more often than this, seconds. DLRover's job-level optimizer re-plans on a
+#: period of minutes; 5 minutes also leaves time to measure the last resize. (ours, after DLRover)
+MIN_RESIZE_INTERVAL_S = 300.0
+
+#: Resize only when the predicted saving of job time exceeds this multiple of the resize cost
+#: (hysteresis against noise and model error). (ours)
+RESIZE_GAIN_MULTIPLE = 2.0
+
+#: ...and only when the predicted speed-up, taken at the pessimistic end of the band, is at least
+#: this. On a flat curve the speed-up is ~1 and the policy keeps. (ours)
+MIN_RESIZE_SPEEDUP = 1.05
+
+#: Cost of a resize in seconds of lost training, by kind (ours; to be replaced by the runtime's
+#: measured figures): adding/removing workers leaves the others running; a per-node CPU/memory
+#: change relaunches that node; a PS-count change checkpoints, re-partitions and restarts.
+WORKER_RESIZE_COST_S = 30.0
+NODE_RELAUNCH_COST_S = 60.0
+PS_RESIZE_COST_S = 180.0
+
+#: Revert a resize when the measured speed-up delivered less than this fraction of the predicted
+#: gain (speed-up − 1). (ours)
+REVERT_DELIVERED_FRACTION = 0.25
+
+#: Observations of the new configuration needed before judging a resize. (ours)
+MIN_OBSERVATIONS_TO_JUDGE = 3
+
+# --------------------------------------------------------------------------------------------
+# Instability detectors
+# --------------------------------------------------------------------------------------------
+
+#: A PS is hot when its CPU use is at least this fraction of its allocation ... (DLRover's hot-PS
+#: rule uses a CPU-usage threshold close to the limit; 0.9 here)
+HOT_PS_UTILISATION = 0.9
+#: ... and at least this multiple of the median PS utilisation (skew), when there are ≥ 2 PS.
+HOT_PS_SKEW = 1.5
+#: After healing, target this utilisation for the hot PS. (ours)
+HOT_PS_TARGET_UTILISATION = 0.7
+
+#: A worker straggles when its speed over the window is below this fraction of the median worker
+#: speed. (ours; DLRover flags workers much slower than the median)
+STRAGGLER_SPEED_FRACTION = 0.6
+#: Straggler detection needs this many speed observations per worker. (ours)
+STRAGGLER_MIN_OBSERVATIONS = 3
+
+#: OOM risk when the memory forecast crosses the limit within this horizon, seconds. (ours: time
+#: to checkpoint and relaunch with more memory before the kernel kills the process)
+OOM_HORIZON_S = 600.0
+#: ... or when usage is already above this fraction of the limit. (ours)
+OOM_USAGE_FRACTION = 0.95
+#: Memory forecasts need at least this many points. (ours)
+OOM_MIN_POINTS = 3

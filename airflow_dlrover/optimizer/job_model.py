@@ -1,0 +1,61 @@
+"""A job's fitted models together — throughput and memory — as one JSON document."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from airflow_dlrover.optimizer.memory import MemoryModel, fit_memory
+from airflow_dlrover.optimizer.model import ThroughputModel, fit_throughput
+from airflow_dlrover.optimizer.types import InvalidInputError, USAGE_COLUMNS
+
+FORMAT = "airflow-dlrover/job-model"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class JobModel:
+    throughput: ThroughputModel
+    memory: MemoryModel | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "throughput": self.throughput.to_dict(),
+            "memory": self.memory.to_dict() if self.memory else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "JobModel":
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise InvalidInputError("model", str(data)[:60], f'a JSON document with "format": "{FORMAT}"')
+        if data.get("version") != VERSION:
+            raise InvalidInputError("model.version", data.get("version"), str(VERSION))
+        memory = MemoryModel.from_dict(data["memory"]) if data.get("memory") else None
+        return cls(ThroughputModel.from_dict(data["throughput"]), memory)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "JobModel":
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise InvalidInputError("model", str(path), "an existing model file") from None
+        except json.JSONDecodeError as err:
+            raise InvalidInputError("model", str(path), f"a JSON file ({err})") from None
+        return cls.from_dict(data)
+
+
+def fit_job_model(samples: pd.DataFrame, prior: JobModel | None = None, **kwargs: Any) -> JobModel:
+    """Fit throughput (warm-started from ``prior``) and, when memory was measured, memory."""
+    throughput = fit_throughput(samples, prior.throughput if prior else None, **kwargs)
+    has_memory = all(c in samples and samples[c].notna().any() for c in USAGE_COLUMNS[2:])
+    memory = fit_memory(samples) if has_memory else (prior.memory if prior else None)
+    return JobModel(throughput, memory)

@@ -1,0 +1,277 @@
+"""Pre-tune planner: exact search of the configuration grid under a quota (DLRover-RM §5).
+
+The grid is every (w, p, λw, λp[, g]) with w ≤ ``GRID_MAX_WORKERS``, p ≤ ``GRID_MAX_PS`` and λ in
+``GRID_CPU_VALUES`` (401,408 points). It is built once per (batch, GPU values), sorted by total
+cores, so that everything a quota of C cores allows is a prefix of it; the model's throughput is
+one matrix-vector product over that prefix. Memory per node comes from the memory model plus its
+margin (``memory.memory_request_mb``); for a job of known size the PS tables grow for as long as
+the job will run at the predicted throughput.
+
+Objectives:
+
+* ``throughput``  — the highest predicted throughput; ties go to fewer cores.
+* ``deadline``    — the least total cost (price · resources · predicted duration) that trains
+  ``samples`` within ``deadline_s``.
+* ``efficiency``  — the knee of the Pareto front (throughput vs. cores): the largest vertex of its
+  upper concave hull whose marginal throughput per core is still ≥ ``KNEE_MARGINAL_FRACTION`` of
+  the best throughput per core on the front.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Iterable
+
+import numpy as np
+
+from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover.optimizer.memory import MemoryModel
+from airflow_dlrover.optimizer.model import ThroughputModel, features
+from airflow_dlrover.optimizer.types import (
+    Configuration,
+    InfeasibleQuotaError,
+    InvalidInputError,
+    Plan,
+    Quota,
+)
+
+OBJECTIVES = ("throughput", "deadline", "efficiency")
+
+
+@dataclass(frozen=True)
+class SearchGrid:
+    """Every candidate configuration, sorted by total cores (read-only arrays)."""
+
+    workers: np.ndarray
+    ps: np.ndarray
+    worker_cpu: np.ndarray
+    ps_cpu: np.ndarray
+    worker_gpu: np.ndarray
+    cores: np.ndarray
+    feats: np.ndarray
+    group_starts: np.ndarray  # first index of each distinct ``cores`` value
+
+    def __len__(self) -> int:
+        return len(self.cores)
+
+    def prefix(self, cpu: float) -> int:
+        """Number of grid points with at most ``cpu`` cores."""
+        return int(np.searchsorted(self.cores, cpu + 1e-9, side="right"))
+
+
+@lru_cache(maxsize=16)
+def search_grid(
+    batch_size: int,
+    gpu_values: tuple[int, ...] = (0,),
+    max_workers: int = C.GRID_MAX_WORKERS,
+    max_ps: int = C.GRID_MAX_PS,
+    cpu_values: tuple[float, ...] = C.GRID_CPU_VALUES,
+) -> SearchGrid:
+    w, p, lw, lp, g = (
+        a.ravel()
+        for a in np.meshgrid(
+            np.arange(1, max_workers + 1), np.arange(1, max_ps + 1), cpu_values, cpu_values, gpu_values,
+            indexing="ij",
+        )
+    )
+    cores = w * lw + p * lp
+    order = np.argsort(cores, kind="stable")
+    arrays = [a[order] for a in (w, p, lw, lp, g, cores)]
+    for a in arrays:
+        a.flags.writeable = False
+    w, p, lw, lp, g, cores = arrays
+    feats = features(w, p, lw, lp, g, batch_size)
+    feats.flags.writeable = False
+    starts = np.flatnonzero(np.r_[True, np.diff(cores) > 0])
+    return SearchGrid(w, p, lw, lp, g, cores, feats, starts)
+
+
+def minimum_requirement(memory: MemoryModel, batch_size: int) -> dict[str, float]:
+    """What the smallest configuration (1 worker, 1 PS, least CPU) needs."""
+    least_cpu = min(C.GRID_CPU_VALUES)
+    return {
+        "cpu": 2 * least_cpu,
+        "memory_mb": float(memory.worker_request_mb(batch_size) + memory.ps_request_mb(1)),
+        "nodes": 2,
+    }
+
+
+def plan(
+    model: ThroughputModel,
+    memory: MemoryModel | None,
+    quota: Quota,
+    objective: str = "throughput",
+    *,
+    samples: float | None = None,
+    deadline_s: float | None = None,
+    batch_size: int | None = None,
+    exclude: Iterable[Configuration] = (),
+) -> Plan:
+    """Choose the configuration for ``objective`` under ``quota``; see the module docstring.
+
+    ``samples`` (to train) makes PS memory include the table growth over the predicted run;
+    ``exclude`` removes configurations (e.g. ones a fine-tune revert rejected).
+    Raises :class:`InfeasibleQuotaError` when nothing fits, naming what the smallest job needs.
+    """
+    if objective not in OBJECTIVES:
+        raise InvalidInputError("objective", objective, " | ".join(OBJECTIVES))
+    if memory is None:
+        raise InvalidInputError(
+            "model.memory", None,
+            "a model fitted from samples with worker_memory_used_mb and ps_memory_used_mb",
+        )
+    if samples is not None and not (np.isfinite(samples) and samples > 0):
+        raise InvalidInputError("samples", samples, "a positive number of samples to train")
+    if objective == "deadline":
+        if samples is None or deadline_s is None:
+            raise InvalidInputError(
+                "deadline", deadline_s, "both --samples and --deadline with the deadline objective"
+            )
+        if not (np.isfinite(deadline_s) and deadline_s > 0):
+            raise InvalidInputError("deadline", deadline_s, "a positive duration")
+    batch = int(batch_size or model.batch_size)
+    use_gpu = quota.gpu > 0 and "gpu_compute" in model.identified
+    gpu_values = (0,) + tuple(g for g in C.GRID_GPU_VALUES if g <= quota.gpu) if use_gpu else (0,)
+    grid = search_grid(batch, gpu_values)
+
+    n = grid.prefix(quota.cpu)
+    minimum = minimum_requirement(memory, batch)
+    if n == 0:
+        raise InfeasibleQuotaError("cpu", quota.cpu, minimum)
+    w, p, g, cores = grid.workers[:n], grid.ps[:n], grid.worker_gpu[:n], grid.cores[:n]
+    x = model.predict_features(grid.feats[:n], band=False)
+    hours = samples / x / 3600.0 if samples is not None else 0.0
+    worker_mem = float(memory.worker_request_mb(batch))
+    ps_mem = memory.ps_request_mb(p, hours)
+    total_mem = w * worker_mem + p * ps_mem
+    feasible = total_mem <= quota.memory_mb
+    if quota.max_nodes is not None:
+        feasible &= (w + p) <= quota.max_nodes
+    if use_gpu:
+        feasible &= w * g <= quota.gpu
+    for config in exclude:
+        feasible &= ~(
+            (w == config.workers) & (p == config.ps) & (grid.worker_cpu[:n] == config.worker_cpu)
+            & (grid.ps_cpu[:n] == config.ps_cpu) & (g == config.worker_gpu)
+        )
+    if not feasible.any():
+        short = "memory" if quota.memory_mb < minimum["memory_mb"] else "cpu"
+        raise InfeasibleQuotaError(
+            short, quota.memory_mb if short == "memory" else quota.cpu, minimum,
+            "No configuration of the grid fits the quota.",
+        )
+
+    x_feasible = np.where(feasible, x, -np.inf)
+    front = _pareto_front(grid, n, x_feasible)
+    if objective == "throughput":
+        best = int(np.argmax(x_feasible))  # sorted by cores: the first maximum has the fewest
+        score = x_feasible
+    elif objective == "deadline":
+        needed = samples / deadline_s
+        price_core = quota.price_per_core_hour if quota.price_per_core_hour is not None else C.DEFAULT_PRICE_PER_CORE_HOUR
+        price_gb = quota.price_per_gb_hour if quota.price_per_gb_hour is not None else C.DEFAULT_PRICE_PER_GB_HOUR
+        on_time = x_feasible >= needed
+        if not on_time.any():
+            fastest = samples / x_feasible.max()
+            raise InvalidInputError(
+                "deadline", f"{deadline_s:g}s",
+                f"≥ {fastest:.0f}s: the fastest plan under this quota trains {samples:g} samples "
+                f"at {x_feasible.max():.0f} samples/s",
+            )
+        cost = (cores * price_core + total_mem / 1024.0 * price_gb) * (samples / x / 3600.0)
+        score = np.where(on_time, -cost, -np.inf)
+        best = int(np.argmax(score))
+    else:
+        best = _knee(front, x, cores)
+        score = None
+
+    config = Configuration(
+        workers=int(w[best]), ps=int(p[best]), worker_cpu=float(grid.worker_cpu[best]),
+        ps_cpu=float(grid.ps_cpu[best]), worker_memory_mb=worker_mem, ps_memory_mb=float(ps_mem[best]),
+        worker_gpu=int(g[best]), batch_size=batch,
+    )
+    _, lower, upper = model.predict_features(grid.feats[best : best + 1])
+    alternatives = _alternatives(score, front, best)
+    return Plan(
+        config=config,
+        predicted_throughput=float(x[best]),
+        lower_throughput=float(lower[0]),
+        upper_throughput=float(upper[0]),
+        objective=objective,
+        reason=_reason(objective, config, float(x[best]), quota, float(total_mem[best]), samples, deadline_s, use_gpu),
+        alternatives=[_row(grid, i, x, total_mem) for i in alternatives],
+        pareto_front=[_row(grid, i, x, total_mem) for i in front],
+    )
+
+
+def _pareto_front(grid: SearchGrid, n: int, x_feasible: np.ndarray) -> np.ndarray:
+    """Indices of the Pareto-optimal points (more throughput needs more cores), by cores."""
+    starts = grid.group_starts[grid.group_starts < n]
+    group_max = np.maximum.reduceat(x_feasible, starts)
+    previous_best = np.r_[-np.inf, np.maximum.accumulate(group_max)[:-1]]
+    on_front = np.flatnonzero(group_max > previous_best)
+    ends = np.r_[starts[1:], n]
+    return np.array([starts[k] + int(np.argmax(x_feasible[starts[k] : ends[k]])) for k in on_front], dtype=int)
+
+
+def _knee(front: np.ndarray, x: np.ndarray, cores: np.ndarray) -> int:
+    """Largest upper-hull vertex whose marginal throughput per core ≥ fraction × best average."""
+    c, t = cores[front], x[front]
+    hull: list[int] = []
+    for i in range(len(front)):  # monotone chain, upper hull (points already sorted by cores)
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            if (c[b] - c[a]) * (t[i] - t[a]) - (t[b] - t[a]) * (c[i] - c[a]) >= 0:
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    best_per_core = float(np.max(t / c))
+    chosen = hull[0]
+    for a, b in zip(hull, hull[1:]):
+        if (t[b] - t[a]) / (c[b] - c[a]) >= C.KNEE_MARGINAL_FRACTION * best_per_core:
+            chosen = b
+        else:
+            break
+    return int(front[chosen])
+
+
+def _alternatives(score: np.ndarray | None, front: np.ndarray, best: int) -> list[int]:
+    k = C.PLAN_ALTERNATIVES
+    if score is None:  # efficiency: the front points nearest the knee
+        position = int(np.flatnonzero(front == best)[0]) if best in front else 0
+        near = sorted(range(len(front)), key=lambda i: abs(i - position))
+        return [int(front[i]) for i in near if front[i] != best][:k]
+    finite = np.isfinite(score)
+    top = np.flatnonzero(finite)
+    if len(top) > k + 1:
+        top = top[np.argpartition(-score[top], k)[: k + 1]]
+    top = top[np.argsort(-score[top], kind="stable")]
+    return [int(i) for i in top if i != best][:k]
+
+
+def _row(grid: SearchGrid, i: int, x: np.ndarray, total_mem: np.ndarray) -> dict[str, float]:
+    return {
+        "workers": int(grid.workers[i]), "ps": int(grid.ps[i]),
+        "worker_cpu": float(grid.worker_cpu[i]), "ps_cpu": float(grid.ps_cpu[i]),
+        "worker_gpu": int(grid.worker_gpu[i]), "cores": float(grid.cores[i]),
+        "memory_mb": float(total_mem[i]), "predicted_throughput": float(x[i]),
+    }
+
+
+def _reason(objective, config, x, quota, total_mem, samples, deadline_s, gpu_searched) -> str:
+    binding = []
+    if config.cores >= 0.95 * quota.cpu:
+        binding.append(f"cpu {config.cores:g}/{quota.cpu:g}")
+    if total_mem >= 0.95 * quota.memory_mb:
+        binding.append(f"memory {total_mem / 1024:.1f}/{quota.memory_mb / 1024:.1f} GiB")
+    if quota.max_nodes is not None and config.nodes >= quota.max_nodes:
+        binding.append(f"nodes {config.nodes}/{quota.max_nodes}")
+    limit = "limited by " + ", ".join(binding) if binding else "inside the quota (more nodes would not pay)"
+    if objective == "deadline":
+        goal = f"least cost to train {samples:g} samples within {deadline_s:g}s"
+    else:
+        goal = {"throughput": "highest predicted throughput", "efficiency": "knee of throughput per core"}[objective]
+    gpu_note = "" if gpu_searched or quota.gpu == 0 else "; GPUs not searched (model has no GPU samples)"
+    return f"{goal}: {config.workers}w×{config.worker_cpu:g}cpu + {config.ps}ps×{config.ps_cpu:g}cpu → {x:,.0f} samples/s, {limit}{gpu_note}"

@@ -1,0 +1,96 @@
+"""Probe design: the few configurations to profile so that the throughput model is identifiable.
+
+Every probe runs for the same bounded time, so profiling time is the number of probes; their
+cost is their cores. We pick a locally D-optimal design (greedy: each step adds the candidate that
+most increases log det of the information matrix AᵀA, where the rows are the fit's own scaled
+design rows X(θ₀)·f(x)), at the guess θ₀ = the prior model when there is one, else
+``DESIGN_GUESS``. Among candidates within ``PROBE_TIE_FRACTION`` of the best gain, the one with
+fewest cores wins. A cold start takes max(``MIN_PROBES_COLD``, #parameters to identify) probes;
+a warm start ``MIN_PROBES_WARM``, because the prior anchors the rest.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+
+from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover.optimizer.memory import MemoryModel
+from airflow_dlrover.optimizer.model import PARAMETERS, ThroughputModel, features
+from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, InvalidInputError, Quota
+
+#: θ₀ for a cold-start design: only its rough proportions matter (which term dominates where).
+#: From a fit of our queueing simulation of a small CPU DLRM (benchmarks/accuracy.py).
+DESIGN_GUESS = dict(
+    overhead=2e-3, worker_compute=4e-4, gpu_compute=4e-5, ps_service=1e-4, network=1e-5, contention=1e-6
+)
+
+
+def design_probes(
+    quota: Quota,
+    *,
+    batch_size: int = 512,
+    worker_gpu: int = 0,
+    prior: ThroughputModel | None = None,
+    memory: MemoryModel | None = None,
+    count: int | None = None,
+) -> pd.DataFrame:
+    """Return the probe configurations (a configuration table, one row per probe).
+
+    Memory per node comes from ``memory`` (a prior memory model) when given, else an equal share
+    of ``PROBE_QUOTA_FRACTION`` of the quota's memory over the largest probe's nodes.
+    """
+    if worker_gpu and worker_gpu > quota.gpu:
+        raise InvalidInputError("worker_gpu", worker_gpu, f"≤ the quota's gpu ({quota.gpu})")
+    budget = max(quota.cpu * C.PROBE_QUOTA_FRACTION, min(quota.cpu, 2 * min(C.PROBE_CPU)))
+    candidates = np.array(
+        [
+            (w, p, lw, lp)
+            for w, p, lw, lp in itertools.product(C.PROBE_WORKERS, C.PROBE_PS, C.PROBE_CPU, C.PROBE_CPU)
+            if w * lw + p * lp <= budget + 1e-9
+            and (quota.max_nodes is None or w + p <= quota.max_nodes)
+            and w * worker_gpu <= max(quota.gpu, 0)
+        ],
+        dtype=float,
+    ).reshape(-1, 4)
+    if len(candidates) == 0:
+        raise InvalidInputError("cpu", quota.cpu, f"≥ {2 * min(C.PROBE_CPU):g} cores to profile at all")
+    feats = features(candidates[:, 0], candidates[:, 1], candidates[:, 2], candidates[:, 3], worker_gpu, batch_size)
+    theta = prior.theta if prior is not None else np.array([DESIGN_GUESS[n] for n in PARAMETERS])
+    unknown = [j for j in range(len(PARAMETERS)) if feats[:, j].any()]
+    rows = feats[:, unknown] * (1.0 / (feats @ theta))[:, None]
+    rows /= np.linalg.norm(rows, axis=0)
+    if count is None:
+        count = C.MIN_PROBES_WARM if prior is not None else max(C.MIN_PROBES_COLD, len(unknown))
+    count = min(count, len(candidates))
+    cores = candidates[:, 0] * candidates[:, 2] + candidates[:, 1] * candidates[:, 3]
+
+    chosen: list[int] = []
+    info = 1e-9 * np.eye(len(unknown))
+    for _ in range(count):
+        inverse = np.linalg.inv(info)
+        # Matrix determinant lemma: log det(M + a aᵀ) − log det(M) = log(1 + aᵀ M⁻¹ a).
+        gain = np.log1p(np.einsum("ij,jk,ik->i", rows, inverse, rows))
+        gain[chosen] = -np.inf
+        good = np.flatnonzero(gain >= gain.max() - abs(gain.max()) * C.PROBE_TIE_FRACTION)
+        pick = int(good[np.argmin(cores[good])])
+        chosen.append(pick)
+        info = info + np.outer(rows[pick], rows[pick])
+
+    picked = candidates[chosen]
+    table = pd.DataFrame(picked, columns=["workers", "ps", "worker_cpu", "ps_cpu"])
+    table[["workers", "ps"]] = table[["workers", "ps"]].astype(int)
+    if memory is not None:
+        table["worker_memory_mb"] = float(memory.worker_request_mb(batch_size))
+        table["ps_memory_mb"] = memory.ps_request_mb(table["ps"].to_numpy())
+    else:
+        most_nodes = int((table["workers"] + table["ps"]).max())
+        share = quota.memory_mb * C.PROBE_QUOTA_FRACTION / most_nodes
+        share = float(np.floor(share / C.MEMORY_GRANULARITY_MB) * C.MEMORY_GRANULARITY_MB) or float(C.MEMORY_GRANULARITY_MB)
+        table["worker_memory_mb"] = share
+        table["ps_memory_mb"] = share
+    table["worker_gpu"] = int(worker_gpu)
+    table["batch_size"] = int(batch_size)
+    return table[list(CONFIG_COLUMNS)]
