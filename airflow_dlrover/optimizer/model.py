@@ -11,14 +11,18 @@ time is a sum of worker compute, PS service and communication terms), the time o
            + θ_network        · w · B / p        the same rows through the p PS network links
            + θ_contention     · w² / p           synchronisation/queueing that grows with the
                                                  clients per PS (w/p) times the contenders (w)
+           + θ_io             · w · B            a job-wide cap no allocation moves (the shared
+                                                 data source, the master's shard service)
 
 and the job throughput is X = w·B / t_step. Its reciprocal is *linear* in θ ≥ 0:
 
     1/X = θ_overhead/(w·B) + θ_worker_compute/(w·λw) + θ_gpu_compute/(w·g)
-        + θ_ps_service/(p·λp) + θ_network/p + θ_contention·w/(p·B)
+        + θ_ps_service/(p·λp) + θ_network/p + θ_contention·w/(p·B) + θ_io
 
 so the fit is an NNLS problem (``scipy.optimize.nnls``). Each term is a bound: X ≤ w·λw/θ_worker
-(worker cores), X ≤ p·λp/θ_ps (PS cores), X ≤ p/θ_network (links), and the contention term makes
+(worker cores), X ≤ p·λp/θ_ps (PS cores), X ≤ p/θ_network (links), X ≤ 1/θ_io (a plateau that
+more resources cannot lift: what keeps the fine-tune policy still on a flat curve), and the
+contention term makes
 throughput *fall* past w* = sqrt(p·(θ_overhead + θ_worker_compute·B/λw)/θ_contention).
 
 Rows are weighted by the measured throughput so that residuals are relative errors
@@ -48,17 +52,17 @@ from airflow_dlrover.optimizer.types import (
     validate_samples,
 )
 
-PARAMETERS = ("overhead", "worker_compute", "gpu_compute", "ps_service", "network", "contention")
+PARAMETERS = ("overhead", "worker_compute", "gpu_compute", "ps_service", "network", "contention", "io")
 
 #: Order in which parameters are admitted when the samples identify only some of them: the
 #: simplest explanation first (cores on each side), refinements last.
-_IDENTIFY_ORDER = ("ps_service", "worker_compute", "gpu_compute", "overhead", "network", "contention")
+_IDENTIFY_ORDER = ("ps_service", "worker_compute", "gpu_compute", "overhead", "network", "contention", "io")
 
 
 def features(
     workers: Any, ps: Any, worker_cpu: Any, ps_cpu: Any, worker_gpu: Any, batch_size: Any
 ) -> np.ndarray:
-    """The design row f(x) of each configuration, so that 1/X = f(x)·θ. Shape (n, 6)."""
+    """The design row f(x) of each configuration, so that 1/X = f(x)·θ. Shape (n, 7)."""
     w = np.asarray(workers, dtype=float)
     p = np.asarray(ps, dtype=float)
     lw = np.asarray(worker_cpu, dtype=float)
@@ -75,6 +79,7 @@ def features(
             1.0 / (p * lp),
             1.0 / p,
             w / (p * b),
+            np.ones_like(w),
         ],
         axis=-1,
     )

@@ -145,21 +145,24 @@ def plan(
     worker_mem = float(memory.worker_request_mb(batch))
     ps_mem = memory.ps_request_mb(p, hours)
     total_mem = w * worker_mem + p * ps_mem
-    feasible = total_mem <= quota.memory_mb
+    allowed = np.ones(n, dtype=bool)  # every constraint but memory
     if quota.max_nodes is not None:
-        feasible &= (w + p) <= quota.max_nodes
+        allowed &= (w + p) <= quota.max_nodes
     if use_gpu:
-        feasible &= w * g <= quota.gpu
+        allowed &= w * g <= quota.gpu
     for config in exclude:
-        feasible &= ~(
+        allowed &= ~(
             (w == config.workers) & (p == config.ps) & (grid.worker_cpu[:n] == config.worker_cpu)
             & (grid.ps_cpu[:n] == config.ps_cpu) & (g == config.worker_gpu)
         )
+    feasible = allowed & (total_mem <= quota.memory_mb)
     if not feasible.any():
-        short = "memory" if quota.memory_mb < minimum["memory_mb"] else "cpu"
+        if not allowed.any():
+            raise InvalidInputError("exclude", len(list(exclude)), "exclusions that leave a configuration")
+        growth = f" (PS tables grow for {np.min(hours):.1f}h or more at the predicted speed)" if samples else ""
         raise InfeasibleQuotaError(
-            short, quota.memory_mb if short == "memory" else quota.cpu, minimum,
-            "No configuration of the grid fits the quota.",
+            "memory", f"{quota.memory_mb:g} MB", dict(minimum, memory_mb=float(total_mem[allowed].min())),
+            f"No configuration within {quota.cpu:g} cores fits the memory{growth}.",
         )
 
     x_feasible = np.where(feasible, x, -np.inf)

@@ -1,0 +1,45 @@
+"""Samples drawn from the model's own family, with known θ (for recovery tests)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+
+from airflow_dlrover.optimizer.model import PARAMETERS, features
+
+TRUE_THETA = dict(overhead=0.02, worker_compute=4e-4, gpu_compute=0.0, ps_service=1.5e-4, network=2e-5, contention=1e-5, io=5e-6)
+
+#: A design that exercises every CPU parameter.
+DIVERSE_CONFIGS = [
+    (1, 1, 1, 1), (2, 1, 1, 1), (4, 2, 2, 1), (8, 2, 1, 2), (2, 2, 4, 4),
+    (8, 4, 2, 1), (4, 1, 2, 4), (16, 4, 1, 1), (16, 2, 2, 4), (1, 2, 4, 0.5),
+]
+
+
+def theta_vector(theta: dict) -> np.ndarray:
+    return np.array([theta[name] for name in PARAMETERS])
+
+
+def model_samples(theta=TRUE_THETA, configs=DIVERSE_CONFIGS, *, noise=0.0, windows=1, seed=0, batch=512, gpu=0,
+                  ps_table_mb=8000.0, ps_base_mb=400.0, worker_base_mb=900.0, activation_mb=0.5):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for (w, p, lw, lp), _ in itertools.product(configs, range(windows)):
+        x = 1.0 / float(features(w, p, lw, lp, gpu, batch) @ theta_vector(theta))
+        x *= 1.0 + noise * rng.standard_normal()
+        rows.append(dict(
+            workers=w, ps=p, worker_cpu=lw, ps_cpu=lp, worker_memory_mb=4096, ps_memory_mb=4096,
+            worker_gpu=gpu, batch_size=batch, throughput=x,
+            worker_cpu_used=0.8 * lw, ps_cpu_used=0.6 * lp,
+            worker_memory_used_mb=worker_base_mb + activation_mb * batch,
+            ps_memory_used_mb=ps_base_mb + ps_table_mb / p,
+        ))
+    return pd.DataFrame(rows)
+
+
+def true_throughput(configs: pd.DataFrame, theta=TRUE_THETA) -> np.ndarray:
+    f = features(configs["workers"], configs["ps"], configs["worker_cpu"], configs["ps_cpu"],
+                 configs.get("worker_gpu", 0), configs.get("batch_size", 512))
+    return 1.0 / (f @ theta_vector(theta))

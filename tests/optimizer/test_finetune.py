@@ -1,0 +1,133 @@
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover.optimizer.finetune import ResizeRecord, decide, resize_cost_s
+from airflow_dlrover.optimizer.memory import MemoryModel
+from airflow_dlrover.optimizer.model import fit_throughput
+from airflow_dlrover.optimizer.planner import plan
+from airflow_dlrover.optimizer.types import Configuration, Quota
+from synthetic import TRUE_THETA, model_samples
+
+MODEL = fit_throughput(model_samples(noise=0.02, windows=2, seed=5), leave_one_out=False)
+MEMORY = MemoryModel(400, 8000, 900, 0.5)
+QUOTA = Quota(cpu=32, memory_mb=128 * 1024)
+SMALL = Configuration(2, 1, 1.0, 1.0, MEMORY.worker_request_mb(512), MEMORY.ps_request_mb(1))
+
+
+def predicted(config):
+    from airflow_dlrover.optimizer.model import features
+
+    return 1 / float(features(config.workers, config.ps, config.worker_cpu, config.ps_cpu, 0, 512) @ MODEL.theta)
+
+
+def test_resizes_when_the_model_says_it_pays():
+    decision = decide(MODEL, MEMORY, QUOTA, SMALL, [predicted(SMALL)] * 3, remaining_samples=5e8, now_s=0)
+    assert decision.action == "resize"
+    best = plan(MODEL, MEMORY, QUOTA, samples=5e8)
+    assert decision.target == best.config
+    assert decision.predicted_saving_s >= C.RESIZE_GAIN_MULTIPLE * decision.resize_cost_s
+    assert decision.predicted_speedup > 2
+
+
+def test_keeps_when_little_work_remains():
+    decision = decide(MODEL, MEMORY, QUOTA, SMALL, [predicted(SMALL)] * 3, remaining_samples=2e4, now_s=0)
+    assert decision.action == "keep" and "not worth it" in decision.reason
+
+
+def test_keeps_at_the_best_configuration():
+    best = plan(MODEL, MEMORY, QUOTA, samples=5e8).config
+    decision = decide(MODEL, MEMORY, QUOTA, best, [predicted(best)] * 3, remaining_samples=5e8, now_s=0)
+    assert decision.action == "keep" and "model's best" in decision.reason
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.floats(0, C.MIN_RESIZE_INTERVAL_S - 1e-3))
+def test_never_resizes_within_the_minimum_interval(elapsed):
+    last = ResizeRecord(at_s=1000.0, before=SMALL, after=SMALL, throughput_before=100.0, predicted_speedup=3.0)
+    decision = decide(MODEL, MEMORY, QUOTA, SMALL, [1.0] * 5, remaining_samples=1e9, now_s=1000.0 + elapsed, last_resize=last)
+    assert decision.action == "keep" and "minimum interval" in decision.reason
+
+
+def test_reverts_a_resize_that_did_not_deliver_and_never_returns_to_it():
+    first = decide(MODEL, MEMORY, QUOTA, SMALL, [predicted(SMALL)] * 3, remaining_samples=5e8, now_s=0)
+    last = ResizeRecord(0.0, SMALL, first.target, predicted(SMALL), first.predicted_speedup)
+    now = C.MIN_RESIZE_INTERVAL_S + 1
+    # Too early to judge:
+    early = decide(MODEL, MEMORY, QUOTA, first.target, [predicted(SMALL)], 5e8, now, last)
+    assert early.action == "keep" and "judging" in early.reason
+    # The new configuration runs no faster than the old one did: revert, and reject it.
+    revert = decide(MODEL, MEMORY, QUOTA, first.target, [predicted(SMALL)] * 3, 5e8, now, last)
+    assert revert.action == "revert" and revert.target == SMALL and revert.reject == first.target
+    # Back on SMALL, with the rejected configuration excluded, the policy never proposes it again.
+    after = ResizeRecord(now, first.target, SMALL, predicted(SMALL), 1.0, is_revert=True)
+    again = decide(MODEL, MEMORY, QUOTA, SMALL, [predicted(SMALL)] * 3, 5e8, now + C.MIN_RESIZE_INTERVAL_S + 1,
+                   after, rejected=[first.target])
+    assert again.target != first.target
+
+
+def test_a_resize_that_delivered_is_kept():
+    first = decide(MODEL, MEMORY, QUOTA, SMALL, [predicted(SMALL)] * 3, remaining_samples=5e8, now_s=0)
+    last = ResizeRecord(0.0, SMALL, first.target, predicted(SMALL), first.predicted_speedup)
+    decision = decide(MODEL, MEMORY, QUOTA, first.target, [predicted(first.target)] * 3, 5e8,
+                      C.MIN_RESIZE_INTERVAL_S + 1, last)
+    assert decision.action == "keep"
+
+
+def _run_policy(true_theta, windows=40, noise=0.03, seed=0):
+    """The operator's loop: measure, refit with every window, decide, apply; returns the actions."""
+    rng = np.random.default_rng(seed)
+    samples = model_samples(true_theta, noise=noise, seed=seed)
+    current = SMALL
+    last, rejected, actions, shapes = None, [], [], [current]
+    for step in range(windows):
+        now = step * 120.0
+        window = model_samples(true_theta, configs=[(current.workers, current.ps, current.worker_cpu, current.ps_cpu)],
+                               noise=noise, windows=3, seed=int(rng.integers(1 << 30)))
+        samples = pd.concat([samples, window], ignore_index=True)
+        model = fit_throughput(samples, leave_one_out=False)
+        measured = list(window["throughput"])
+        decision = decide(model, MEMORY, QUOTA, current, measured, 1e9, now, last, rejected)
+        actions.append(decision.action)
+        if decision.reject is not None:
+            rejected.append(decision.reject)
+        if decision.action != "keep":
+            last = ResizeRecord(now, current, decision.target, float(np.median(measured)), decision.predicted_speedup,
+                                is_revert=decision.action == "revert")
+            current = decision.target
+            shapes.append(current)
+    return actions, shapes
+
+
+def test_never_oscillates_on_a_flat_curve():
+    # Every configuration is equally fast: a job-wide cap binds (10k samples/s).
+    flat = dict.fromkeys(TRUE_THETA, 0.0) | {"io": 1e-4}
+    actions, _ = _run_policy(flat)
+    assert actions == ["keep"] * len(actions)
+
+
+def test_converges_without_oscillation_on_a_real_curve():
+    actions, shapes = _run_policy(TRUE_THETA)
+    assert actions[0] == "resize"
+    assert "revert" not in actions
+    assert actions.count("resize") <= 2
+    assert len(shapes) == len(set(shapes))  # never returns to an earlier configuration
+
+
+def test_resize_cost_by_kind_of_change():
+    more_workers = Configuration(4, 1, 1.0, 1.0, SMALL.worker_memory_mb, SMALL.ps_memory_mb)
+    more_ps = Configuration(2, 2, 1.0, 1.0, SMALL.worker_memory_mb, SMALL.ps_memory_mb)
+    more_cpu = Configuration(2, 1, 2.0, 1.0, SMALL.worker_memory_mb, SMALL.ps_memory_mb)
+    assert resize_cost_s(SMALL, more_workers) == C.WORKER_RESIZE_COST_S
+    assert resize_cost_s(SMALL, more_ps) == C.PS_RESIZE_COST_S
+    assert resize_cost_s(SMALL, more_cpu) == C.NODE_RELAUNCH_COST_S
+
+
+def test_bad_measurements_are_refused():
+    from airflow_dlrover.optimizer.types import InvalidInputError
+
+    with pytest.raises(InvalidInputError) as err:
+        decide(MODEL, MEMORY, QUOTA, SMALL, [float("nan")], 1e6, 0)
+    assert err.value.field == "recent_throughput"

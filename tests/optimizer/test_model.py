@@ -1,0 +1,133 @@
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
+from airflow_dlrover.optimizer.model import PARAMETERS, fit_throughput
+from airflow_dlrover.optimizer.types import InvalidInputError
+from synthetic import DIVERSE_CONFIGS, TRUE_THETA, model_samples, true_throughput
+
+CPU_PARAMS = [p for p in PARAMETERS if p != "gpu_compute"]
+
+
+def test_noiseless_fit_recovers_known_parameters():
+    model = fit_throughput(model_samples())
+    for name in CPU_PARAMS:
+        assert model.params[name] == pytest.approx(TRUE_THETA[name], rel=0.01)
+    assert model.params["gpu_compute"] == 0.0
+    assert "gpu_compute" in model.report.pinned
+    assert "no sample has a GPU" in model.report.pinned["gpu_compute"]
+    assert model.report.in_sample_mape < 1e-6 and model.report.loco_mape < 1e-6
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(min_value=-1.0, max_value=1.0), min_size=6, max_size=6))
+def test_recovery_holds_across_parameter_space(log_factors):
+    theta = dict(TRUE_THETA)
+    for name, factor in zip(CPU_PARAMS, log_factors):
+        theta[name] = TRUE_THETA[name] * 10.0**factor
+    model = fit_throughput(model_samples(theta), leave_one_out=False)
+    for name in CPU_PARAMS:
+        assert model.params[name] == pytest.approx(theta[name], rel=0.01)
+
+
+def test_five_percent_noise_stays_accurate_and_band_covers_truth():
+    model = fit_throughput(model_samples(noise=0.05, windows=3, seed=7))
+    held_out = pd.DataFrame(
+        [(3, 2, 2, 2), (12, 3, 1, 2), (6, 1, 4, 4), (24, 6, 1, 1), (10, 4, 2, 0.5)],
+        columns=["workers", "ps", "worker_cpu", "ps_cpu"],
+    )
+    predicted, lower, upper = model.predict(held_out)
+    truth = true_throughput(held_out)
+    assert np.mean(np.abs(predicted - truth) / truth) < 0.10
+    assert np.mean((lower <= truth) & (truth <= upper)) >= 0.8
+    assert 0.02 < model.relative_noise < 0.09  # it measures the 5 % it was given
+    assert model.report.loco_mape < 0.12
+
+
+def test_band_is_wider_far_from_the_samples():
+    model = fit_throughput(model_samples(noise=0.05, windows=2, seed=1))
+    near = pd.DataFrame([(4, 2, 2, 1)], columns=["workers", "ps", "worker_cpu", "ps_cpu"])
+    far = pd.DataFrame([(128, 64, 32, 32)], columns=["workers", "ps", "worker_cpu", "ps_cpu"])
+    (x_near,), (lo_near,), (hi_near,) = model.predict(near)
+    (x_far,), (lo_far,), (hi_far,) = model.predict(far)
+    assert (hi_far - lo_far) / x_far > (hi_near - lo_near) / x_near
+    assert lo_near < x_near < hi_near
+
+
+def test_unidentifiable_parameters_are_pinned_and_reported():
+    # ps_cpu never varies: PS cores and PS links cannot be told apart.
+    configs = [(w, p, lw, 1.0) for (w, p, lw, _) in DIVERSE_CONFIGS]
+    model = fit_throughput(model_samples(configs=configs), leave_one_out=False)
+    pinned = model.report.pinned
+    assert "network" in pinned and "ps_cpu never varies" in pinned["network"]
+    assert model.params["network"] == 0.0
+    # Still exact on what it saw.
+    assert model.report.in_sample_mape < 1e-6
+
+
+def test_warm_start_needs_fewer_samples():
+    yesterday = dict(TRUE_THETA, worker_compute=TRUE_THETA["worker_compute"] * 1.3)
+    prior = fit_throughput(model_samples(yesterday))
+    two_probes = model_samples(configs=[(2, 1, 1, 1), (8, 2, 2, 2)])
+    with pytest.raises(InvalidInputError):
+        fit_throughput(two_probes.iloc[:1])  # cold: one configuration is not enough
+    warm = fit_throughput(two_probes, prior)
+    assert warm.report.warm_start and not warm.report.pinned.get("ps_service")
+    grid = pd.DataFrame(DIVERSE_CONFIGS, columns=["workers", "ps", "worker_cpu", "ps_cpu"])
+    truth = true_throughput(grid)
+    err_prior = np.mean(np.abs(prior.predict(grid, band=False) - truth) / truth)
+    err_warm = np.mean(np.abs(warm.predict(grid, band=False) - truth) / truth)
+    assert err_warm < err_prior
+
+
+def test_recent_samples_weigh_more():
+    old = model_samples(dict(TRUE_THETA, ps_service=3e-4), windows=1)
+    new = model_samples(TRUE_THETA, windows=1)
+    model = fit_throughput(pd.concat([old, new]), half_life=5, leave_one_out=False)
+    assert abs(model.params["ps_service"] - 1.5e-4) < abs(model.params["ps_service"] - 3e-4)
+
+
+def test_more_worker_cpu_never_lowers_prediction():
+    model = fit_throughput(model_samples(noise=0.05, seed=3), leave_one_out=False)
+    configs = pd.DataFrame({"workers": 8, "ps": 2, "worker_cpu": [0.5, 1, 2, 4, 8, 16, 32], "ps_cpu": 2})
+    predicted = model.predict(configs, band=False)
+    assert np.all(np.diff(predicted) >= 0)
+
+
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda t: t.assign(throughput=np.nan), "samples.throughput"),
+        (lambda t: t.assign(workers=-1), "samples.workers"),
+        (lambda t: t.assign(worker_cpu=0), "samples.worker_cpu"),
+        (lambda t: t.assign(ps=1.5), "samples.ps"),
+        (lambda t: t.drop(columns=["ps_cpu"]), "samples columns"),
+        (lambda t: t.iloc[:0], "samples"),
+        (lambda t: t.assign(ps_memory_used_mb=-5.0), "samples.ps_memory_used_mb"),
+    ],
+)
+def test_bad_samples_name_the_problem(mutate, field):
+    with pytest.raises(InvalidInputError) as err:
+        fit_throughput(mutate(model_samples()))
+    assert err.value.field == field
+    assert field.split(".")[-1] in str(err.value)
+
+
+def test_one_configuration_only_is_refused():
+    with pytest.raises(InvalidInputError, match="at least 2 distinct configurations"):
+        fit_throughput(model_samples(configs=[(2, 1, 1, 1)], windows=3))
+
+
+def test_job_model_round_trips_through_json(tmp_path):
+    model = fit_job_model(model_samples(noise=0.02, seed=2))
+    path = tmp_path / "model.json"
+    model.save(path)
+    loaded = JobModel.load(path)
+    assert loaded.throughput.params == model.throughput.params
+    assert loaded.memory == model.memory
+    np.testing.assert_allclose(loaded.throughput.covariance, model.throughput.covariance)
+    path.write_text('{"format": "something-else"}')
+    with pytest.raises(InvalidInputError, match="format"):
+        JobModel.load(path)

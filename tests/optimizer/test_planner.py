@@ -1,0 +1,178 @@
+import itertools
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover.optimizer.memory import MemoryModel
+from airflow_dlrover.optimizer.model import features, fit_throughput
+from airflow_dlrover.optimizer.planner import plan
+from airflow_dlrover.optimizer.types import Configuration, InfeasibleQuotaError, InvalidInputError, Quota
+from synthetic import TRUE_THETA, model_samples
+
+MODEL = fit_throughput(model_samples(), leave_one_out=False)
+MEMORY = MemoryModel(ps_base_mb=400, table_mb=8000, worker_base_mb=900, activation_mb_per_sample=0.5,
+                     table_growth_mb_per_hour=2000)
+
+quotas = st.builds(
+    Quota,
+    cpu=st.sampled_from([1, 2, 3, 8, 16, 40, 64, 200, 1000]),
+    memory_mb=st.sampled_from([4096, 16384, 65536, 262144, 10**7]),
+    max_nodes=st.one_of(st.none(), st.integers(2, 200)),
+)
+
+
+def _fits(config: Configuration, quota: Quota) -> bool:
+    return (config.cores <= quota.cpu + 1e-9 and config.memory_mb <= quota.memory_mb
+            and (quota.max_nodes is None or config.nodes <= quota.max_nodes) and config.gpus <= quota.gpu)
+
+
+@settings(max_examples=60, deadline=None)
+@given(quotas, st.sampled_from(["throughput", "efficiency"]), st.sampled_from([None, 1e8, 1e10]))
+def test_plans_never_exceed_the_quota_and_memory_covers_the_peak(quota, objective, samples):
+    try:
+        result = plan(MODEL, MEMORY, quota, objective, samples=samples)
+    except InfeasibleQuotaError as err:
+        assert err.field in ("cpu", "memory") and err.minimum["cpu"] == 1.0
+        assert err.minimum["memory_mb"] > quota.memory_mb or err.minimum["cpu"] > quota.cpu
+        return
+    config = result.config
+    assert _fits(config, quota)
+    hours = samples / result.predicted_throughput / 3600 if samples else 0.0
+    ps_peak = MEMORY.ps_peak_mb(config.ps, hours)
+    worker_peak = MEMORY.worker_peak_mb(config.batch_size)
+    for allocated, peak in ((config.ps_memory_mb, ps_peak), (config.worker_memory_mb, worker_peak)):
+        assert allocated >= peak * (1 + C.MEMORY_MARGIN_FRACTION) - 1e-6
+        assert allocated >= peak + C.MEMORY_MIN_HEADROOM_MB - 1e-6
+        assert allocated % C.MEMORY_GRANULARITY_MB == 0
+    for alternative in result.alternatives + result.pareto_front:
+        assert alternative["cores"] <= quota.cpu + 1e-9 and alternative["memory_mb"] <= quota.memory_mb
+
+
+@settings(max_examples=60, deadline=None)
+@given(quotas, st.floats(1.0, 4.0), st.floats(1.0, 4.0))
+def test_more_quota_never_lowers_predicted_throughput(quota, cpu_factor, memory_factor):
+    bigger = Quota(quota.cpu * cpu_factor, quota.memory_mb * memory_factor, max_nodes=quota.max_nodes)
+    try:
+        small = plan(MODEL, MEMORY, quota)
+    except InfeasibleQuotaError:
+        return
+    large = plan(MODEL, MEMORY, bigger)
+    assert large.predicted_throughput >= small.predicted_throughput
+
+
+def test_exact_search_matches_brute_force():
+    quota = Quota(cpu=12, memory_mb=64 * 1024)
+    best, best_x = None, -1.0
+    for w, p, lw, lp in itertools.product(range(1, 25), range(1, 25), C.GRID_CPU_VALUES, C.GRID_CPU_VALUES):
+        if w * lw + p * lp > quota.cpu:
+            continue
+        memory = w * MEMORY.worker_request_mb(512) + p * MEMORY.ps_request_mb(p)
+        if memory > quota.memory_mb:
+            continue
+        x = 1 / float(features(w, p, lw, lp, 0, 512) @ MODEL.theta)
+        if x > best_x + 1e-9 or (abs(x - best_x) <= 1e-9 and w * lw + p * lp < best[0] * best[2] + best[1] * best[3]):
+            best, best_x = (w, p, lw, lp), x
+    result = plan(MODEL, MEMORY, quota)
+    c = result.config
+    assert (c.workers, c.ps, c.worker_cpu, c.ps_cpu) == best
+    assert result.predicted_throughput == pytest.approx(best_x)
+    assert result.lower_throughput < result.predicted_throughput < result.upper_throughput
+    assert "highest predicted throughput" in result.reason
+
+
+def test_pareto_front_is_strictly_increasing_and_knee_is_cheaper():
+    quota = Quota(cpu=256, memory_mb=10**6)
+    fast = plan(MODEL, MEMORY, quota)
+    knee = plan(MODEL, MEMORY, quota, "efficiency")
+    front = fast.pareto_front
+    assert len(front) > 10
+    assert all(a["cores"] < b["cores"] and a["predicted_throughput"] < b["predicted_throughput"]
+               for a, b in zip(front, front[1:]))
+    assert front[-1]["predicted_throughput"] == pytest.approx(fast.predicted_throughput)
+    assert knee.config.cores <= fast.config.cores
+    assert knee.predicted_throughput / knee.config.cores >= fast.predicted_throughput / fast.config.cores
+
+
+def test_deadline_objective_is_cheapest_on_time():
+    quota = Quota(cpu=64, memory_mb=256 * 1024)
+    samples, deadline = 2e8, 4 * 3600
+    result = plan(MODEL, MEMORY, quota, "deadline", samples=samples, deadline_s=deadline)
+    assert samples / result.predicted_throughput <= deadline
+    fastest = plan(MODEL, MEMORY, quota)
+    assert result.config.cores <= fastest.config.cores
+
+    def cost(row):
+        return (row["cores"] * C.DEFAULT_PRICE_PER_CORE_HOUR + row["memory_mb"] / 1024 * C.DEFAULT_PRICE_PER_GB_HOUR) \
+            * samples / row["predicted_throughput"]
+
+    chosen = dict(cores=result.config.cores, memory_mb=result.config.memory_mb,
+                  predicted_throughput=result.predicted_throughput)
+    for alternative in result.alternatives:
+        assert cost(alternative) >= cost(chosen) - 1e-6
+
+
+def test_deadline_out_of_reach_names_the_fastest_time():
+    with pytest.raises(InvalidInputError) as err:
+        plan(MODEL, MEMORY, Quota(8, 65536), "deadline", samples=1e8, deadline_s=60)
+    assert err.value.field == "deadline" and "the fastest plan under this quota" in str(err.value)
+
+
+def test_table_growth_over_a_long_job_can_exhaust_memory():
+    quota = Quota(8, 65536)
+    plan(MODEL, MEMORY, quota, samples=1e6)
+    with pytest.raises(InfeasibleQuotaError) as err:
+        plan(MODEL, MEMORY, quota, samples=1e10)
+    assert err.value.field == "memory" and "PS tables grow" in str(err.value)
+    assert err.value.minimum["memory_mb"] > quota.memory_mb
+
+
+def test_infeasible_quota_names_the_minimum():
+    with pytest.raises(InfeasibleQuotaError) as err:
+        plan(MODEL, MEMORY, Quota(cpu=0.5, memory_mb=10**6))
+    assert err.value.field == "cpu" and err.value.minimum["cpu"] == 1.0
+    with pytest.raises(InfeasibleQuotaError) as err:
+        plan(MODEL, MEMORY, Quota(cpu=64, memory_mb=2048))
+    assert err.value.field == "memory"
+    assert err.value.minimum["memory_mb"] == MEMORY.worker_request_mb(512) + MEMORY.ps_request_mb(1)
+    assert "memory_mb=11136" in str(err.value)  # 1472 worker + 9664 PS
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(objective="fastest"), "objective"),
+        (dict(objective="deadline"), "deadline"),
+        (dict(samples=-5), "samples"),
+    ],
+)
+def test_bad_plan_arguments(kwargs, field):
+    with pytest.raises(InvalidInputError) as err:
+        plan(MODEL, MEMORY, Quota(64, 65536), **kwargs)
+    assert err.value.field == field
+
+
+def test_no_memory_model_is_a_clear_error():
+    with pytest.raises(InvalidInputError, match="memory_used_mb"):
+        plan(MODEL, None, Quota(64, 65536))
+
+
+def test_gpus_are_searched_only_when_the_model_knows_them():
+    result = plan(MODEL, MEMORY, Quota(64, 256 * 1024, gpu=8))
+    assert result.config.worker_gpu == 0 and "GPUs not searched" in result.reason
+    gpu_samples = model_samples(dict(TRUE_THETA, gpu_compute=2e-5), gpu=1)
+    cpu_samples = model_samples()
+    gpu_model = fit_throughput(pd.concat([cpu_samples, gpu_samples]), leave_one_out=False)
+    result = plan(gpu_model, MEMORY, Quota(64, 256 * 1024, gpu=8))
+    assert result.config.gpus <= 8
+    assert result.config.worker_gpu > 0
+
+
+def test_excluded_configurations_are_skipped():
+    quota = Quota(cpu=16, memory_mb=65536)
+    first = plan(MODEL, MEMORY, quota)
+    second = plan(MODEL, MEMORY, quota, exclude=[first.config])
+    assert (second.config.workers, second.config.ps, second.config.worker_cpu, second.config.ps_cpu) != (
+        first.config.workers, first.config.ps, first.config.worker_cpu, first.config.ps_cpu)
+    assert second.predicted_throughput <= first.predicted_throughput

@@ -1,0 +1,48 @@
+import pytest
+
+from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover.optimizer.memory import MemoryModel
+from airflow_dlrover.optimizer.model import fit_throughput
+from airflow_dlrover.optimizer.probes import design_probes
+from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, InvalidInputError, Quota
+from synthetic import TRUE_THETA, model_samples
+
+
+@pytest.mark.parametrize("cpu", [8, 16, 64, 512])
+def test_cold_design_identifies_every_cpu_parameter_cheaply(cpu):
+    quota = Quota(cpu=cpu, memory_mb=256 * 1024)
+    probes = design_probes(quota)
+    assert list(probes.columns) == list(CONFIG_COLUMNS)
+    assert len(probes) == max(C.MIN_PROBES_COLD, 6)  # six CPU parameters
+    cores = probes.workers * probes.worker_cpu + probes.ps * probes.ps_cpu
+    assert (cores <= max(cpu * C.PROBE_QUOTA_FRACTION, 2)).all()
+    assert not probes.duplicated().any()
+    for column in ("workers", "ps", "worker_cpu", "ps_cpu"):
+        assert probes[column].nunique() >= 2, column
+    memory = probes.workers * probes.worker_memory_mb + probes.ps * probes.ps_memory_mb
+    assert (memory <= quota.memory_mb * C.PROBE_QUOTA_FRACTION).all()
+    # Noiseless samples at exactly these probes recover the model: nothing but the GPU is pinned.
+    configs = list(probes[["workers", "ps", "worker_cpu", "ps_cpu"]].itertuples(index=False, name=None))
+    model = fit_throughput(model_samples(configs=configs), leave_one_out=False)
+    assert set(model.report.pinned) == {"gpu_compute"}
+    for name, value in TRUE_THETA.items():
+        assert model.params[name] == pytest.approx(value, rel=0.01, abs=1e-12)
+
+
+def test_warm_design_is_shorter_and_uses_the_prior_memory():
+    prior = fit_throughput(model_samples(), leave_one_out=False)
+    memory = MemoryModel(400, 8000, 900, 0.5)
+    probes = design_probes(Quota(64, 256 * 1024), prior=prior, memory=memory)
+    assert len(probes) == C.MIN_PROBES_WARM
+    assert (probes.ps_memory_mb == memory.ps_request_mb(probes.ps)).all()
+
+
+def test_gpu_design_and_errors():
+    probes = design_probes(Quota(64, 256 * 1024, gpu=8), worker_gpu=1)
+    assert (probes.worker_gpu == 1).all() and (probes.workers <= 8).all()
+    with pytest.raises(InvalidInputError) as err:
+        design_probes(Quota(64, 256 * 1024, gpu=0), worker_gpu=1)
+    assert err.value.field == "worker_gpu"
+    with pytest.raises(InvalidInputError) as err:
+        design_probes(Quota(1, 4096))
+    assert err.value.field == "cpu"
