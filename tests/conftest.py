@@ -6,4 +6,3 @@ import tempfile
 _HOME = tempfile.mkdtemp(prefix="dlrover-test-airflow-")
 os.environ.setdefault("AIRFLOW_HOME", _HOME)
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
-os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")

@@ -1,0 +1,85 @@
+import pandas as pd
+import pytest
+
+from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover.optimizer.instability import detect, detect_hot_ps, detect_oom_risk, detect_stragglers
+from airflow_dlrover.optimizer.memory import memory_request_mb
+from airflow_dlrover.optimizer.types import InvalidInputError
+
+
+def metrics(rows):
+    base = dict(cpu_used=1.0, cpu_limit=2.0, memory_used_mb=1000.0, memory_limit_mb=4096.0, throughput=None)
+    return pd.DataFrame([{**base, **row} for row in rows])
+
+
+def ps_rows(used_by_node, limit=2.0, times=(0, 30, 60)):
+    return [dict(time_s=t, node=node, role="ps", cpu_used=used, cpu_limit=limit)
+            for t in times for node, used in used_by_node.items()]
+
+
+def test_hot_ps_is_found_with_its_evidence_and_more_cpu():
+    events = detect_hot_ps(metrics(ps_rows({"ps-0": 1.95, "ps-1": 0.8, "ps-2": 0.7})))
+    assert [e.node for e in events] == ["ps-0"]
+    event = events[0]
+    assert event.kind == "hot_ps" and event.action.kind == "set_cpu"
+    assert event.action.value >= 1.95 / C.HOT_PS_TARGET_UTILISATION
+    assert event.evidence["utilisation"] == pytest.approx(0.975)
+    assert event.evidence["skew"] == pytest.approx(0.975 / 0.375)
+
+
+def test_balanced_busy_ps_are_not_hot_but_a_lone_saturated_ps_is():
+    assert detect_hot_ps(metrics(ps_rows({"ps-0": 1.9, "ps-1": 1.85}))) == []
+    lone = detect_hot_ps(metrics(ps_rows({"ps-0": 1.9})))
+    assert [e.node for e in lone] == ["ps-0"]
+    assert detect_hot_ps(metrics(ps_rows({"ps-0": 1.0}))) == []
+
+
+def test_straggler_against_the_median_of_the_others():
+    rows = [dict(time_s=t, node=f"worker-{i}", role="worker", throughput=speed)
+            for t in range(5) for i, speed in enumerate([1000, 980, 1020, 400])]
+    events = detect_stragglers(metrics(rows))
+    assert [e.node for e in events] == ["worker-3"]
+    assert events[0].action.kind == "replace_node"
+    assert events[0].evidence["ratio"] == pytest.approx(0.4)
+    # Too few observations: no verdict.
+    assert detect_stragglers(metrics(rows[: 4 * (C.STRAGGLER_MIN_OBSERVATIONS - 1)])) == []
+    # A uniformly slow job has no straggler.
+    even = [dict(time_s=t, node=f"worker-{i}", role="worker", throughput=300) for t in range(5) for i in range(4)]
+    assert detect_stragglers(metrics(even)) == []
+
+
+def test_oom_risk_forecasts_the_crossing_and_sizes_the_new_limit():
+    # 10 MB/s growth from 2000 MB: the 4096 MB limit is ~200 s away after t=60.
+    rows = [dict(time_s=t, node="ps-0", role="ps", memory_used_mb=2000 + 10 * t) for t in range(0, 61, 10)]
+    events = detect_oom_risk(metrics(rows))
+    assert len(events) == 1
+    event = events[0]
+    assert event.kind == "oom_risk" and event.action.kind == "set_memory"
+    assert event.evidence["seconds_to_limit"] == pytest.approx((4096 - 2600) / 10, rel=1e-6)
+    forecast = 2600 + 10 * C.OOM_HORIZON_S
+    assert event.evidence["forecast_peak_mb"] == pytest.approx(forecast)
+    assert event.action.value == memory_request_mb(forecast)
+    # With the remaining job time known, the new limit covers the end of the job.
+    longer = detect_oom_risk(metrics(rows), remaining_s=3600)[0]
+    assert longer.action.value == memory_request_mb(2600 + 10 * 3600)
+
+
+def test_flat_or_slow_memory_is_not_a_risk_but_a_node_at_the_limit_is():
+    flat = [dict(time_s=t, node="w-0", role="worker", memory_used_mb=3000) for t in range(0, 100, 10)]
+    slow = [dict(time_s=t, node="w-1", role="worker", memory_used_mb=1000 + 0.1 * t) for t in range(0, 100, 10)]
+    assert detect_oom_risk(metrics(flat + slow)) == []
+    full = [dict(time_s=0, node="w-2", role="worker", memory_used_mb=4000)]
+    events = detect_oom_risk(metrics(full))
+    assert [e.node for e in events] == ["w-2"] and "now" in events[0].reason
+    assert events[0].action.value >= 4096 + C.MEMORY_GRANULARITY_MB
+
+
+def test_detect_runs_every_detector_and_checks_columns():
+    rows = ps_rows({"ps-0": 1.95, "ps-1": 0.5}) + [
+        dict(time_s=t, node="ps-1", role="ps", memory_used_mb=2000 + 10 * t, cpu_used=0.5) for t in (90, 100, 110)
+    ]
+    kinds = sorted(e.kind for e in detect(metrics(rows)))
+    assert kinds == ["hot_ps", "oom_risk"]
+    with pytest.raises(InvalidInputError) as err:
+        detect(pd.DataFrame({"time_s": [0], "node": ["x"]}))
+    assert err.value.field == "metrics columns" and "cpu_used" in str(err.value)

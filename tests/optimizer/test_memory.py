@@ -1,0 +1,48 @@
+import numpy as np
+import pytest
+
+from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover.optimizer.memory import fit_memory, fit_trend, memory_request_mb
+from airflow_dlrover.optimizer.types import InvalidInputError
+from synthetic import model_samples
+
+
+def test_fit_recovers_table_and_base():
+    model = fit_memory(model_samples(ps_table_mb=12000, ps_base_mb=300, worker_base_mb=700, activation_mb=0.25))
+    assert model.table_mb == pytest.approx(12000) and model.ps_base_mb == pytest.approx(300)
+    # One batch size only: the activation term is pinned and the base absorbs it.
+    assert model.activation_mb_per_sample == 0 and "batch_size never varies" in model.pinned["activation_mb_per_sample"]
+    assert model.worker_peak_mb(512) == pytest.approx(700 + 0.25 * 512)
+
+
+def test_table_growth_raises_the_ps_peak_over_time():
+    model = fit_memory(model_samples()).with_table_growth(1000)
+    assert model.ps_peak_mb(4, hours=2) == pytest.approx(model.ps_peak_mb(4) + 2000 / 4)
+    assert model.with_table_growth(-5).table_growth_mb_per_hour == 0
+
+
+def test_request_adds_the_margin_or_the_headroom_and_rounds_up():
+    assert memory_request_mb(100) == 384  # 100 + 256 headroom → 356 → 384
+    assert memory_request_mb(10000) == 11520  # ×1.15 = 11500 → 11520
+    peaks = np.linspace(1, 1e5, 97)
+    requests = memory_request_mb(peaks)
+    assert np.all(requests >= peaks * (1 + C.MEMORY_MARGIN_FRACTION))
+    assert np.all(requests % C.MEMORY_GRANULARITY_MB == 0)
+
+
+def test_trend_is_robust_to_a_gc_drop():
+    t = np.arange(0, 200, 10.0)
+    used = 1000 + 2 * t
+    used[10] = 400  # one collection
+    trend = fit_trend(t, used)
+    assert trend.slope_mb_per_s == pytest.approx(2.0)
+    assert trend.seconds_to(1000 + 2 * 190 + 200) == pytest.approx(100)
+    assert fit_trend(t, np.full_like(t, 500)).seconds_to(1000) == float("inf")
+
+
+def test_missing_memory_columns_are_named():
+    with pytest.raises(InvalidInputError) as err:
+        fit_memory(model_samples().drop(columns=["ps_memory_used_mb"]))
+    assert err.value.field == "samples.ps_memory_used_mb"
+    with pytest.raises(InvalidInputError):
+        fit_trend([0], [1])

@@ -1,0 +1,100 @@
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from airflow_dlrover.cli import main
+from airflow_dlrover.optimizer.job_model import JobModel
+from synthetic import model_samples
+
+
+@pytest.fixture()
+def samples_csv(tmp_path):
+    path = tmp_path / "samples.csv"
+    model_samples(noise=0.03, windows=2, seed=4).to_csv(path, index=False)
+    return path
+
+
+def test_fit_predict_plan_round_trip(tmp_path, samples_csv, capsys):
+    model_path = tmp_path / "model.json"
+    assert main(["fit", str(samples_csv), "-o", str(model_path)]) == 0
+    out = capsys.readouterr().out
+    assert "in-sample MAPE" in out and "leave-one-configuration-out MAPE" in out and "ps_service" in out
+    model = JobModel.load(model_path)
+    assert model.memory is not None
+
+    configs = tmp_path / "configs.csv"
+    pd.DataFrame({"workers": [1, 8], "ps": [1, 2], "worker_cpu": [1, 2], "ps_cpu": [1, 2]}).to_csv(configs, index=False)
+    assert main(["predict", str(model_path), str(configs)]) == 0
+    table = pd.read_csv(pd.io.common.StringIO(capsys.readouterr().out))
+    assert list(table.columns[-3:]) == ["predicted_throughput", "lower_throughput", "upper_throughput"]
+    assert (table.lower_throughput < table.predicted_throughput).all()
+    assert table.predicted_throughput[1] > table.predicted_throughput[0]
+
+    assert main(["plan", str(model_path), "--cpu", "64", "--memory", "256Gi", "--max-nodes", "40"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    for column in ("workers", "ps", "worker_cpu", "ps_cpu", "worker_memory_mb", "ps_memory_mb", "worker_gpu",
+                   "batch_size", "predicted_throughput", "reason"):
+        assert column in plan
+    assert plan["cores"] <= 64 and plan["workers"] + plan["ps"] <= 40 and plan["memory_mb"] <= 256 * 1024
+
+    assert main(["plan", str(model_path), "--cpu", "64", "--memory", "256Gi", "--objective", "deadline",
+                 "--samples", "1e8", "--deadline", "2h"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert 1e8 / plan["predicted_throughput"] <= 7200
+
+
+def test_probes_then_warm_probes(tmp_path, samples_csv, capsys):
+    assert main(["probes", "--cpu", "32", "--memory", "128Gi"]) == 0
+    cold = pd.read_csv(pd.io.common.StringIO(capsys.readouterr().out))
+    assert len(cold) >= 4
+    model_path = tmp_path / "model.json"
+    main(["fit", str(samples_csv), "-o", str(model_path), "--no-loco"])
+    capsys.readouterr()
+    assert main(["probes", "--cpu", "32", "--memory", "128Gi", "--prior", str(model_path)]) == 0
+    warm = pd.read_csv(pd.io.common.StringIO(capsys.readouterr().out))
+    assert len(warm) < len(cold)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["plan", "{model}", "--cpu", "64", "--memory", "12XB"], "memory='12XB' is invalid"),
+        (["plan", "{model}", "--cpu", "lots", "--memory", "1Gi"], "cpu='lots' is invalid"),
+        (["plan", "{model}", "--cpu", "0.5", "--memory", "256Gi"], "cpu=0.5 is invalid: allowed a quota of at least cpu=1"),
+        (["plan", "{model}", "--cpu", "64", "--memory", "256Gi", "--objective", "deadline", "--samples", "1e8",
+          "--deadline", "soon"], "deadline='soon' is invalid"),
+        (["plan", "{missing}", "--cpu", "64", "--memory", "1Gi"], "an existing model file"),
+        (["fit", "{bad_csv}", "-o", "{out}"], "samples.throughput"),
+        (["predict", "{model}", "{bad_configs}"], "CONFIGS.ps_cpu"),
+    ],
+)
+def test_user_mistakes_exit_2_with_a_clear_message(tmp_path, samples_csv, capsys, argv, message):
+    model_path = tmp_path / "model.json"
+    main(["fit", str(samples_csv), "-o", str(model_path), "--no-loco"])
+    bad_csv = tmp_path / "bad.csv"
+    model_samples().assign(throughput=-1).to_csv(bad_csv, index=False)
+    bad_configs = tmp_path / "bad_configs.csv"
+    pd.DataFrame({"workers": [1], "ps": [1], "worker_cpu": [1], "ps_cpu": ["x"]}).to_csv(bad_configs, index=False)
+    capsys.readouterr()
+    paths = dict(model=model_path, missing=tmp_path / "nope.json", bad_csv=bad_csv, out=tmp_path / "o.json",
+                 bad_configs=bad_configs)
+    assert main([a.format(**paths) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err
+
+
+def test_demo_runs_the_bundled_pipeline(tmp_path, capsys):
+    assert main(["demo", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "== fit" in out and out.count("== plan") == 3
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["cores"] <= 64 and plan["pareto_front"]
+    assert JobModel.load(tmp_path / "model.json").throughput.report.loco_mape < 0.10
+
+
+def test_console_script_is_installed():
+    result = subprocess.run([sys.executable, "-m", "airflow_dlrover.cli", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "plan" in result.stdout
