@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
 from airflow_dlrover.optimizer.planner import OBJECTIVES, plan
 from airflow_dlrover.optimizer.probes import design_probes
@@ -48,10 +49,13 @@ def _print_fit(model: JobModel) -> None:
     print("throughput model  1/X = Σ θ·f(x)   (see airflow_dlrover/optimizer/model.py)")
     for line in model.throughput.describe():
         print("  " + line)
-    loco = "n/a (too few configurations)" if report.loco_mape is None else f"{report.loco_mape:.1%}"
+    held_out = "n/a (too few configurations)" if report.out_of_sample_mape is None else f"{report.out_of_sample_mape:.1%}"
     print(f"samples {report.n_samples}, configurations {report.n_configurations}, warm start: {report.warm_start}")
-    print(f"in-sample MAPE {report.in_sample_mape:.1%}   leave-one-configuration-out MAPE {loco}")
-    print(f"relative noise {report.relative_noise:.1%}")
+    print(f"in-sample MAPE {report.in_sample_mape:.1%}   {report.out_of_sample_method} MAPE {held_out}")
+    if report.sharpness_cv_mape:
+        tried = ", ".join(f"q={q}: {m:.1%}" for q, m in report.sharpness_cv_mape.items())
+        print(f"sharpness chosen by {C.SHARPNESS_CV_FOLDS}-fold CV over configurations: {tried}")
+    print(f"relative noise {report.relative_noise:.1%} (90% band ±{C.BAND_Z * report.relative_noise:.0%} at least)")
     if model.memory:
         m = model.memory
         print(
@@ -66,7 +70,7 @@ def _print_fit(model: JobModel) -> None:
 
 def cmd_fit(args: argparse.Namespace) -> None:
     prior = JobModel.load(args.prior) if args.prior else None
-    model = fit_job_model(_read_table(args.samples, "SAMPLES"), prior, leave_one_out=not args.no_loco)
+    model = fit_job_model(_read_table(args.samples, "SAMPLES"), prior, leave_one_out=not args.no_loco or None)
     model.save(args.output)
     _print_fit(model)
     print(f"wrote {args.output}")
@@ -97,7 +101,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
         samples=args.samples, deadline_s=deadline, batch_size=args.batch_size,
     )
     out = result.to_dict(details=args.details)
-    print(json.dumps(out, indent=2))
+    print(json.dumps(out, indent=2, ensure_ascii=False))
 
 
 def cmd_probes(args: argparse.Namespace) -> None:
@@ -125,7 +129,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     for objective, extra in (("throughput", {}), ("efficiency", {}), ("deadline", {"samples": 2e8, "deadline_s": 4 * 3600})):
         result = plan(model.throughput, model.memory, quota, objective, **extra)
         print(f"\n== plan ({objective}) under 64 cores / 256 GiB")
-        print(json.dumps(result.to_dict(details=False), indent=2))
+        print(json.dumps(result.to_dict(details=False), indent=2, ensure_ascii=False))
     (out / "plan.json").write_text(json.dumps(plan(model.throughput, model.memory, quota).to_dict(), indent=2))
     print(f"\nwrote {out / 'model.json'} and {out / 'plan.json'}")
 
@@ -148,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("samples", metavar="SAMPLES.csv")
     p.add_argument("-o", "--output", required=True, metavar="MODEL.json")
     p.add_argument("--prior", metavar="MODEL.json", help="warm start from an earlier model of the job")
-    p.add_argument("--no-loco", action="store_true", help="skip the leave-one-configuration-out MAPE")
+    p.add_argument("--no-loco", action="store_true", help="measure the out-of-sample error by k-fold CV instead of leave-one-configuration-out when there are many configurations")
     p.set_defaults(func=cmd_fit)
 
     p = sub.add_parser("predict", help="predict throughput for configurations")

@@ -9,7 +9,7 @@ import pandas as pd
 
 from airflow_dlrover.optimizer.model import PARAMETERS, features
 
-TRUE_THETA = dict(overhead=0.02, worker_compute=4e-4, gpu_compute=0.0, ps_service=1.5e-4, network=2e-5, contention=1e-5, io=5e-6)
+TRUE_THETA = dict(overhead=0.02, worker_compute=4e-4, gpu_compute=0.0, ps_latency=3e-5, ps_service=1.5e-4, network=2e-5, contention=1e-5, io=5e-6)
 
 #: A design that exercises every CPU parameter.
 DIVERSE_CONFIGS = [

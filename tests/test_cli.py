@@ -92,7 +92,7 @@ def test_demo_runs_the_bundled_pipeline(tmp_path, capsys):
     assert "== fit" in out and out.count("== plan") == 3
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["cores"] <= 64 and plan["pareto_front"]
-    assert JobModel.load(tmp_path / "model.json").throughput.report.loco_mape < 0.10
+    assert JobModel.load(tmp_path / "model.json").throughput.report.out_of_sample_mape < 0.10
 
 
 def test_console_script_is_installed():

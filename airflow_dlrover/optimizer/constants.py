@@ -11,14 +11,23 @@ from __future__ import annotations
 # Throughput model fit
 # --------------------------------------------------------------------------------------------
 
-#: Strength of the pull toward the prior (warm start) or toward zero, relative to one sample row.
-#: Small enough that 4 good samples override it, large enough to keep a near-singular fit finite.
-#: (ours; same role as adaptdl's bounded fit that pins what the data cannot identify)
-PRIOR_WEIGHT = 0.05
+#: Exponents q of the q-norm that combines the model's bottleneck terms (model.py), tried in
+#: the fit. 1 = stages add up; larger = stages overlap and the knee is sharp. (ours, measured on
+#: the queueing simulation: q = 2–3 fits best; benchmarks/accuracy.py)
+SHARPNESS_CANDIDATES = (1.0, 1.5, 2.0, 3.0, 4.0)
+#: q when the samples are too few to choose (fewer than #free parameters + 2 configurations).
+DEFAULT_SHARPNESS = 2.0
+#: Up to this many configurations the fit measures its out-of-sample error leaving one
+#: configuration out (one refit each); above, by grouped k-fold. (ours: ≤ 30 refits ≈ 0.1 s)
+LOCO_MAX_CONFIGURATIONS = 30
 
-#: Pull toward the prior when refitting from a warm start: a prior counts as this many rows.
-#: (ours: yesterday's model of the same job is worth about one probe configuration)
-WARM_START_PRIOR_WEIGHT = 1.0
+#: Folds of the grouped (by configuration) cross-validation that chooses q. (ours)
+SHARPNESS_CV_FOLDS = 5
+
+#: Pull toward the prior when refitting from a warm start: a relative change of r in one parameter
+#: costs this × r², as a relative error r would on this many sample rows. (ours, measured with
+#: benchmarks/accuracy.py: 0.1–1 does best when the system changed; 0.3 between)
+WARM_START_PRIOR_WEIGHT = 0.3
 
 #: Half-life of a sample's weight when refitting, in number of newer samples. Recent samples
 #: reflect the current data and cluster; older ones fade. (ours)
@@ -35,6 +44,11 @@ DEFAULT_RELATIVE_NOISE = 0.10
 
 #: Smallest relative noise the uncertainty band will claim, even for a perfect fit. (ours)
 MIN_RELATIVE_NOISE = 0.01
+
+#: σ of a normal error whose mean absolute value is 1: the band's noise is at least this times
+#: the out-of-sample MAPE (leave-one-configuration-out, else the sharpness cross-validation), so
+#: that model-form error, not only replicate noise, widens the band. (sqrt(π/2))
+MAPE_TO_SIGMA = 1.2533
 
 #: z-value of the prediction band (two-sided 90 %). (ours)
 BAND_Z = 1.645
@@ -88,9 +102,13 @@ PROBE_QUOTA_FRACTION = 0.5
 #: Candidate values for probe configurations. (ours: small, powers of two)
 PROBE_WORKERS = (1, 2, 4, 8)
 PROBE_PS = (1, 2, 4)
-PROBE_CPU = (1.0, 2.0, 4.0)
-#: A cold start profiles at least this many configurations (issue #2: ≥ 4).
+PROBE_CPU = (0.5, 1.0, 2.0, 4.0)
+#: A cold start profiles at least this many configurations (issue #2: ≥ 4) ...
 MIN_PROBES_COLD = 4
+#: ... and this many more than the parameters to identify, so that the fit can choose its
+#: sharpness by cross-validation and measure its own out-of-sample error. (ours, measured with
+#: benchmarks/accuracy.py: 7 → 9 probes cut the held-out error on the PS-heavy system 28 % → 11 %)
+PROBES_BEYOND_PARAMETERS = 2
 #: A warm start (a prior model of the same job exists) profiles this many, to confirm and
 #: re-scale the prior. (ours)
 MIN_PROBES_WARM = 2

@@ -6,39 +6,54 @@ time is a sum of worker compute, PS service and communication terms), the time o
     t_step = θ_overhead                          fixed per-step cost (RPC round trips, Python)
            + θ_worker_compute · B / λw           dense forward/backward on λw CPU cores
            + θ_gpu_compute    · B / g            ... or on g GPUs (replaces the CPU term)
+           + θ_ps_latency     · B / (p·min(λp,1)) the wait for one's own B/p rows at each PS
+                                                 before queues form: one request is served by
+                                                 one thread, so more cores do not shorten it,
+                                                 but a CFS quota below one core stretches it
            + θ_ps_service     · w · B / (p·λp)   lookups + sparse updates: the rows of all w
                                                  workers spread over p PS with λp cores each
            + θ_network        · w · B / p        the same rows through the p PS network links
-           + θ_contention     · w² / p           synchronisation/queueing that grows with the
-                                                 clients per PS (w/p) times the contenders (w)
+           + θ_contention     · w²·B / (p²·λp)   lock/queue contention: each PS's per-row cost
+                                                 grows with its concurrent clients (w/p), which
+                                                 takes PS cores: θ_ps_service · (1 + α·w/p)
            + θ_io             · w · B            a job-wide cap no allocation moves (the shared
                                                  data source, the master's shard service)
 
-and the job throughput is X = w·B / t_step. Its reciprocal is *linear* in θ ≥ 0:
+and the job throughput is X = w·B / t_step. Each term, alone, bounds the throughput:
 
-    1/X = θ_overhead/(w·B) + θ_worker_compute/(w·λw) + θ_gpu_compute/(w·g)
-        + θ_ps_service/(p·λp) + θ_network/p + θ_contention·w/(p·B) + θ_io
+    X ≤ 1/t_k(x)   with t_k(x) = θ_k · f_k(x) and
+    f = [1/(w·B), 1/(w·λw), 1/(w·g), 1/(w·p·min(λp,1)), 1/(p·λp), 1/p, w/(p²·λp), 1]
 
-so the fit is an NNLS problem (``scipy.optimize.nnls``). Each term is a bound: X ≤ w·λw/θ_worker
-(worker cores), X ≤ p·λp/θ_ps (PS cores), X ≤ p/θ_network (links), X ≤ 1/θ_io (a plateau that
-more resources cannot lift: what keeps the fine-tune policy still on a flat curve), and the
-contention term makes
-throughput *fall* past w* = sqrt(p·(θ_overhead + θ_worker_compute·B/λw)/θ_contention).
+— X ≤ w·λw/θ_worker_compute (worker cores), X ≤ p·λp/θ_ps_service (PS cores), X ≤ p/θ_network
+(links), X ≤ 1/θ_io (a plateau more resources cannot lift: what keeps the fine-tune policy still
+on a flat curve); the contention term makes throughput *fall* past
+w* = p·sqrt(λp·(θ_overhead/B + θ_worker_compute/λw)/θ_contention) (at q = 1): a best worker/PS ratio.
 
-Rows are weighted by the measured throughput so that residuals are relative errors
-(X_obs·f·θ − 1 ≈ relative error of the prediction); recent rows weigh more. Parameters the samples
-cannot identify (e.g. ``gpu_compute`` with no GPU sample, or ``ps_service`` against ``network``
+The terms combine by a q-norm, whose exponent q (the "sharpness") is fitted too:
+
+    1/X = ( Σ_k (θ_k · f_k(x))^q )^(1/q)
+
+q = 1 adds the stages (nothing overlaps: the DLRover-RM sum of step times); q → ∞ keeps only the
+slowest (perfect pipelining). Real PS jobs sit between: queues overlap the stages and sharpen the
+knee at saturation (on our queueing simulation q = 2–3 halves the error of q = 1; see
+benchmarks/accuracy.py). For a given q the model is *linear* in φ_k = θ_k^q ≥ 0:
+
+    (1/X)^q = Σ_k φ_k · f_k(x)^q
+
+so each fit is one NNLS problem (``scipy.optimize.nnls``); q is chosen from ``SHARPNESS_CANDIDATES``
+by grouped cross-validation over configurations. Rows are weighted by X^q so that residuals are
+relative errors (≈ q × the relative error of X), and recent rows weigh more. Parameters the
+samples cannot identify (``gpu_compute`` with no GPU sample; ``ps_service`` against ``network``
 when λp never varies) are pinned — to the prior when there is one, else to 0 — and listed in the
-report. A prior (yesterday's model of the same job) enters as pseudo-observations of its own
-predictions on a fixed anchor set of configurations (weight: ``WARM_START_PRIOR_WEIGHT`` rows).
-Predictions carry a band from the parameter covariance plus the residual noise.
+report. A prior (yesterday's model of the same job) enters as a ridge toward its parameters in
+relative terms (weight ``WARM_START_PRIOR_WEIGHT``), so that a few new probes correct the terms
+they exercise and the prior keeps the rest; it also fixes q. Predictions carry a band from the covariance of φ plus the noise, which is at least the
+out-of-sample error (so that a model of the wrong form is not over-confident).
 """
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass, field
-from functools import lru_cache
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -52,17 +67,21 @@ from airflow_dlrover.optimizer.types import (
     validate_samples,
 )
 
-PARAMETERS = ("overhead", "worker_compute", "gpu_compute", "ps_service", "network", "contention", "io")
+PARAMETERS = (
+    "overhead", "worker_compute", "gpu_compute", "ps_latency", "ps_service", "network", "contention", "io"
+)
 
 #: Order in which parameters are admitted when the samples identify only some of them: the
 #: simplest explanation first (cores on each side), refinements last.
-_IDENTIFY_ORDER = ("ps_service", "worker_compute", "gpu_compute", "overhead", "network", "contention", "io")
+_IDENTIFY_ORDER = (
+    "ps_service", "worker_compute", "gpu_compute", "overhead", "ps_latency", "network", "contention", "io"
+)
 
 
 def features(
     workers: Any, ps: Any, worker_cpu: Any, ps_cpu: Any, worker_gpu: Any, batch_size: Any
 ) -> np.ndarray:
-    """The design row f(x) of each configuration, so that 1/X = f(x)·θ. Shape (n, 7)."""
+    """The design row f(x) of each configuration, so that 1/X = f(x)·θ. Shape (n, 8)."""
     w = np.asarray(workers, dtype=float)
     p = np.asarray(ps, dtype=float)
     lw = np.asarray(worker_cpu, dtype=float)
@@ -76,9 +95,10 @@ def features(
             1.0 / (w * b),
             np.where(on_gpu, 0.0, 1.0 / (w * lw)),
             np.where(on_gpu, 1.0 / (w * np.maximum(g, 1.0)), 0.0),
+            1.0 / (w * p * np.minimum(lp, 1.0)),
             1.0 / (p * lp),
             1.0 / p,
-            w / (p * b),
+            w / (p * p * lp),
             np.ones_like(w),
         ],
         axis=-1,
@@ -99,10 +119,12 @@ class FitReport:
     n_samples: int
     n_configurations: int
     in_sample_mape: float
-    loco_mape: float | None
+    out_of_sample_mape: float | None
+    out_of_sample_method: str
     relative_noise: float
     pinned: dict[str, str]
     warm_start: bool
+    sharpness_cv_mape: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -110,9 +132,11 @@ class FitReport:
 
 @dataclass(frozen=True)
 class ThroughputModel:
-    """Fitted θ (see the module docstring), their covariance and the relative noise."""
+    """Fitted θ and sharpness q (see the module docstring), the covariance of φ = θ^q, and the
+    relative noise of a measurement around the model."""
 
     params: dict[str, float]
+    sharpness: float
     covariance: np.ndarray
     relative_noise: float
     batch_size: int
@@ -123,17 +147,16 @@ class ThroughputModel:
     def theta(self) -> np.ndarray:
         return np.array([self.params[name] for name in PARAMETERS])
 
-    def reciprocal(self, feats: np.ndarray) -> np.ndarray:
-        return feats @ self.theta
-
-    def predict_features(self, feats: np.ndarray, band: bool = True):
-        """Throughput and its (lower, upper) band from design rows."""
-        y = np.maximum(feats @ self.theta, 1e-300)
-        x = 1.0 / y
+    def predict_features(self, feats: np.ndarray, band: bool = True, feats_q: np.ndarray | None = None):
+        """Throughput (and its lower, upper band) from design rows; ``feats_q`` = feats**q if cached."""
+        q = self.sharpness
+        fq = feats**q if feats_q is None else feats_q
+        yq = np.maximum(fq @ self.theta**q, 1e-300)
+        x = yq ** (-1.0 / q)
         if not band:
             return x
-        var = np.einsum("ij,jk,ik->i", feats, self.covariance, feats)
-        rel = np.sqrt(np.maximum(var, 0.0)) / y
+        var = np.einsum("ij,jk,ik->i", fq, self.covariance, fq)
+        rel = np.sqrt(np.maximum(var, 0.0)) / yq / q
         total = C.BAND_Z * np.sqrt(rel**2 + self.relative_noise**2)
         return x, x / (1.0 + total), x / np.maximum(1.0 - total, 0.05)
 
@@ -148,6 +171,7 @@ class ThroughputModel:
     def to_dict(self) -> dict[str, Any]:
         return {
             "params": dict(self.params),
+            "sharpness": self.sharpness,
             "covariance": self.covariance.tolist(),
             "relative_noise": self.relative_noise,
             "batch_size": self.batch_size,
@@ -158,15 +182,14 @@ class ThroughputModel:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ThroughputModel":
         try:
-            params = {name: float(data["params"][name]) for name in PARAMETERS}
-            cov = np.asarray(data["covariance"], dtype=float).reshape(len(PARAMETERS), len(PARAMETERS))
-            report = FitReport(**data["report"]) if data.get("report") else None
+            k = len(PARAMETERS)
             return cls(
-                params=params,
-                covariance=cov,
+                params={name: float(data["params"][name]) for name in PARAMETERS},
+                sharpness=float(data["sharpness"]),
+                covariance=np.asarray(data["covariance"], dtype=float).reshape(k, k),
                 relative_noise=float(data["relative_noise"]),
                 batch_size=int(data["batch_size"]),
-                report=report,
+                report=FitReport(**data["report"]) if data.get("report") else None,
                 identified=tuple(data.get("identified", PARAMETERS)),
             )
         except (KeyError, TypeError, ValueError) as err:
@@ -176,23 +199,16 @@ class ThroughputModel:
             ) from None
 
     def describe(self) -> list[str]:
-        lines = []
-        for name in PARAMETERS:
-            j = PARAMETERS.index(name)
-            sd = float(np.sqrt(max(self.covariance[j, j], 0.0)))
+        """θ_k ± standard error (delta method from the covariance of φ = θ^q), one line each."""
+        q, lines = self.sharpness, [f"{'sharpness q':15s} {self.sharpness:g}"]
+        for j, name in enumerate(PARAMETERS):
+            theta = self.params[name]
+            sd_phi = float(np.sqrt(max(self.covariance[j, j], 0.0)))
+            sd = sd_phi / (q * theta ** (q - 1)) if theta > 0 else 0.0
             pinned = self.report.pinned.get(name) if self.report else None
             note = f"  (pinned: {pinned})" if pinned else ""
-            lines.append(f"{name:15s} {self.params[name]:.4e} ± {sd:.1e}{note}")
+            lines.append(f"{name:15s} {theta:.4e} ± {sd:.1e}{note}")
         return lines
-
-
-@lru_cache(maxsize=8)
-def _anchor_features(batch_size: int, with_gpu: bool) -> np.ndarray:
-    """A fixed, diverse set of configurations on which a prior speaks (warm start)."""
-    gpus = (0, 1) if with_gpu else (0,)
-    rows = list(itertools.product((1, 2, 4, 8, 16, 32), (1, 2, 4, 8), (0.5, 1, 2, 4, 8), (0.5, 1, 2, 4, 8), gpus))
-    arr = np.array(rows, dtype=float)
-    return features(arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], arr[:, 4], batch_size)
 
 
 def _recency_weights(table: pd.DataFrame, half_life: float) -> np.ndarray:
@@ -200,12 +216,13 @@ def _recency_weights(table: pd.DataFrame, half_life: float) -> np.ndarray:
     (by ``timestamp`` when present, else by row order)."""
     n = len(table)
     if "timestamp" in table:
-        stamps = pd.to_numeric(table["timestamp"], errors="coerce").fillna(0).to_numpy()
-        order = np.argsort(np.argsort(stamps, kind="stable"), kind="stable")
+        stamps = table["timestamp"]
+        if not pd.api.types.is_numeric_dtype(stamps):
+            stamps = pd.to_datetime(stamps, errors="coerce", utc=True).astype("int64")
+        order = np.argsort(np.argsort(stamps.to_numpy(), kind="stable"), kind="stable")
     else:
         order = np.arange(n)
-    newer = (n - 1) - order
-    return 0.5 ** (newer / half_life)
+    return 0.5 ** (((n - 1) - order) / half_life)
 
 
 def _select_identifiable(design: np.ndarray, candidates: list[int]) -> list[int]:
@@ -217,14 +234,13 @@ def _select_identifiable(design: np.ndarray, candidates: list[int]) -> list[int]
             continue
         trial = design[:, chosen + [j]] / scale[chosen + [j]]
         s = np.linalg.svd(trial, compute_uv=False)
-        if s[-1] > C.IDENTIFIABILITY_RCOND * s[0]:
+        if len(s) == trial.shape[1] and s[-1] > C.IDENTIFIABILITY_RCOND * s[0]:
             chosen.append(j)
     return chosen
 
 
 def _why_pinned(name: str, table: pd.DataFrame) -> str:
-    has_gpu = (table["worker_gpu"] > 0).any()
-    if name == "gpu_compute" and not has_gpu:
+    if name == "gpu_compute" and not (table["worker_gpu"] > 0).any():
         return "no sample has a GPU worker"
     if name == "worker_compute" and (table["worker_gpu"] > 0).all():
         return "every sample has GPU workers"
@@ -232,113 +248,166 @@ def _why_pinned(name: str, table: pd.DataFrame) -> str:
         return "ps_cpu never varies, so PS cores and PS links cannot be told apart"
     if name == "contention" and table["workers"].nunique() == 1:
         return "workers never varies"
-    return "the samples do not vary enough to identify it"
+    return f"{configuration_key(table).nunique()} configurations cannot identify every parameter"
 
 
-def fit_throughput(
-    samples: pd.DataFrame,
-    prior: ThroughputModel | None = None,
-    *,
-    half_life: float = C.RECENCY_HALF_LIFE_SAMPLES,
-    prior_weight: float = C.WARM_START_PRIOR_WEIGHT,
-    leave_one_out: bool = True,
-) -> ThroughputModel:
-    """Fit θ ≥ 0 to a sample table (NNLS on relative errors of 1/X); see the module docstring.
+@dataclass(frozen=True)
+class _Problem:
+    """A validated sample table and what every fit of it shares."""
 
-    ``prior``: an earlier model of the same job (warm start). ``half_life``: recency weighting.
-    ``leave_one_out``: also compute the leave-one-configuration-out MAPE (costs one refit per
-    configuration).
-    """
-    table = validate_samples(samples)
-    keys = configuration_key(table)
-    n_configs = keys.nunique()
-    if n_configs < 2 and prior is None:
-        raise InvalidInputError(
-            "samples", f"{n_configs} configuration",
-            "at least 2 distinct configurations (4 or more to identify the model; "
-            "`dlrover-rm probes` designs them), or a prior model",
+    table: pd.DataFrame
+    keys: pd.Series
+    feats: np.ndarray
+    observed: np.ndarray
+    weights: np.ndarray  # sqrt of the recency weights
+    batch: int
+
+    @classmethod
+    def of(cls, samples: pd.DataFrame, half_life: float) -> "_Problem":
+        table = validate_samples(samples)
+        return cls(
+            table, configuration_key(table), table_features(table), table["throughput"].to_numpy(dtype=float),
+            np.sqrt(_recency_weights(table, half_life)), int(table["batch_size"].mode().iloc[0]),
         )
-    feats = table_features(table)
-    observed = table["throughput"].to_numpy(dtype=float)
-    weights = np.sqrt(_recency_weights(table, half_life))
-    design = feats * (observed * weights)[:, None]
-    target = weights.copy()
 
+    def subset(self, rows: np.ndarray) -> "_Problem":
+        return _Problem(self.table[rows], self.keys[rows], self.feats[rows], self.observed[rows], self.weights[rows], self.batch)
+
+
+def _solve(problem: _Problem, q: float, prior: ThroughputModel | None, prior_weight: float) -> ThroughputModel:
+    """One NNLS fit at sharpness q (no report)."""
     k = len(PARAMETERS)
-    theta = np.zeros(k)
-    pinned: dict[str, str] = {}
+    design = problem.feats**q * (problem.observed**q * problem.weights)[:, None]
+    target = problem.weights
+    phi = np.zeros(k)
     if prior is None:
         free = _select_identifiable(design, [PARAMETERS.index(n) for n in _IDENTIFY_ORDER])
-    else:
-        # The prior anchors every direction; pin only what the real samples never exercise.
+    else:  # the prior anchors every direction; pin only what the samples never exercise
         free = [j for j in range(k) if np.any(design[:, j] > 0)]
-        theta[:] = prior.theta
-    for j in range(k):
-        if j not in free:
-            name = PARAMETERS[j]
-            pinned[name] = _why_pinned(name, table) + (
-                f"; kept at the prior's {theta[j]:.3g}" if prior is not None else "; set to 0"
-            )
+        phi[:] = prior.theta**q
     fixed = [j for j in range(k) if j not in free]
-    batch = int(table["batch_size"].mode().iloc[0])
-    rows, rhs = design[:, free], target - design[:, fixed] @ theta[fixed]
+    rows, rhs = design[:, free], target - design[:, fixed] @ phi[fixed]
     if prior is not None:
-        anchors = _anchor_features(batch, bool((table["worker_gpu"] > 0).any()))
-        anchor_weight = np.sqrt(prior_weight / len(anchors))
-        anchor_rows = anchors * (prior.predict_features(anchors, band=False) * anchor_weight)[:, None]
-        rows = np.vstack([rows, anchor_rows[:, free]])
-        rhs = np.concatenate([rhs, anchor_weight - anchor_rows[:, fixed] @ theta[fixed]])
+        # Ridge toward the prior in relative terms: changing φ_j by 10 % costs prior_weight × 0.01,
+        # like a 10 % error on prior_weight sample rows. A term the prior did not have costs its
+        # share of the measured step time instead.
+        prior_phi = prior.theta**q
+        share = design.mean(axis=0)
+        penalty = np.where(prior_phi[free] > 0, 1.0 / np.where(prior_phi[free] > 0, prior_phi[free], 1.0), share[free])
+        rows = np.vstack([rows, np.sqrt(prior_weight) * np.diag(penalty)])
+        rhs = np.concatenate([rhs, np.sqrt(prior_weight) * (prior_phi[free] > 0)])
     scale = np.linalg.norm(rows, axis=0)
     scale[scale == 0] = 1.0
     solution, _ = nnls(rows / scale, rhs, maxiter=50 * k)
-    theta[free] = solution / scale
+    phi[free] = solution / scale
 
-    # Relative residuals of the real samples (weighted), noise and covariance.
-    residual = design @ theta - target
-    active = [j for j in free if theta[j] > 0]
-    dof = len(table) - len(active)
+    # Residuals are ≈ q × relative errors of X: noise and covariance of φ follow.
+    residual = design @ phi - target
+    active = [j for j in free if phi[j] > 0]
+    dof = len(target) - len(active)
     if dof > 0:
-        noise = float(np.sqrt(np.sum(residual**2) / dof / np.mean(weights**2)))
+        noise = float(np.sqrt(np.sum(residual**2) / dof / np.mean(target**2))) / q
     else:
         noise = C.DEFAULT_RELATIVE_NOISE
     noise = max(noise, C.MIN_RELATIVE_NOISE)
     covariance = np.zeros((k, k))
     if active:
         sub = rows[:, [free.index(j) for j in active]]
-        covariance[np.ix_(active, active)] = noise**2 * np.linalg.pinv(sub.T @ sub)
-
-    model = ThroughputModel(
-        params=dict(zip(PARAMETERS, map(float, theta))),
+        covariance[np.ix_(active, active)] = (q * noise) ** 2 * np.linalg.pinv(sub.T @ sub)
+    return ThroughputModel(
+        params=dict(zip(PARAMETERS, map(float, phi ** (1.0 / q)))),
+        sharpness=q,
         covariance=covariance,
         relative_noise=noise,
-        batch_size=batch,
+        batch_size=problem.batch,
         identified=tuple(PARAMETERS[j] for j in free),
     )
-    predicted = model.predict_features(feats, band=False)
-    in_sample = float(np.mean(np.abs(predicted - observed) / observed))
-    loco = _loco_mape(table, keys, prior, half_life, prior_weight) if leave_one_out else None
+
+
+def _held_out_mape(problem: _Problem, folds: list[np.ndarray], q: float, prior, prior_weight) -> float | None:
+    """Mean absolute percentage error on each fold, fitted on the others."""
+    errors = []
+    for held in folds:
+        rest = problem.subset(~held)
+        if rest.keys.nunique() < 2 and prior is None:
+            return None
+        model = _solve(rest, q, prior, prior_weight)
+        predicted = model.predict_features(problem.feats[held], band=False)
+        errors.append(np.abs(predicted - problem.observed[held]) / problem.observed[held])
+    return float(np.mean(np.concatenate(errors)))
+
+
+def _folds(keys: pd.Series, count: int) -> list[np.ndarray]:
+    """Group the rows by configuration into ``count`` folds (round robin over configurations)."""
+    codes = pd.factorize(keys)[0]
+    return [np.isin(codes, np.arange(f, codes.max() + 1, count)) for f in range(min(count, codes.max() + 1))]
+
+
+def fit_throughput(
+    samples: pd.DataFrame,
+    prior: ThroughputModel | None = None,
+    *,
+    sharpness: float | None = None,
+    half_life: float = C.RECENCY_HALF_LIFE_SAMPLES,
+    prior_weight: float = C.WARM_START_PRIOR_WEIGHT,
+    leave_one_out: bool | None = None,
+) -> ThroughputModel:
+    """Fit θ ≥ 0 and q to a sample table; see the module docstring.
+
+    ``prior``: an earlier model of the same job (warm start; its q is kept). ``sharpness``: fix q
+    instead of choosing it by grouped cross-validation. ``half_life``: recency weighting, in
+    samples. The out-of-sample error (which also floors the band's noise) is measured leaving
+    one configuration out when ``leave_one_out`` is True, or None and there are at most
+    ``LOCO_MAX_CONFIGURATIONS`` configurations; else by grouped ``SHARPNESS_CV_FOLDS``-fold CV.
+    """
+    problem = _Problem.of(samples, half_life)
+    n_configs = int(problem.keys.nunique())
+    if n_configs < 2 and prior is None:
+        raise InvalidInputError(
+            "samples", f"{n_configs} configuration",
+            "at least 2 distinct configurations (more to identify the model; "
+            "`dlrover-rm probes` designs them), or a prior model",
+        )
+    folds = _folds(problem.keys, C.SHARPNESS_CV_FOLDS)
+    cv: dict[str, float] | None = None
+    if sharpness is not None:
+        q = float(sharpness)
+    elif prior is not None:
+        q = prior.sharpness
+    else:
+        q = C.DEFAULT_SHARPNESS
+        free = len(_select_identifiable(problem.feats, list(range(len(PARAMETERS)))))
+        if n_configs >= free + 2:
+            scores = {c: _held_out_mape(problem, folds, c, None, prior_weight) for c in C.SHARPNESS_CANDIDATES}
+            cv = {f"{c:g}": score for c, score in scores.items() if score is not None}
+            if cv:
+                q = min((score, c) for c, score in scores.items() if score is not None)[1]
+    model = _solve(problem, q, prior, prior_weight)
+
+    if leave_one_out or (leave_one_out is None and n_configs <= C.LOCO_MAX_CONFIGURATIONS):
+        method = "leave-one-configuration-out"
+        out_of_sample = _held_out_mape(problem, [(problem.keys == key).to_numpy() for key in problem.keys.unique()], q, prior, prior_weight)
+    else:
+        method = f"{len(folds)}-fold by configuration"
+        out_of_sample = cv[f"{q:g}"] if cv and f"{q:g}" in cv else _held_out_mape(problem, folds, q, prior, prior_weight)
+    if out_of_sample is not None:
+        model = replace(model, relative_noise=max(model.relative_noise, C.MAPE_TO_SIGMA * out_of_sample))
+    pinned = {
+        name: _why_pinned(name, problem.table)
+        + (f"; kept at the prior's {prior.params[name]:.3g}" if prior is not None else "; set to 0")
+        for name in PARAMETERS
+        if name not in model.identified
+    }
+    predicted = model.predict_features(problem.feats, band=False)
     report = FitReport(
-        n_samples=len(table),
-        n_configurations=int(n_configs),
-        in_sample_mape=in_sample,
-        loco_mape=loco,
-        relative_noise=noise,
+        n_samples=len(problem.table),
+        n_configurations=n_configs,
+        in_sample_mape=float(np.mean(np.abs(predicted - problem.observed) / problem.observed)),
+        out_of_sample_mape=out_of_sample,
+        out_of_sample_method=method,
+        relative_noise=model.relative_noise,
         pinned=pinned,
         warm_start=prior is not None,
+        sharpness_cv_mape=cv,
     )
-    return ThroughputModel(model.params, covariance, noise, batch, report, model.identified)
-
-
-def _loco_mape(table, keys, prior, half_life, prior_weight) -> float | None:
-    """Leave-one-configuration-out MAPE: refit without each configuration, predict it."""
-    errors = []
-    for key in keys.unique():
-        held = (keys == key).to_numpy()
-        rest = table[~held]
-        if configuration_key(rest).nunique() < 2 and prior is None:
-            return None
-        model = fit_throughput(rest, prior, half_life=half_life, prior_weight=prior_weight, leave_one_out=False)
-        predicted = model.predict_features(table_features(table[held]), band=False)
-        observed = table.loc[held, "throughput"].to_numpy(dtype=float)
-        errors.append(np.mean(np.abs(predicted - observed) / observed))
-    return float(np.mean(errors))
+    return replace(model, report=report)

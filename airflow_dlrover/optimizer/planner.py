@@ -19,7 +19,7 @@ Objectives:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterable
 
@@ -51,6 +51,14 @@ class SearchGrid:
     cores: np.ndarray
     feats: np.ndarray
     group_starts: np.ndarray  # first index of each distinct ``cores`` value
+    _powers: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def feats_pow(self, q: float) -> np.ndarray:
+        """feats**q, computed once per sharpness q (the model's q-norm works on it)."""
+        if q not in self._powers:
+            self._powers[q] = self.feats**q
+            self._powers[q].flags.writeable = False
+        return self._powers[q]
 
     def __len__(self) -> int:
         return len(self.cores)
@@ -140,7 +148,7 @@ def plan(
     if n == 0:
         raise InfeasibleQuotaError("cpu", quota.cpu, minimum)
     w, p, g, cores = grid.workers[:n], grid.ps[:n], grid.worker_gpu[:n], grid.cores[:n]
-    x = model.predict_features(grid.feats[:n], band=False)
+    x = model.predict_features(grid.feats[:n], band=False, feats_q=grid.feats_pow(model.sharpness)[:n])
     hours = samples / x / 3600.0 if samples is not None else 0.0
     worker_mem = float(memory.worker_request_mb(batch))
     ps_mem = memory.ps_request_mb(p, hours)

@@ -5,8 +5,9 @@ cost is their cores. We pick a locally D-optimal design (greedy: each step adds 
 most increases log det of the information matrix AᵀA, where the rows are the fit's own scaled
 design rows X(θ₀)·f(x)), at the guess θ₀ = the prior model when there is one, else
 ``DESIGN_GUESS``. Among candidates within ``PROBE_TIE_FRACTION`` of the best gain, the one with
-fewest cores wins. A cold start takes max(``MIN_PROBES_COLD``, #parameters to identify) probes;
-a warm start ``MIN_PROBES_WARM``, because the prior anchors the rest.
+fewest cores wins. A cold start takes max(``MIN_PROBES_COLD``, #parameters to identify +
+``PROBES_BEYOND_PARAMETERS``) probes; a warm start ``MIN_PROBES_WARM``, because the prior
+anchors the rest.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, InvalidInputError, Q
 #: θ₀ for a cold-start design: only its rough proportions matter (which term dominates where).
 #: From a fit of our queueing simulation of a small CPU DLRM (benchmarks/accuracy.py).
 DESIGN_GUESS = dict(
-    overhead=2e-3, worker_compute=4e-4, gpu_compute=4e-5, ps_service=1e-4, network=1e-5, contention=1e-6, io=1e-6
+    overhead=2e-3, worker_compute=4e-4, gpu_compute=4e-5, ps_latency=5e-5, ps_service=1e-4, network=1e-5, contention=1e-6, io=1e-6
 )
 
 
@@ -63,7 +64,7 @@ def design_probes(
     rows = feats[:, unknown] * (1.0 / (feats @ theta))[:, None]
     rows /= np.linalg.norm(rows, axis=0)
     if count is None:
-        count = C.MIN_PROBES_WARM if prior is not None else max(C.MIN_PROBES_COLD, len(unknown))
+        count = C.MIN_PROBES_WARM if prior is not None else max(C.MIN_PROBES_COLD, len(unknown) + C.PROBES_BEYOND_PARAMETERS)
     count = min(count, len(candidates))
     cores = candidates[:, 0] * candidates[:, 2] + candidates[:, 1] * candidates[:, 3]
 

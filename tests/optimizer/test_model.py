@@ -18,7 +18,8 @@ def test_noiseless_fit_recovers_known_parameters():
     assert model.params["gpu_compute"] == 0.0
     assert "gpu_compute" in model.report.pinned
     assert "no sample has a GPU" in model.report.pinned["gpu_compute"]
-    assert model.report.in_sample_mape < 1e-6 and model.report.loco_mape < 1e-6
+    assert model.report.in_sample_mape < 1e-6 and model.report.out_of_sample_mape < 1e-6
+    assert model.report.out_of_sample_method == "leave-one-configuration-out"
 
 
 @settings(max_examples=40, deadline=None)
@@ -43,7 +44,7 @@ def test_five_percent_noise_stays_accurate_and_band_covers_truth():
     assert np.mean(np.abs(predicted - truth) / truth) < 0.10
     assert np.mean((lower <= truth) & (truth <= upper)) >= 0.8
     assert 0.02 < model.relative_noise < 0.09  # it measures the 5 % it was given
-    assert model.report.loco_mape < 0.12
+    assert model.report.out_of_sample_mape < 0.12
 
 
 def test_band_is_wider_far_from_the_samples():

@@ -1,0 +1,104 @@
+"""Accuracy of the throughput model on samples from a *different* family: the queueing simulation.
+
+    python benchmarks/accuracy.py [--held-out 60] [--write-example PATH]
+
+For each simulated system (default physics; a hot-PS skew; a PS-heavy model) and each training
+design, fit the model and report: the sharpness q chosen, in-sample MAPE, leave-one-configuration-
+out (LOCO) MAPE, MAPE on held-out configurations (noise-free simulation, within 64 cores), and how
+often the 90 % band covers the truth. Then a warm start: yesterday's model (a system whose dense
+part is 25 % slower) plus the 2 warm probes, against a cold start on the 9 cold probes.
+``--write-example`` also writes the demo's bundled profile table (airflow_dlrover/data/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+
+from airflow_dlrover.optimizer.model import fit_throughput
+from airflow_dlrover.optimizer.probes import design_probes
+from airflow_dlrover.optimizer.types import Quota
+from airflow_dlrover.simulate.queueing import Physics, simulate_samples
+
+QUOTA = Quota(cpu=64, memory_mb=256 * 1024)
+SYSTEMS = {
+    "default": Physics(),
+    "hot PS (zipf 1.1)": Physics(zipf_skew=1.1),
+    "PS-heavy (3× row cost)": Physics(ps_core_s_per_row=3e-6, ps_update_core_s_per_row=6e-6),
+}
+
+
+def candidate_configs(count: int, seed: int) -> pd.DataFrame:
+    grid = pd.DataFrame(
+        list(itertools.product((1, 2, 3, 4, 6, 8, 12, 16, 24), (1, 2, 3, 4, 6, 8), (0.5, 1, 2, 4), (0.5, 1, 2, 4))),
+        columns=["workers", "ps", "worker_cpu", "ps_cpu"],
+    )
+    grid = grid[grid.workers * grid.worker_cpu + grid.ps * grid.ps_cpu <= QUOTA.cpu]
+    return grid.sample(count, random_state=seed).reset_index(drop=True)
+
+
+def designs(physics: Physics) -> dict[str, pd.DataFrame]:
+    probes = design_probes(QUOTA)[["workers", "ps", "worker_cpu", "ps_cpu"]]
+    extra = candidate_configs(13, seed=11)
+    return {
+        "9 cold probes × 3 windows": simulate_samples(probes, physics, windows=3, seed=1),
+        "probes + 5 random × 2": simulate_samples(pd.concat([probes, extra.iloc[:5]]), physics, windows=2, seed=2),
+        "probes + 13 random × 2": simulate_samples(pd.concat([probes, extra]), physics, windows=2, seed=3),
+    }
+
+
+def evaluate(model, held_out: pd.DataFrame, truth: np.ndarray) -> tuple[float, float]:
+    x, lower, upper = model.predict(held_out)
+    return float(np.mean(np.abs(x - truth) / truth)), float(np.mean((lower <= truth) & (truth <= upper)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--held-out", type=int, default=60)
+    parser.add_argument("--write-example", metavar="PATH")
+    args = parser.parse_args()
+
+    held_out = candidate_configs(args.held_out, seed=5)
+    header = f"{'system':24s} {'training design':28s} {'q':>4s} {'in-sample':>9s} {'LOCO':>6s} {'held-out':>8s} {'band cover':>10s} {'fit ms':>7s}"
+    print(header)
+    print("-" * len(header))
+    for name, physics in SYSTEMS.items():
+        truth = simulate_samples(held_out, replace(physics, noise_cv=0.0), seed=9)["throughput"].to_numpy()
+        for design, samples in designs(physics).items():
+            start = time.perf_counter()
+            model = fit_throughput(samples)
+            elapsed = (time.perf_counter() - start) * 1000
+            mape, cover = evaluate(model, held_out, truth)
+            r = model.report
+            print(f"{name:24s} {design:28s} {model.sharpness:4g} {r.in_sample_mape:9.1%} {r.out_of_sample_mape:6.1%} {mape:8.1%} {cover:10.0%} {elapsed:7.0f}")
+
+    print("\nwarm start (default system today; yesterday's model from a system with a 25 % slower dense part)")
+    today = Physics()
+    yesterday = replace(today, dense_core_s_per_sample=today.dense_core_s_per_sample * 1.25)
+    truth = simulate_samples(held_out, replace(today, noise_cv=0.0), seed=9)["throughput"].to_numpy()
+    prior = fit_throughput(designs(yesterday)["probes + 5 random × 2"], leave_one_out=False)
+    cold_probes = design_probes(QUOTA)
+    warm_probes = design_probes(QUOTA, prior=prior)
+    rows = [
+        ("yesterday's model, no profiling", 0, prior),
+        ("cold: 9 probes × 3 windows", 9, fit_throughput(simulate_samples(cold_probes, today, windows=3, seed=4), leave_one_out=False)),
+        ("warm: 2 probes × 3 windows + prior", 2, fit_throughput(simulate_samples(warm_probes, today, windows=3, seed=4), prior, leave_one_out=False)),
+    ]
+    print(f"{'':40s} {'probes':>6s} {'held-out':>8s} {'band cover':>10s}")
+    for label, count, model in rows:
+        mape, cover = evaluate(model, held_out, truth)
+        print(f"{label:40s} {count:6d} {mape:8.1%} {cover:10.0%}")
+
+    if args.write_example:
+        table = designs(Physics())["probes + 5 random × 2"]
+        table.round(3).to_csv(args.write_example, index=False)
+        print(f"\nwrote {len(table)} samples to {args.write_example}")
+
+
+if __name__ == "__main__":
+    main()
