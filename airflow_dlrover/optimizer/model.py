@@ -63,7 +63,7 @@ from scipy.optimize import nnls
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import (
     InvalidInputError,
-    configuration_key,
+    configuration_codes,
     validate_samples,
 )
 
@@ -248,30 +248,32 @@ def _why_pinned(name: str, table: pd.DataFrame) -> str:
         return "ps_cpu never varies, so PS cores and PS links cannot be told apart"
     if name == "contention" and table["workers"].nunique() == 1:
         return "workers never varies"
-    return f"{configuration_key(table).nunique()} configurations cannot identify every parameter"
+    return f"{len(np.unique(configuration_codes(table)))} configurations cannot identify every parameter"
 
 
 @dataclass(frozen=True)
 class _Problem:
-    """A validated sample table and what every fit of it shares."""
+    """The arrays every fit of one sample table shares (numpy only: folds slice it often)."""
 
-    table: pd.DataFrame
-    keys: pd.Series
+    codes: np.ndarray  # configuration of each row
     feats: np.ndarray
     observed: np.ndarray
     weights: np.ndarray  # sqrt of the recency weights
     batch: int
 
     @classmethod
-    def of(cls, samples: pd.DataFrame, half_life: float) -> "_Problem":
-        table = validate_samples(samples)
+    def of(cls, table: pd.DataFrame, half_life: float) -> "_Problem":
         return cls(
-            table, configuration_key(table), table_features(table), table["throughput"].to_numpy(dtype=float),
+            configuration_codes(table), table_features(table), table["throughput"].to_numpy(dtype=float),
             np.sqrt(_recency_weights(table, half_life)), int(table["batch_size"].mode().iloc[0]),
         )
 
+    @property
+    def n_configs(self) -> int:
+        return len(np.unique(self.codes))
+
     def subset(self, rows: np.ndarray) -> "_Problem":
-        return _Problem(self.table[rows], self.keys[rows], self.feats[rows], self.observed[rows], self.weights[rows], self.batch)
+        return _Problem(self.codes[rows], self.feats[rows], self.observed[rows], self.weights[rows], self.batch)
 
 
 def _solve(problem: _Problem, q: float, prior: ThroughputModel | None, prior_weight: float) -> ThroughputModel:
@@ -329,7 +331,7 @@ def _held_out_mape(problem: _Problem, folds: list[np.ndarray], q: float, prior, 
     errors = []
     for held in folds:
         rest = problem.subset(~held)
-        if rest.keys.nunique() < 2 and prior is None:
+        if rest.n_configs < 2 and prior is None:
             return None
         model = _solve(rest, q, prior, prior_weight)
         predicted = model.predict_features(problem.feats[held], band=False)
@@ -337,10 +339,13 @@ def _held_out_mape(problem: _Problem, folds: list[np.ndarray], q: float, prior, 
     return float(np.mean(np.concatenate(errors)))
 
 
-def _folds(keys: pd.Series, count: int) -> list[np.ndarray]:
-    """Group the rows by configuration into ``count`` folds (round robin over configurations)."""
-    codes = pd.factorize(keys)[0]
-    return [np.isin(codes, np.arange(f, codes.max() + 1, count)) for f in range(min(count, codes.max() + 1))]
+def _folds(codes: np.ndarray, count: int) -> list[np.ndarray]:
+    """Masks of ``count`` folds grouping rows by configuration (round robin over configurations);
+    ``count`` = None: one fold per configuration (leave one configuration out)."""
+    n = codes.max() + 1
+    if count is None or count >= n:
+        return [codes == c for c in range(n)]
+    return [np.isin(codes, np.arange(f, n, count)) for f in range(count)]
 
 
 def fit_throughput(
@@ -360,15 +365,16 @@ def fit_throughput(
     one configuration out when ``leave_one_out`` is True, or None and there are at most
     ``LOCO_MAX_CONFIGURATIONS`` configurations; else by grouped ``SHARPNESS_CV_FOLDS``-fold CV.
     """
-    problem = _Problem.of(samples, half_life)
-    n_configs = int(problem.keys.nunique())
+    table = validate_samples(samples)
+    problem = _Problem.of(table, half_life)
+    n_configs = problem.n_configs
     if n_configs < 2 and prior is None:
         raise InvalidInputError(
             "samples", f"{n_configs} configuration",
             "at least 2 distinct configurations (more to identify the model; "
             "`dlrover-rm probes` designs them), or a prior model",
         )
-    folds = _folds(problem.keys, C.SHARPNESS_CV_FOLDS)
+    folds = _folds(problem.codes, C.SHARPNESS_CV_FOLDS)
     cv: dict[str, float] | None = None
     if sharpness is not None:
         q = float(sharpness)
@@ -386,21 +392,21 @@ def fit_throughput(
 
     if leave_one_out or (leave_one_out is None and n_configs <= C.LOCO_MAX_CONFIGURATIONS):
         method = "leave-one-configuration-out"
-        out_of_sample = _held_out_mape(problem, [(problem.keys == key).to_numpy() for key in problem.keys.unique()], q, prior, prior_weight)
+        out_of_sample = _held_out_mape(problem, _folds(problem.codes, None), q, prior, prior_weight)
     else:
         method = f"{len(folds)}-fold by configuration"
         out_of_sample = cv[f"{q:g}"] if cv and f"{q:g}" in cv else _held_out_mape(problem, folds, q, prior, prior_weight)
     if out_of_sample is not None:
         model = replace(model, relative_noise=max(model.relative_noise, C.MAPE_TO_SIGMA * out_of_sample))
     pinned = {
-        name: _why_pinned(name, problem.table)
+        name: _why_pinned(name, table)
         + (f"; kept at the prior's {prior.params[name]:.3g}" if prior is not None else "; set to 0")
         for name in PARAMETERS
         if name not in model.identified
     }
     predicted = model.predict_features(problem.feats, band=False)
     report = FitReport(
-        n_samples=len(problem.table),
+        n_samples=len(table),
         n_configurations=n_configs,
         in_sample_mape=float(np.mean(np.abs(predicted - problem.observed) / problem.observed)),
         out_of_sample_mape=out_of_sample,

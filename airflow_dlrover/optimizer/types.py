@@ -338,7 +338,7 @@ def validate_samples(samples: pd.DataFrame, *, name: str = "samples") -> pd.Data
     return table.reset_index(drop=True)
 
 
-def configuration_key(table: pd.DataFrame) -> pd.Series:
-    """A hashable key per row identifying its configuration (for grouping repeated windows)."""
+def configuration_codes(table: pd.DataFrame) -> np.ndarray:
+    """An integer per row identifying its configuration (to group repeated windows)."""
     cols = [c for c in ("workers", "ps", "worker_cpu", "ps_cpu", "worker_gpu", "batch_size") if c in table]
-    return table[cols].astype(float).round(6).apply(tuple, axis=1)
+    return np.unique(table[cols].to_numpy(dtype=float).round(6), axis=0, return_inverse=True)[1].ravel()
