@@ -1,15 +1,18 @@
 """Memory model: what each node needs, and when a growing node will hit its limit.
 
 PS memory holds the embedding rows of its shard and their sparse-optimizer state; rows are
-partitioned over the p servers, and the table grows as new ids arrive (DLRover-RM §5: PS memory
-grows with embedding rows; worker memory with the batch):
+partitioned over the p servers, and the table grows as new ids arrive — with the samples trained,
+not with the clock (DLRover-RM §5: PS memory grows with embedding rows; worker memory with the
+batch):
 
-    ps_memory(p, t)   = ps_base_mb + (table_mb + table_growth_mb_per_hour · t) / p
+    ps_memory(p, n)   = ps_base_mb + (table_mb + table_growth_mb_per_m_samples · n / 10⁶) / p
     worker_memory(B)  = worker_base_mb + activation_mb_per_sample · B
 
-Both are linear in their parameters and fitted by NNLS from the ``*_memory_used_mb`` columns of a
-sample table; growth is fitted from a time series with the Theil–Sen estimator
-(``scipy.stats.theilslopes``: robust to the sawtooth of the allocator and to GC drops).
+with n the samples trained. Both are linear in their parameters and fitted by NNLS from the
+``*_memory_used_mb`` columns of a sample table (growth from its ``samples_seen`` column when the
+windows were taken at different points of a run). A node's memory over time is fitted with the
+Theil–Sen estimator (``scipy.stats.theilslopes``: robust to the allocator's sawtooth and to GC
+drops) to forecast when it reaches its limit.
 A request is the forecast peak plus ``MEMORY_MARGIN_FRACTION`` (VPA's safety margin), at least
 ``MEMORY_MIN_HEADROOM_MB`` more, rounded up to ``MEMORY_GRANULARITY_MB``.
 """
@@ -43,25 +46,26 @@ class MemoryModel:
     table_mb: float
     worker_base_mb: float
     activation_mb_per_sample: float
-    table_growth_mb_per_hour: float = 0.0
+    table_growth_mb_per_m_samples: float = 0.0
     pinned: dict[str, str] = field(default_factory=dict)
 
-    def ps_peak_mb(self, ps: Any, hours: Any = 0.0) -> Any:
-        grown = self.table_mb + self.table_growth_mb_per_hour * np.asarray(hours, dtype=float)
+    def ps_peak_mb(self, ps: Any, samples: Any = 0.0) -> Any:
+        """PS memory after training ``samples`` more samples."""
+        grown = self.table_mb + self.table_growth_mb_per_m_samples * np.asarray(samples, dtype=float) / 1e6
         return self.ps_base_mb + grown / np.asarray(ps, dtype=float)
 
     def worker_peak_mb(self, batch_size: Any) -> Any:
         return self.worker_base_mb + self.activation_mb_per_sample * np.asarray(batch_size, dtype=float)
 
-    def ps_request_mb(self, ps: Any, hours: Any = 0.0) -> Any:
-        return memory_request_mb(self.ps_peak_mb(ps, hours))
+    def ps_request_mb(self, ps: Any, samples: Any = 0.0) -> Any:
+        return memory_request_mb(self.ps_peak_mb(ps, samples))
 
     def worker_request_mb(self, batch_size: Any) -> Any:
         return memory_request_mb(self.worker_peak_mb(batch_size))
 
-    def with_table_growth(self, mb_per_hour: float) -> "MemoryModel":
-        """The same model with a fitted growth of the whole table (sum over PS), MB/hour."""
-        return replace(self, table_growth_mb_per_hour=max(float(mb_per_hour), 0.0))
+    def with_table_growth(self, mb_per_m_samples: float) -> "MemoryModel":
+        """The same model with another growth of the whole table (sum over PS), MB per 10⁶ samples."""
+        return replace(self, table_growth_mb_per_m_samples=max(float(mb_per_m_samples), 0.0))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,17 +78,20 @@ class MemoryModel:
             raise InvalidInputError("model.memory", str(err), "a memory model written by `dlrover-rm fit`") from None
 
 
-def _fit_linear(x: np.ndarray, y: np.ndarray, names: tuple[str, str], why: str) -> tuple[float, float, dict[str, str]]:
-    """NNLS fit of y = a + b·x; pins b to 0 when x never varies (a absorbs it)."""
-    if np.ptp(x) == 0:
-        return float(np.median(y)), 0.0, {names[1]: why}
-    solution, _ = nnls(np.column_stack([np.ones_like(x), x]), y)
-    return float(solution[0]), float(solution[1]), {}
+def _nnls_fit(columns: dict[str, np.ndarray], y: np.ndarray, why: dict[str, str]) -> tuple[dict[str, float], dict[str, str]]:
+    """NNLS of y on the named columns; a column that never varies (beyond the first, the base)
+    is pinned to 0 with the reason in ``why`` and the base absorbs it."""
+    names = list(columns)
+    keep = [names[0]] + [n for n in names[1:] if np.ptp(columns[n]) > 0]
+    solution, _ = nnls(np.column_stack([columns[n] for n in keep]), y)
+    values = dict.fromkeys(names, 0.0) | dict(zip(keep, map(float, solution)))
+    return values, {n: why[n] for n in names if n not in keep}
 
 
 def fit_memory(samples: pd.DataFrame) -> MemoryModel:
     """Fit the memory model from a sample table with ``ps_memory_used_mb`` and
-    ``worker_memory_used_mb`` (per-node means). Rows with empty usage are ignored."""
+    ``worker_memory_used_mb`` (per-node means; rows with empty usage are ignored) and, when
+    present, ``samples_seen`` (samples trained when the window was measured)."""
     table = validate_samples(samples)
     for column in ("ps_memory_used_mb", "worker_memory_used_mb"):
         if column not in table or not table[column].notna().any():
@@ -94,17 +101,27 @@ def fit_memory(samples: pd.DataFrame) -> MemoryModel:
                 "The planner sizes memory from it.",
             )
     ps_rows = table[table["ps_memory_used_mb"].notna()]
-    ps_base, table_mb, pinned = _fit_linear(
-        1.0 / ps_rows["ps"].to_numpy(float), ps_rows["ps_memory_used_mb"].to_numpy(float),
-        ("ps_base_mb", "table_mb"), "ps never varies: the whole PS memory counts as base",
+    inverse_ps = 1.0 / ps_rows["ps"].to_numpy(float)
+    seen = pd.to_numeric(ps_rows.get("samples_seen", 0.0), errors="coerce")
+    seen = np.nan_to_num(np.broadcast_to(np.asarray(seen, dtype=float), inverse_ps.shape))
+    ps, pinned = _nnls_fit(
+        {"ps_base_mb": np.ones_like(inverse_ps), "table_mb": inverse_ps, "growth": seen / 1e6 * inverse_ps},
+        ps_rows["ps_memory_used_mb"].to_numpy(float),
+        {"table_mb": "ps never varies: the whole PS memory counts as base",
+         "growth": "no samples_seen that varies: table growth unknown (0)"},
     )
     worker_rows = table[table["worker_memory_used_mb"].notna()]
-    worker_base, per_sample, pinned_w = _fit_linear(
-        worker_rows["batch_size"].to_numpy(float), worker_rows["worker_memory_used_mb"].to_numpy(float),
-        ("worker_base_mb", "activation_mb_per_sample"),
-        "batch_size never varies: worker memory is taken as constant",
+    batch = worker_rows["batch_size"].to_numpy(float)
+    worker, pinned_w = _nnls_fit(
+        {"worker_base_mb": np.ones_like(batch), "activation_mb_per_sample": batch},
+        worker_rows["worker_memory_used_mb"].to_numpy(float),
+        {"activation_mb_per_sample": "batch_size never varies: worker memory is taken as constant"},
     )
-    return MemoryModel(ps_base, table_mb, worker_base, per_sample, 0.0, {**pinned, **pinned_w})
+    pinned = {("table_growth_mb_per_m_samples" if k == "growth" else k): v for k, v in pinned.items()}
+    return MemoryModel(
+        ps["ps_base_mb"], ps["table_mb"], worker["worker_base_mb"], worker["activation_mb_per_sample"],
+        ps["growth"], pinned | pinned_w,
+    )
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ The grid is every (w, p, λw, λp[, g]) with w ≤ ``GRID_MAX_WORKERS``, p ≤ `
 ``GRID_CPU_VALUES`` (401,408 points). It is built once per (batch, GPU values), sorted by total
 cores, so that everything a quota of C cores allows is a prefix of it; the model's throughput is
 one matrix-vector product over that prefix. Memory per node comes from the memory model plus its
-margin (``memory.memory_request_mb``); for a job of known size the PS tables grow for as long as
-the job will run at the predicted throughput.
+margin (``memory.memory_request_mb``); for a job of known size the PS tables include the rows the
+remaining samples will add.
 
 Objectives:
 
@@ -118,7 +118,7 @@ def plan(
 ) -> Plan:
     """Choose the configuration for ``objective`` under ``quota``; see the module docstring.
 
-    ``samples`` (to train) makes PS memory include the table growth over the predicted run;
+    ``samples`` (to train) makes PS memory include the table growth those samples bring;
     ``exclude`` removes configurations (e.g. ones a fine-tune revert rejected).
     Raises :class:`InfeasibleQuotaError` when nothing fits, naming what the smallest job needs.
     """
@@ -149,9 +149,8 @@ def plan(
         raise InfeasibleQuotaError("cpu", quota.cpu, minimum)
     w, p, g, cores = grid.workers[:n], grid.ps[:n], grid.worker_gpu[:n], grid.cores[:n]
     x = model.predict_features(grid.feats[:n], band=False, feats_q=grid.feats_pow(model.sharpness)[:n])
-    hours = samples / x / 3600.0 if samples is not None else 0.0
     worker_mem = float(memory.worker_request_mb(batch))
-    ps_mem = memory.ps_request_mb(p, hours)
+    ps_mem = memory.ps_request_mb(p, samples or 0.0)
     total_mem = w * worker_mem + p * ps_mem
     allowed = np.ones(n, dtype=bool)  # every constraint but memory
     if quota.max_nodes is not None:
@@ -167,7 +166,10 @@ def plan(
     if not feasible.any():
         if not allowed.any():
             raise InvalidInputError("exclude", len(list(exclude)), "exclusions that leave a configuration")
-        growth = f" (PS tables grow for {np.min(hours):.1f}h or more at the predicted speed)" if samples else ""
+        growth = (
+            f" (the PS tables grow by {memory.table_growth_mb_per_m_samples * samples / 1e6:,.0f} MB over {samples:g} samples)"
+            if samples and memory.table_growth_mb_per_m_samples else ""
+        )
         raise InfeasibleQuotaError(
             "memory", f"{quota.memory_mb:g} MB", dict(minimum, memory_mb=float(total_mem[allowed].min())),
             f"No configuration within {quota.cpu:g} cores fits the memory{growth}.",

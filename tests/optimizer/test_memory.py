@@ -15,10 +15,17 @@ def test_fit_recovers_table_and_base():
     assert model.worker_peak_mb(512) == pytest.approx(700 + 0.25 * 512)
 
 
-def test_table_growth_raises_the_ps_peak_over_time():
-    model = fit_memory(model_samples()).with_table_growth(1000)
-    assert model.ps_peak_mb(4, hours=2) == pytest.approx(model.ps_peak_mb(4) + 2000 / 4)
-    assert model.with_table_growth(-5).table_growth_mb_per_hour == 0
+def test_table_growth_is_fitted_from_samples_seen_and_raises_the_ps_peak():
+    table = model_samples(ps_table_mb=8000, ps_base_mb=400)
+    table["samples_seen"] = np.arange(len(table)) * 1e6  # 1M samples between windows
+    table["ps_memory_used_mb"] += 300 * table["samples_seen"] / 1e6 / table["ps"]  # +300 MB per M samples
+    model = fit_memory(table)
+    assert model.table_growth_mb_per_m_samples == pytest.approx(300)
+    assert model.table_mb == pytest.approx(8000) and model.ps_base_mb == pytest.approx(400)
+    assert "table_growth_mb_per_m_samples" not in model.pinned
+    assert model.ps_peak_mb(4, samples=2e6) == pytest.approx(model.ps_peak_mb(4) + 600 / 4)
+    assert model.with_table_growth(-5).table_growth_mb_per_m_samples == 0
+    assert "samples_seen" in fit_memory(model_samples()).pinned["table_growth_mb_per_m_samples"]
 
 
 def test_request_adds_the_margin_or_the_headroom_and_rounds_up():

@@ -13,7 +13,7 @@ from synthetic import TRUE_THETA, model_samples
 
 MODEL = fit_throughput(model_samples(), leave_one_out=False)
 MEMORY = MemoryModel(ps_base_mb=400, table_mb=8000, worker_base_mb=900, activation_mb_per_sample=0.5,
-                     table_growth_mb_per_hour=2000)
+                     table_growth_mb_per_m_samples=20)
 
 quotas = st.builds(
     Quota,
@@ -39,8 +39,7 @@ def test_plans_never_exceed_the_quota_and_memory_covers_the_peak(quota, objectiv
         return
     config = result.config
     assert _fits(config, quota)
-    hours = samples / result.predicted_throughput / 3600 if samples else 0.0
-    ps_peak = MEMORY.ps_peak_mb(config.ps, hours)
+    ps_peak = MEMORY.ps_peak_mb(config.ps, samples or 0.0)
     worker_peak = MEMORY.worker_peak_mb(config.batch_size)
     for allocated, peak in ((config.ps_memory_mb, ps_peak), (config.worker_memory_mb, worker_peak)):
         assert allocated >= peak * (1 + C.MEMORY_MARGIN_FRACTION) - 1e-6
