@@ -138,6 +138,7 @@ def plan(
             )
         if not (np.isfinite(deadline_s) and deadline_s > 0):
             raise InvalidInputError("deadline", deadline_s, "a positive duration")
+    exclude = tuple(exclude)
     batch = int(batch_size or model.batch_size)
     use_gpu = quota.gpu > 0 and "gpu_compute" in model.identified
     gpu_values = (0,) + tuple(g for g in C.GRID_GPU_VALUES if g <= quota.gpu) if use_gpu else (0,)
@@ -150,7 +151,7 @@ def plan(
     w, p, g, cores = grid.workers[:n], grid.ps[:n], grid.worker_gpu[:n], grid.cores[:n]
     x = model.predict_features(grid.feats[:n], band=False, feats_q=grid.feats_pow(model.sharpness)[:n])
     worker_mem = float(memory.worker_request_mb(batch))
-    ps_mem = memory.ps_request_mb(p, samples or 0.0)
+    ps_mem = memory.ps_request_mb(np.arange(1, C.GRID_MAX_PS + 1), samples or 0.0)[p - 1]
     total_mem = w * worker_mem + p * ps_mem
     allowed = np.ones(n, dtype=bool)  # every constraint but memory
     if quota.max_nodes is not None:
@@ -165,7 +166,7 @@ def plan(
     feasible = allowed & (total_mem <= quota.memory_mb)
     if not feasible.any():
         if not allowed.any():
-            raise InvalidInputError("exclude", len(list(exclude)), "exclusions that leave a configuration")
+            raise InvalidInputError("exclude", len(exclude), "exclusions that leave a configuration")
         growth = (
             f" (the PS tables grow by {memory.table_growth_mb_per_m_samples * samples / 1e6:,.0f} MB over {samples:g} samples)"
             if samples and memory.table_growth_mb_per_m_samples else ""
