@@ -59,7 +59,7 @@ def main() -> None:
         rows.append((f"fit {n} samples + leave-one-configuration-out", timed(lambda: fit_throughput(table, leave_one_out=True), max(1, args.repeats // 3)), "(CLI `fit`)"))
 
     model = fit_throughput(samples_of_size(200), leave_one_out=False)
-    memory = MemoryModel(400, 8000, 900, 0.5, 1000)
+    memory = MemoryModel(400, 8000, 900, 0.5, table_growth_mb_per_m_samples=20)
     grid_build = timed(lambda: (search_grid.cache_clear(), search_grid(512)), 3)
     rows.append((f"build grid ({len(search_grid(512)):,} points, once per batch size)", grid_build, "(cached)"))
     everything = Quota(cpu=1e6, memory_mb=1e12)
