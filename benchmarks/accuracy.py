@@ -5,8 +5,8 @@
 For each simulated system (default physics; a hot-PS skew; a PS-heavy model) and each training
 design, fit the model and report: the sharpness q chosen, in-sample MAPE, leave-one-configuration-
 out (LOCO) MAPE, MAPE on held-out configurations (noise-free simulation, within 64 cores), and how
-often the 90 % band covers the truth. Then a warm start: yesterday's model (a system whose dense
-part is 25 % slower) plus the 2 warm probes, against a cold start on the 9 cold probes.
+often the 90 % band covers the truth. Then a warm start: yesterday's model (of the same system, or
+of one whose dense part is 25 % slower) plus the 2 warm probes, against a cold start on 9 probes.
 ``--write-example`` also writes the demo's bundled profile table (airflow_dlrover/data/).
 """
 
@@ -77,22 +77,25 @@ def main() -> None:
             r = model.report
             print(f"{name:24s} {design:28s} {model.sharpness:4g} {r.in_sample_mape:9.1%} {r.out_of_sample_mape:6.1%} {mape:8.1%} {cover:10.0%} {elapsed:7.0f}")
 
-    print("\nwarm start (default system today; yesterday's model from a system with a 25 % slower dense part)")
     today = Physics()
-    yesterday = replace(today, dense_core_s_per_sample=today.dense_core_s_per_sample * 1.25)
     truth = simulate_samples(held_out, replace(today, noise_cv=0.0), seed=9)["throughput"].to_numpy()
-    prior = fit_throughput(designs(yesterday)["probes + 5 random × 2"], leave_one_out=False)
     cold_probes = design_probes(QUOTA)
-    warm_probes = design_probes(QUOTA, prior=prior)
-    rows = [
-        ("yesterday's model, no profiling", 0, prior),
-        ("cold: 9 probes × 3 windows", 9, fit_throughput(simulate_samples(cold_probes, today, windows=3, seed=4), leave_one_out=False)),
-        ("warm: 2 probes × 3 windows + prior", 2, fit_throughput(simulate_samples(warm_probes, today, windows=3, seed=4), prior, leave_one_out=False)),
-    ]
-    print(f"{'':40s} {'probes':>6s} {'held-out':>8s} {'band cover':>10s}")
-    for label, count, model in rows:
-        mape, cover = evaluate(model, held_out, truth)
-        print(f"{label:40s} {count:6d} {mape:8.1%} {cover:10.0%}")
+    cold = fit_throughput(simulate_samples(cold_probes, today, windows=3, seed=4), leave_one_out=False)
+    scenarios = {
+        "the same system (a new day)": today,
+        "a system with a 25 % slower dense part": replace(today, dense_core_s_per_sample=today.dense_core_s_per_sample * 1.25),
+    }
+    for label, yesterday in scenarios.items():
+        print(f"\nwarm start: today = default system; yesterday's model fitted on {label}")
+        prior = fit_throughput(designs(yesterday)["probes + 5 random × 2"], leave_one_out=False)
+        warm_probes = design_probes(QUOTA, prior=prior)
+        warm = fit_throughput(simulate_samples(warm_probes, today, windows=3, seed=4), prior, leave_one_out=False)
+        print(f"{'':40s} {'probes':>6s} {'held-out':>8s} {'band cover':>10s}")
+        for name, count, model in (("yesterday's model, no profiling", 0, prior),
+                                   (f"cold: {len(cold_probes)} probes × 3 windows", len(cold_probes), cold),
+                                   (f"warm: {len(warm_probes)} probes × 3 windows + prior", len(warm_probes), warm)):
+            mape, cover = evaluate(model, held_out, truth)
+            print(f"{name:40s} {count:6d} {mape:8.1%} {cover:10.0%}")
 
     if args.write_example:
         table = designs(Physics())["probes + 5 random × 2"]
