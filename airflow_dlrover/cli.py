@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from importlib.resources import files
 from pathlib import Path
 
@@ -134,6 +135,38 @@ def cmd_demo(args: argparse.Namespace) -> None:
     print(f"\nwrote {out / 'model.json'} and {out / 'plan.json'}")
 
 
+def cmd_train(args: argparse.Namespace) -> None:
+    """Run one training job with the local launcher; write summary.json and samples.csv."""
+    from airflow_dlrover.launchers.local import LocalLauncher
+    from airflow_dlrover.launchers.run import Fault, run_job
+    from airflow_dlrover.optimizer.types import Configuration, parse_memory_mb
+    from airflow_dlrover.runtime.spec import JobSpec
+
+    config = Configuration(
+        workers=args.workers, ps=args.ps, worker_cpu=args.worker_cpu, ps_cpu=args.ps_cpu,
+        worker_memory_mb=parse_memory_mb(args.worker_memory, "worker_memory"),
+        ps_memory_mb=parse_memory_mb(args.ps_memory, "ps_memory"), worker_gpu=args.worker_gpu,
+        batch_size=args.batch_size,
+    )
+    faults = [Fault.parse(text) for text in args.inject]
+    skew = 1.4 if any(f.kind == "hot-ps" for f in faults) else args.zipf_skew
+    out = Path(args.out)
+    job_id = args.job_id or f"train-{int(time.time())}"
+    samples, data = args.samples, args.data
+    if data != "synthetic":
+        from airflow_dlrover.runtime.data import FileSource
+
+        rows = len(FileSource(data))
+        samples = min(samples, int(rows * 0.8))
+    spec = JobSpec(job_id=job_id, samples=samples, data=data, batch_size=args.batch_size, zipf_skew=skew,
+                   shard_size=args.shard_size, checkpoint_interval_s=args.checkpoint_interval, seed=args.seed)
+    summary = run_job(LocalLauncher(out / "jobs"), spec, config, out, faults)
+    keys = ("samples_expected", "samples_trained", "samples_lost", "samples_duplicated", "restarts", "resizes",
+            "eval_auc", "eval_loss", "median_throughput", "wall_s")
+    print(json.dumps({k: summary[k] for k in keys}, indent=2))
+    print(f"wrote {out / 'summary.json'} and {out / 'samples.csv'}")
+
+
 def _add_quota(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu", required=True, help="cores in the quota, e.g. 64")
     parser.add_argument("--memory", required=True, help="memory in the quota, e.g. 256Gi")
@@ -175,6 +208,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prior", metavar="MODEL.json")
     p.add_argument("-o", "--output", metavar="PROBES.csv")
     p.set_defaults(func=cmd_probes)
+
+    p = sub.add_parser("train", help="run a training job with the local launcher")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--ps", type=int, default=1)
+    p.add_argument("--worker-cpu", type=float, default=1.0)
+    p.add_argument("--ps-cpu", type=float, default=0.5)
+    p.add_argument("--worker-memory", default="2Gi")
+    p.add_argument("--ps-memory", default="1Gi")
+    p.add_argument("--worker-gpu", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=512)
+    p.add_argument("--samples", type=int, default=2_000_000)
+    p.add_argument("--shard-size", type=int, default=8192)
+    p.add_argument("--data", default="synthetic", help="synthetic, or a Criteo-format file")
+    p.add_argument("--zipf-skew", type=float, default=1.05)
+    p.add_argument("--checkpoint-interval", type=float, default=30.0, help="seconds between checkpoints")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--inject", action="append", default=[], help="fault, e.g. kill-worker@20s (repeatable)")
+    p.add_argument("--job-id", default=None)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("demo", help="profile table → fit → plan on the bundled example")
     p.add_argument("--out", default="dlrover-demo", help="folder for model.json and plan.json")

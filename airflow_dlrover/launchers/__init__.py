@@ -1,0 +1,1 @@
+"""Launchers that run DLRover training nodes (master, PS, worker) as real processes."""

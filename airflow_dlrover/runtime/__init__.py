@@ -1,0 +1,1 @@
+"""The training runtime: data, dense model, parameter servers, master and workers."""

@@ -1,0 +1,43 @@
+"""Entry point of one training process: ``python -m airflow_dlrover.runtime ROLE --job-dir DIR ...``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from airflow_dlrover.runtime.spec import JobSpec
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m airflow_dlrover.runtime")
+    parser.add_argument("role", choices=("master", "ps", "worker"))
+    parser.add_argument("--job-dir", required=True, type=Path)
+    parser.add_argument("--index", type=int, default=0)
+    parser.add_argument("--count", type=int, default=1, help="number of PS (ps role)")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--master", default=None, help="host:port of the master (worker role)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (worker role)")
+    parser.add_argument("--name", default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.role}-{args.index} %(levelname)s %(message)s")
+    spec = JobSpec.load(args.job_dir / "spec.json")
+    ready = args.job_dir / "run" / f"{args.name or args.role}.addr"
+    if args.role == "master":
+        from airflow_dlrover.runtime.master import serve
+
+        serve(spec, args.job_dir, args.port, ready)
+    elif args.role == "ps":
+        from airflow_dlrover.runtime.ps import serve
+
+        serve(spec, args.index, args.count, args.port, ready)
+    else:
+        from airflow_dlrover.runtime.worker import Worker
+
+        Worker(spec, args.name or f"worker-{args.index}", args.master, args.threads).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

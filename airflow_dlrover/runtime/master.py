@@ -1,0 +1,393 @@
+"""The job master: dynamic data shards, checkpoints, restores, metrics, and a JSON/Prometheus API.
+
+Shards move todo → doing (leased to a worker) → done, as in DLRover's dynamic data sharding: a
+lease that expires, a worker reported lost, or a rollback returns the shard to todo. The master
+persists its state (``master_state.json``, written atomically on every change) so that its own
+restart loses nothing; time series go to an append-only ``metrics.jsonl``.
+
+Checkpoints are consistent: the master stops handing out shards, waits until no shard is in
+flight (every pushed update of a done shard is on the PS), has every PS save, then records the
+done set with the PS files in a manifest. A restore (after a PS is lost, or to change the number
+of PS) rolls *everything* back to the latest manifest — PS rows, dense parameters, the ledger and
+the done set — and bumps the generation so that stragglers of the old state are refused. Samples
+trained after the checkpoint are trained again; samples before it are not.
+
+HTTP API on localhost (JSON bodies):
+  GET  /status  /metrics  /metrics/prometheus  /plan
+  POST /shard/next {worker, generation}        → {shard,start,stop,generation,ps} | {wait} | {exit} | {done}
+  POST /shard/done {worker, shard, generation}  POST /shard/abandon {worker, shard}
+  POST /report {node, role, ...metrics}        → {command}
+  POST /cluster {ps: ["host:port", ...]}       POST /plan {...}
+  POST /node_lost {node}  POST /drain {node}  POST /command {node, command}
+  POST /checkpoint                             POST /restore
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from airflow_dlrover.runtime.spec import JobSpec
+from airflow_dlrover.runtime.transport import Peer
+
+log = logging.getLogger(__name__)
+
+TODO, DOING, DONE = "todo", "doing", "done"
+WAIT_S = 0.2  # how long a worker waits before asking again while the master is paused
+REPORT_TIMEOUT_S = 10.0  # a worker silent this long has lost its leases
+
+
+@dataclass
+class Lease:
+    worker: str
+    deadline: float
+    generation: int
+
+
+class Master:
+    def __init__(self, spec: JobSpec, workdir: Path):
+        self.spec = spec
+        self.workdir = Path(workdir)
+        self.state_path = self.workdir / "master_state.json"
+        self.metrics_path = self.workdir / "metrics.jsonl"
+        self.lock = threading.RLock()
+        self.paused = 0  # > 0 while a checkpoint or restore runs
+        self.leases: dict[int, Lease] = {}
+        self.latest: dict[str, dict[str, Any]] = {}  # node → its last report
+        self.commands: dict[str, str] = {}
+        self.draining: set[str] = set()
+        self.peers: list[Peer] = []
+        self.started = time.time()
+        self._load()
+
+    # -- persistence ---------------------------------------------------------------------------
+    def _load(self) -> None:
+        if self.state_path.exists():
+            state = json.loads(self.state_path.read_text())
+            self.done: set[int] = set(state["done"])
+            self.generation = state["generation"]
+            self.ps_addresses: list[str] = state["ps"]
+            self.checkpoints: list[dict[str, Any]] = state["checkpoints"]
+            self.counters: dict[str, int] = state["counters"]
+            self.plan: dict[str, Any] = state.get("plan", {})
+            self.counters["master_restarts"] = self.counters.get("master_restarts", 0) + 1
+            # Leases of the previous life are unknown: their shards are redone (the workers that
+            # still hold them will find the generation unchanged and may finish them first).
+            log.info("master restored: %d/%d shards done, generation %d", len(self.done), self.spec.num_shards, self.generation)
+        else:
+            self.done, self.generation, self.ps_addresses, self.checkpoints = set(), 0, [], []
+            self.counters = {"shards_requeued": 0, "checkpoints": 0, "restores": 0, "master_restarts": 0}
+            self.plan = {}
+        self._connect_ps()
+        self._persist()
+
+    def _persist(self) -> None:
+        state = {
+            "done": sorted(self.done), "generation": self.generation, "ps": self.ps_addresses,
+            "checkpoints": self.checkpoints, "counters": self.counters, "plan": self.plan,
+        }
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self.state_path)
+
+    def _connect_ps(self) -> None:
+        for peer in self.peers:
+            peer.close()
+        self.peers = [Peer(_address(a), self.spec.key, retry_s=30.0) for a in self.ps_addresses]
+
+    # -- shards --------------------------------------------------------------------------------
+    def _status_of(self, shard: int) -> str:
+        return DONE if shard in self.done else DOING if shard in self.leases else TODO
+
+    def next_shard(self, worker: str, generation: int | None = None) -> dict[str, Any]:
+        with self.lock:
+            self._expire_leases()
+            if worker in self.draining:
+                self.draining.discard(worker)
+                return {"exit": True}
+            if len(self.done) == self.spec.num_shards:
+                return {"done": True}
+            if self.paused or not self.ps_addresses:
+                return {"wait": WAIT_S}
+            for shard in range(self.spec.num_shards):
+                if shard not in self.done and shard not in self.leases:
+                    self.leases[shard] = Lease(worker, time.monotonic() + self.spec.shard_timeout_s, self.generation)
+                    start, stop = self.spec.shard_range(shard)
+                    return {"shard": shard, "start": start, "stop": stop, "generation": self.generation,
+                            "ps": self.ps_addresses}
+            return {"wait": WAIT_S}  # every remaining shard is leased: wait for one to come back
+
+    def shard_done(self, worker: str, shard: int, generation: int) -> dict[str, Any]:
+        with self.lock:
+            lease = self.leases.get(shard)
+            if generation != self.generation:
+                return {"accepted": False, "reason": "stale generation"}
+            if lease is not None and lease.worker == worker:
+                del self.leases[shard]
+            self.done.add(shard)
+            self._persist()
+            return {"accepted": True}
+
+    def abandon(self, worker: str, shard: int) -> dict[str, Any]:
+        with self.lock:
+            lease = self.leases.get(shard)
+            if lease is not None and lease.worker == worker:
+                del self.leases[shard]
+                self.counters["shards_requeued"] += 1
+            return {"ok": True}
+
+    def node_lost(self, node: str) -> dict[str, Any]:
+        """The launcher saw ``node`` die: its shards go back to todo now, not at lease expiry."""
+        with self.lock:
+            lost = [s for s, lease in self.leases.items() if lease.worker == node]
+            for shard in lost:
+                del self.leases[shard]
+            self.counters["shards_requeued"] += len(lost)
+            self.latest.pop(node, None)
+            return {"requeued": lost}
+
+    def _expire_leases(self) -> None:
+        now = time.monotonic()
+        for shard, lease in list(self.leases.items()):
+            silent = now - self.latest.get(lease.worker, {}).get("_seen", now) > REPORT_TIMEOUT_S
+            if lease.deadline < now or silent or lease.generation != self.generation:
+                del self.leases[shard]
+                self.counters["shards_requeued"] += 1
+
+    # -- metrics -------------------------------------------------------------------------------
+    def report(self, node: str, **metrics: Any) -> dict[str, Any]:
+        with self.lock:
+            metrics["_seen"] = time.monotonic()
+            self.latest[node] = metrics
+            for lease in self.leases.values():
+                if lease.worker == node:
+                    lease.deadline = time.monotonic() + self.spec.shard_timeout_s
+            command = self.commands.pop(node, None)
+        row = {k: v for k, v in metrics.items() if not k.startswith("_")}
+        row.update(node=node, time=time.time())
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        return {"command": command}
+
+    def job_throughput(self) -> float:
+        with self.lock:
+            now = time.monotonic()
+            return float(sum(m.get("samples_per_s", 0.0) for m in self.latest.values()
+                             if m.get("role") == "worker" and now - m["_seen"] < REPORT_TIMEOUT_S))
+
+    def status(self) -> dict[str, Any]:
+        with self.lock:
+            counts = {TODO: 0, DOING: len(self.leases), DONE: len(self.done)}
+            counts[TODO] = self.spec.num_shards - counts[DOING] - counts[DONE]
+            state = "done" if counts[DONE] == self.spec.num_shards else "paused" if self.paused else "training"
+            return {
+                "job_id": self.spec.job_id, "state": state, "generation": self.generation, "shards": counts,
+                "samples_done": sum(self.spec.shard_range(s)[1] - self.spec.shard_range(s)[0] for s in self.done),
+                "samples_total": self.spec.samples, "ps": self.ps_addresses,
+                "workers": sorted(n for n, m in self.latest.items() if m.get("role") == "worker"),
+                "throughput": self.job_throughput(), "checkpoint": self.checkpoints[-1] if self.checkpoints else None,
+                "counters": dict(self.counters), "uptime_s": time.time() - self.started, "pid": os.getpid(),
+            }
+
+    def metrics(self) -> dict[str, Any]:
+        with self.lock:
+            nodes = {n: {k: v for k, v in m.items() if not k.startswith("_")} for n, m in self.latest.items()}
+        return {"throughput": self.job_throughput(), "nodes": nodes, "status": self.status()}
+
+    def prometheus(self) -> str:
+        status = self.status()
+        lines = [
+            "# TYPE dlrover_throughput_samples_per_second gauge",
+            f'dlrover_throughput_samples_per_second{{job="{self.spec.job_id}"}} {status["throughput"]:.3f}',
+            "# TYPE dlrover_shards gauge",
+        ]
+        lines += [f'dlrover_shards{{job="{self.spec.job_id}",state="{k}"}} {v}' for k, v in status["shards"].items()]
+        lines += ["# TYPE dlrover_generation gauge", f'dlrover_generation{{job="{self.spec.job_id}"}} {self.generation}',
+                  "# TYPE dlrover_node_samples_per_second gauge"]
+        with self.lock:
+            for node, m in self.latest.items():
+                if m.get("role") == "worker":
+                    lines.append(f'dlrover_node_samples_per_second{{job="{self.spec.job_id}",node="{node}"}} {m.get("samples_per_s", 0):.3f}')
+        return "\n".join(lines) + "\n"
+
+    # -- cluster, plan, commands ----------------------------------------------------------------
+    def set_cluster(self, ps: list[str]) -> dict[str, Any]:
+        """A new PS set: it serves the current generation (a restore follows if it must roll back)."""
+        with self.lock:
+            self.ps_addresses = list(ps)
+            self._connect_ps()
+            for peer in self.peers:
+                peer.call("set_generation", generation=self.generation)
+            self._persist()
+            return {"ps": self.ps_addresses}
+
+    def set_plan(self, **plan: Any) -> dict[str, Any]:
+        with self.lock:
+            self.plan = plan
+            self._persist()
+            return plan
+
+    def drain(self, node: str) -> dict[str, Any]:
+        with self.lock:
+            self.draining.add(node)
+            return {"draining": node}
+
+    def command(self, node: str, command: str) -> dict[str, Any]:
+        with self.lock:
+            self.commands[node] = command
+            return {"node": node, "command": command}
+
+    # -- checkpoint and restore -----------------------------------------------------------------
+    def _quiesce(self, deadline_s: float) -> None:
+        """Stop handing out shards and wait until none is in flight (or leases expire)."""
+        self.paused += 1
+        end = time.monotonic() + deadline_s
+        while True:
+            with self.lock:
+                self._expire_leases()
+                if not self.leases:
+                    return
+                if time.monotonic() > end:
+                    for shard in list(self.leases):
+                        del self.leases[shard]
+                        self.counters["shards_requeued"] += 1
+                    return
+            time.sleep(0.02)
+
+    def checkpoint(self) -> dict[str, Any]:
+        """A consistent checkpoint (see the module docstring); returns its manifest."""
+        started = time.monotonic()
+        self._quiesce(self.spec.shard_timeout_s)
+        try:
+            with self.lock:
+                number = self.counters["checkpoints"] + 1
+                folder = self.workdir / "checkpoints" / f"ckpt-{number:05d}"
+                folder.mkdir(parents=True, exist_ok=True)
+                files = []
+                for index, peer in enumerate(self.peers):
+                    path = folder / f"ps-{index}.npz"
+                    peer.call("save", generation=self.generation, path=str(path))
+                    files.append(str(path))
+                manifest = {"id": number, "done": sorted(self.done), "generation": self.generation,
+                            "ps_count": len(files), "files": files, "time": time.time(),
+                            "stall_s": time.monotonic() - started}
+                (folder / "manifest.json").write_text(json.dumps(manifest))
+                self.checkpoints.append({k: v for k, v in manifest.items() if k != "done"} | {"path": str(folder)})
+                self.counters["checkpoints"] = number
+                self._persist()
+                return self.checkpoints[-1]
+        finally:
+            self.paused -= 1
+
+    def restore(self) -> dict[str, Any]:
+        """Roll the job back to the latest checkpoint (or to the start) on the current PS set."""
+        started = time.monotonic()
+        with self.lock:
+            self.paused += 1
+        try:
+            with self.lock:
+                self.generation += 1
+                self.leases.clear()
+                if self.checkpoints:
+                    manifest = json.loads((Path(self.checkpoints[-1]["path"]) / "manifest.json").read_text())
+                    files, self.done = manifest["files"], set(manifest["done"])
+                else:
+                    files, self.done = [], set()
+                for peer in self.peers:
+                    peer.call("restore", paths=files, generation=self.generation)
+                self.counters["restores"] += 1
+                self._persist()
+                return {"generation": self.generation, "checkpoint": self.checkpoints[-1]["id"] if self.checkpoints else None,
+                        "done": len(self.done), "stall_s": time.monotonic() - started}
+        finally:
+            with self.lock:
+                self.paused -= 1
+
+    def ledger(self) -> list[int]:
+        return self.peers[0].call("ledger") if self.peers else [0] * self.spec.num_shards
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, port = text.rsplit(":", 1)
+    return host, int(port)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    master: Master  # set on the subclass
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+    def _reply(self, body: Any, status: int = 200, text: bool = False) -> None:
+        data = body.encode() if text else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; version=0.0.4" if text else "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        m = self.master
+        routes = {"/status": m.status, "/metrics": m.metrics, "/plan": lambda: m.plan, "/ledger": m.ledger}
+        if self.path == "/metrics/prometheus":
+            return self._reply(m.prometheus(), text=True)
+        if self.path not in routes:
+            return self._reply({"error": f"no route {self.path}"}, 404)
+        self._reply(routes[self.path]())
+
+    def do_POST(self) -> None:
+        m = self.master
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except json.JSONDecodeError as err:
+            return self._reply({"error": f"body is not JSON: {err}"}, 400)
+        routes = {
+            "/shard/next": m.next_shard, "/shard/done": m.shard_done, "/shard/abandon": m.abandon,
+            "/report": m.report, "/cluster": m.set_cluster, "/plan": m.set_plan, "/node_lost": m.node_lost,
+            "/drain": m.drain, "/command": m.command, "/checkpoint": m.checkpoint, "/restore": m.restore,
+        }
+        if self.path not in routes:
+            return self._reply({"error": f"no route {self.path}"}, 404)
+        try:
+            self._reply(routes[self.path](**body))
+        except TypeError as err:
+            self._reply({"error": f"bad request to {self.path}: {err}"}, 400)
+        except Exception as err:  # noqa: BLE001 - reported to the caller
+            log.exception("POST %s failed", self.path)
+            self._reply({"error": f"{type(err).__name__}: {err}"}, 500)
+
+
+def serve(spec: JobSpec, workdir: Path, port: int = 0, ready_file: Path | None = None) -> None:
+    """Run the master until SIGTERM: HTTP API, lease expiry and periodic checkpoints."""
+    master = Master(spec, workdir)
+    handler = type("Handler", (_Handler,), {"master": master})
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    if ready_file is not None:
+        tmp = ready_file.with_suffix(".tmp")
+        tmp.write_text(f"127.0.0.1:{server.server_address[1]}")
+        os.replace(tmp, ready_file)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    last_checkpoint = time.monotonic()
+    while not stop.wait(0.5):
+        with master.lock:
+            master._expire_leases()
+            training = master.ps_addresses and len(master.done) < spec.num_shards
+        if training and time.monotonic() - last_checkpoint > spec.checkpoint_interval_s:
+            try:
+                master.checkpoint()
+            except Exception:  # a PS is down: the launcher will restore; try again later
+                log.exception("periodic checkpoint failed")
+            last_checkpoint = time.monotonic()
+    server.shutdown()

@@ -1,0 +1,273 @@
+"""Parameter server: embedding rows partitioned by ``id % p``, sparse Adagrad; PS 0 also holds the
+dense parameters (Adam) and the exactly-once ledger of applied samples per shard.
+
+Rows are created on first touch (their initial value is a deterministic function of
+(seed, table, id), so re-partitioning or restoring never changes a row that was not trained), so
+PS memory grows as new ids arrive — the growth the memory model forecasts. numpy only: a PS
+starts in well under a second, which is what a PS restart costs.
+
+Every request carries the job's *generation*: a restore from a checkpoint bumps it, and a push
+from an older generation is refused, so a worker that trained against the old model drops its
+shard instead of polluting the restored one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from airflow_dlrover.runtime.spec import JobSpec
+from airflow_dlrover.runtime.transport import Server
+
+log = logging.getLogger(__name__)
+
+INIT_SCALE = 0.05  # embedding rows start uniform in ±INIT_SCALE (DLRM uses ~1/sqrt(rows))
+ADAGRAD_INITIAL = 0.1  # initial accumulator, as TensorFlow's Adagrad
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+
+
+class StaleGeneration(RuntimeError):
+    """The request belongs to a model state that was rolled back."""
+
+
+def initial_rows(seed: int, table: int, ids: np.ndarray, dim: int) -> np.ndarray:
+    """Deterministic initial rows: splitmix64 of (seed, table, id, column) → uniform(±INIT_SCALE)."""
+    with np.errstate(over="ignore"):
+        x = (ids.astype(np.uint64)[:, None] * np.uint64(dim) + np.arange(dim, dtype=np.uint64)[None, :])
+        x = x + np.uint64((seed * 1_000_003 + table) * 0x9E3779B97F4A7C15 % (1 << 64))
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    unit = (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+    return ((unit * 2.0 - 1.0) * INIT_SCALE).astype(np.float32)
+
+
+class EmbeddingShard:
+    """The rows of one table that this PS owns (ids ≡ index mod p), created on first touch."""
+
+    def __init__(self, table: int, size: int, dim: int, index: int, count: int, seed: int):
+        self.table, self.dim, self.index, self.count, self.seed = table, dim, index, count, seed
+        self.slot = np.full(size // count + 1, -1, dtype=np.int64)  # local id (id // p) → row slot
+        self.ids = np.empty(0, dtype=np.int64)
+        self.rows = np.empty((0, dim), dtype=np.float32)
+        self.accumulator = np.empty((0, dim), dtype=np.float32)
+        self.used = 0
+
+    def _slots(self, ids: np.ndarray) -> np.ndarray:
+        local = ids // self.count
+        slots = self.slot[local]
+        new = slots < 0
+        if new.any():
+            fresh_ids = np.unique(ids[new])
+            self._grow(self.used + len(fresh_ids))
+            start = self.used
+            self.used += len(fresh_ids)
+            self.slot[fresh_ids // self.count] = np.arange(start, self.used)
+            self.ids[start:self.used] = fresh_ids
+            self.rows[start:self.used] = initial_rows(self.seed, self.table, fresh_ids, self.dim)
+            self.accumulator[start:self.used] = ADAGRAD_INITIAL
+            slots = self.slot[local]
+        return slots
+
+    def _grow(self, needed: int) -> None:
+        if needed <= len(self.rows):
+            return
+        capacity = max(needed, 2 * len(self.rows), 1024)
+        for name in ("rows", "accumulator"):
+            old = getattr(self, name)
+            grown = np.empty((capacity, self.dim), dtype=np.float32)
+            grown[: self.used] = old[: self.used]
+            setattr(self, name, grown)
+        ids = np.empty(capacity, dtype=np.int64)
+        ids[: self.used] = self.ids[: self.used]
+        self.ids = ids
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        slots = self._slots(ids)  # first: it may reallocate self.rows
+        return self.rows[slots]
+
+    def apply_adagrad(self, ids: np.ndarray, grads: np.ndarray, lr: float) -> None:
+        """Sparse Adagrad; ``ids`` are unique (the worker aggregates duplicates)."""
+        slots = self._slots(ids)
+        acc = self.accumulator[slots] + grads * grads
+        self.accumulator[slots] = acc
+        self.rows[slots] -= lr * grads / np.sqrt(acc)
+
+    def export(self) -> dict[str, np.ndarray]:
+        n = self.used
+        return {"ids": self.ids[:n].copy(), "rows": self.rows[:n].copy(), "acc": self.accumulator[:n].copy()}
+
+    def absorb(self, ids: np.ndarray, rows: np.ndarray, acc: np.ndarray) -> None:
+        """Take the rows of ``ids`` that this shard owns (re-partitioning)."""
+        mine = ids % self.count == self.index
+        ids, rows, acc = ids[mine], rows[mine], acc[mine]
+        if len(ids):
+            slots = self._slots(ids)
+            self.rows[slots] = rows
+            self.accumulator[slots] = acc
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows.nbytes + self.accumulator.nbytes + self.ids.nbytes + self.slot.nbytes
+
+
+@dataclass
+class DenseState:
+    params: np.ndarray
+    m: np.ndarray
+    v: np.ndarray
+    step: int = 0
+
+
+class ParameterServer:
+    """Request handler of one PS process (see the module docstring)."""
+
+    def __init__(self, spec: JobSpec, index: int, count: int):
+        self.spec, self.index, self.count = spec, index, count
+        self.generation = -1  # not serving until the master sets or restores the generation
+        self.lock = threading.Lock()
+        self.tables = [
+            EmbeddingShard(t, size, spec.embedding_dim, index, count, spec.seed) for t, size in enumerate(spec.table_sizes)
+        ]
+        self.dense: DenseState | None = None
+        self.applied = np.zeros(spec.num_shards, dtype=np.int64)  # PS 0: samples applied per shard
+        self.requests = 0
+
+    # -- requests ------------------------------------------------------------------------------
+    def handle(self, method: str, **kwargs: Any) -> Any:
+        if method not in _METHODS:
+            raise ValueError(f"unknown method {method!r}")
+        if method in _DATA_METHODS:
+            generation = kwargs.pop("generation")
+            if self.generation < 0:
+                raise StaleGeneration("this PS has not been restored by the master yet")
+            if generation != self.generation:
+                raise StaleGeneration(f"generation {generation} is stale: the job was restored to {self.generation}")
+        return getattr(self, method)(**kwargs)
+
+    def lookup(self, ids: list[np.ndarray], dense: bool = False) -> dict[str, Any]:
+        with self.lock:
+            self.requests += 1
+            rows = [table.lookup(i) if len(i) else np.empty((0, self.spec.embedding_dim), np.float32)
+                    for table, i in zip(self.tables, ids)]
+            params = self.dense.params.copy() if dense and self.dense is not None else None
+        return {"rows": rows, "dense": params}
+
+    def push(self, ids: list[np.ndarray], grads: list[np.ndarray], dense_grad: np.ndarray | None = None,
+             shard: int | None = None, samples: int = 0) -> None:
+        """Apply sparse gradients; on PS 0 also the dense gradient and the ledger entry."""
+        with self.lock:
+            for table, i, g in zip(self.tables, ids, grads):
+                if len(i):
+                    table.apply_adagrad(i, g, self.spec.learning_rate)
+            if dense_grad is not None:
+                if self.dense is None:
+                    raise StaleGeneration("dense parameters are not initialised (restored without them)")
+                self._adam(np.asarray(dense_grad, dtype=np.float32))
+                self.applied[shard] += samples
+
+    def init_dense(self, params: np.ndarray) -> bool:
+        """Set the dense parameters once (the first worker's deterministic init)."""
+        with self.lock:
+            if self.dense is None:
+                params = np.asarray(params, dtype=np.float32)
+                self.dense = DenseState(params.copy(), np.zeros_like(params), np.zeros_like(params))
+                return True
+            return False
+
+    def _adam(self, grad: np.ndarray) -> None:
+        d = self.dense
+        d.step += 1
+        b1, b2 = ADAM_BETAS
+        d.m = b1 * d.m + (1 - b1) * grad
+        d.v = b2 * d.v + (1 - b2) * grad * grad
+        m_hat = d.m / (1 - b1**d.step)
+        v_hat = d.v / (1 - b2**d.step)
+        d.params -= self.spec.dense_learning_rate * m_hat / (np.sqrt(v_hat) + ADAM_EPS)
+
+    def ledger(self) -> list[int]:
+        with self.lock:
+            return self.applied.tolist()
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "index": self.index, "generation": self.generation, "requests": self.requests,
+                "rows": [t.used for t in self.tables], "table_bytes": sum(t.nbytes for t in self.tables),
+            }
+
+    def save(self, path: str) -> dict[str, Any]:
+        """Write this PS's state (rows, accumulators; dense and ledger on PS 0) to ``path``."""
+        with self.lock:
+            arrays: dict[str, np.ndarray] = {}
+            for t, table in enumerate(self.tables):
+                for name, value in table.export().items():
+                    arrays[f"t{t}_{name}"] = value
+            if self.dense is not None:
+                arrays.update(dense=self.dense.params, dense_m=self.dense.m, dense_v=self.dense.v,
+                              dense_step=np.array(self.dense.step))
+            arrays["applied"] = self.applied
+            arrays["ps_index"] = np.array(self.index)
+            tmp = Path(path).with_suffix(".tmp.npz")
+            np.savez(tmp, **arrays)
+            os.replace(tmp, path)
+            return {"rows": int(sum(t.used for t in self.tables)), "applied": int(self.applied.sum())}
+
+    def restore(self, paths: list[str], generation: int) -> dict[str, Any]:
+        """Replace the state by the rows this PS owns in the checkpoint files of *all* PS of the
+        checkpoint (any count: this is the re-partition), dense and ledger from whichever has them."""
+        with self.lock:
+            spec = self.spec
+            self.tables = [
+                EmbeddingShard(t, size, spec.embedding_dim, self.index, self.count, spec.seed)
+                for t, size in enumerate(spec.table_sizes)
+            ]
+            self.dense = None
+            self.applied = np.zeros(spec.num_shards, dtype=np.int64)
+            for path in paths:
+                with np.load(path) as data:
+                    for t, table in enumerate(self.tables):
+                        table.absorb(data[f"t{t}_ids"], data[f"t{t}_rows"], data[f"t{t}_acc"])
+                    if int(data["ps_index"]) == 0 and self.index == 0:  # dense and ledger live on PS 0
+                        self.applied = data["applied"].copy()
+                        if "dense" in data:
+                            self.dense = DenseState(data["dense"].copy(), data["dense_m"].copy(),
+                                                    data["dense_v"].copy(), int(data["dense_step"]))
+            self.generation = generation
+            return {"rows": int(sum(t.used for t in self.tables)), "generation": generation}
+
+    def set_generation(self, generation: int) -> None:
+        with self.lock:
+            self.generation = generation
+
+    def ping(self) -> dict[str, Any]:
+        return {"index": self.index, "generation": self.generation, "pid": os.getpid()}
+
+
+_METHODS = {"lookup", "push", "init_dense", "ledger", "stats", "save", "restore", "set_generation", "ping"}
+#: Requests that carry the caller's generation and are refused when it is not the current one.
+_DATA_METHODS = {"lookup", "push", "init_dense", "save"}
+
+
+def serve(spec: JobSpec, index: int, count: int, port: int = 0, ready_file: Path | None = None) -> None:
+    """Run a PS until SIGTERM; writes ``host:port`` to ``ready_file`` once it listens."""
+    ps = ParameterServer(spec, index, count)
+    server = Server(ps.handle, spec.key, port=port).start()
+    if ready_file is not None:
+        tmp = ready_file.with_suffix(".tmp")
+        tmp.write_text(f"{server.address[0]}:{server.address[1]}")
+        os.replace(tmp, ready_file)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop.wait()
+    server.close()

@@ -1,0 +1,129 @@
+"""Request/reply transport between training processes: ``multiprocessing.connection`` over TCP.
+
+Why not ``torch.distributed.rpc``: its group has a fixed world size at init, and elasticity (a
+worker joining or leaving, a PS restarting) needs peers that come and go. A connection per client
+and a thread per connection at the server does that with nothing to coordinate. Measured on this
+machine (2 cores, loopback): ~4,100 small round trips/s from one client, against the ~950/s
+recorded for TensorPipe RPC in FIELD-NOTES; a 425 KB array round trip ~400/s.
+
+A request is ``(method, kwargs)``; the reply is ``("ok", result)`` or ``("error", message)``.
+Payloads are pickled (numpy arrays included). Connections authenticate with the job's key.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from multiprocessing.connection import Client, Connection, Listener
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+
+class RemoteError(RuntimeError):
+    """The peer raised while serving a request."""
+
+
+class Unreachable(ConnectionError):
+    """The peer could not be reached within the retry budget."""
+
+
+class Server:
+    """Serves ``handler(method, **kwargs)`` on a TCP port, one thread per connection."""
+
+    def __init__(self, handler: Callable[..., Any], authkey: bytes, host: str = "127.0.0.1", port: int = 0):
+        self._handler = handler
+        self._listener = Listener((host, port), authkey=authkey, backlog=64)
+        self.address: tuple[str, int] = self._listener.address
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._accept_loop, name="server-accept", daemon=True)
+
+    def start(self) -> "Server":
+        self._thread.start()
+        return self
+
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn = self._listener.accept()
+            except (OSError, EOFError):
+                if self._closed.is_set():
+                    return
+                continue  # a client that failed authentication or hung up mid-handshake
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: Connection) -> None:
+        with conn:
+            while True:
+                try:
+                    method, kwargs = conn.recv()
+                except (EOFError, OSError):
+                    return
+                try:
+                    reply = ("ok", self._handler(method, **kwargs))
+                except Exception as err:  # reported to the caller, the server keeps serving
+                    log.exception("request %s failed", method)
+                    reply = ("error", f"{type(err).__name__}: {err}")
+                try:
+                    conn.send(reply)
+                except (EOFError, OSError):
+                    return
+
+    def close(self) -> None:
+        self._closed.set()
+        try:
+            # Unblock accept(): connect once to ourselves.
+            socket.create_connection(self.address, timeout=1).close()
+        except OSError:
+            pass
+        self._listener.close()
+
+
+class Peer:
+    """A client connection that reconnects, so a restarted peer is picked up transparently."""
+
+    def __init__(self, address: tuple[str, int], authkey: bytes, *, retry_s: float = 60.0):
+        self.address = tuple(address)
+        self._authkey = authkey
+        self._retry_s = retry_s
+        self._conn: Connection | None = None
+        self._lock = threading.Lock()
+
+    def _connect(self, deadline: float) -> Connection:
+        delay = 0.05
+        while True:
+            try:
+                return Client(self.address, authkey=self._authkey)
+            except (OSError, EOFError) as err:
+                if time.monotonic() + delay > deadline:
+                    raise Unreachable(f"{self.address[0]}:{self.address[1]} unreachable: {err}") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def call(self, method: str, **kwargs: Any) -> Any:
+        """Send one request and wait for its reply; reconnect and resend once the peer is back
+        (callers make requests idempotent where a resend matters)."""
+        deadline = time.monotonic() + self._retry_s
+        with self._lock:
+            while True:
+                if self._conn is None:
+                    self._conn = self._connect(deadline)
+                try:
+                    self._conn.send((method, kwargs))
+                    status, result = self._conn.recv()
+                    break
+                except (EOFError, OSError):
+                    self._conn = None
+                    if time.monotonic() > deadline:
+                        raise Unreachable(f"{self.address} went away during {method}") from None
+        if status == "error":
+            raise RemoteError(f"{method} on {self.address[0]}:{self.address[1]}: {result}")
+        return result
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None

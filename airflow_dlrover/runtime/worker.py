@@ -1,0 +1,211 @@
+"""A training worker: takes shards from the master, looks rows up on the PS, runs the dense part of
+DLRM locally (CUDA when it has a GPU and torch sees one), pushes gradients, and reports
+samples/s, the step-time breakdown (data / lookup / compute / push), CPU used and RSS.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import psutil
+import torch
+
+from airflow_dlrover.runtime.dlrm import build_model, flat_gradients, flat_parameters, load_flat
+from airflow_dlrover.runtime.spec import JobSpec
+from airflow_dlrover.runtime.transport import Peer, RemoteError, Unreachable
+
+log = logging.getLogger(__name__)
+
+REPORT_INTERVAL_S = 1.0
+MASTER_RETRY_S = 120.0  # a master restart takes seconds; give it time before giving up
+
+
+class MasterClient:
+    """JSON over HTTP to the master, retried across a master restart."""
+
+    def __init__(self, address: str):
+        self.base = f"http://{address}"
+
+    def post(self, path: str, **body: Any) -> dict[str, Any]:
+        deadline = time.monotonic() + MASTER_RETRY_S
+        data = json.dumps(body).encode()
+        while True:
+            try:
+                request = urllib.request.Request(self.base + path, data=data, headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(request, timeout=30) as reply:
+                    return json.loads(reply.read())
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
+                if time.monotonic() > deadline:
+                    raise Unreachable(f"master {self.base} unreachable: {err}") from None
+                time.sleep(0.2)
+
+    def get(self, path: str) -> dict[str, Any]:
+        with urllib.request.urlopen(self.base + path, timeout=30) as reply:
+            return json.loads(reply.read())
+
+
+def source_for(spec: JobSpec):
+    """The job's data source: synthetic, or a Criteo-format file."""
+    from airflow_dlrover.runtime.data import FeatureSpec, FileSource, SyntheticSource
+
+    features = FeatureSpec(table_sizes=spec.table_sizes)
+    if spec.data == "synthetic":
+        return SyntheticSource(features, seed=spec.seed, zipf_skew=spec.zipf_skew)
+    return FileSource(spec.data, features)
+
+
+class Worker:
+    def __init__(self, spec: JobSpec, name: str, master: str, threads: int):
+        self.spec, self.name = spec, name
+        torch.set_num_threads(max(1, threads))
+        self.device = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("DLROVER_WORKER_GPU", "0") != "0" else "cpu")
+        self.master = MasterClient(master)
+        self.model = build_model(spec).to(self.device)
+        self.source = source_for(spec)
+        self.ps_addresses: list[str] = []
+        self.peers: list[Peer] = []
+        self.pool: ThreadPoolExecutor | None = None
+        self.generation = -1
+        self.dense_ready = False
+        self.process = psutil.Process()
+        self.samples = 0
+        self.window = {"samples": 0, "data": 0.0, "lookup": 0.0, "compute": 0.0, "push": 0.0, "start": time.monotonic()}
+        self.last_loss = float("nan")
+
+    def _set_cluster(self, ps: list[str], generation: int) -> None:
+        if ps != self.ps_addresses:
+            for peer in self.peers:
+                peer.close()
+            self.peers = [Peer(tuple((a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1]))), self.spec.key) for a in ps]
+            self.pool = ThreadPoolExecutor(max_workers=len(ps))
+            self.ps_addresses = list(ps)
+        if generation != self.generation:
+            self.generation = generation
+            self.dense_ready = False
+
+    def run(self) -> None:
+        while True:
+            reply = self.master.post("/shard/next", worker=self.name, generation=self.generation)
+            if reply.get("exit") or reply.get("done"):
+                self._report(force=True)
+                return
+            if "wait" in reply:
+                self._report()
+                time.sleep(reply["wait"])
+                continue
+            self._set_cluster(reply["ps"], reply["generation"])
+            try:
+                self._train_shard(reply["shard"], reply["start"], reply["stop"])
+            except RemoteError as err:
+                if "StaleGeneration" not in str(err):
+                    raise
+                log.info("shard %s dropped: %s", reply["shard"], err)
+                self.master.post("/shard/abandon", worker=self.name, shard=reply["shard"])
+                time.sleep(0.1)  # the master is restoring the PS: ask again shortly
+                continue
+            self.master.post("/shard/done", worker=self.name, shard=reply["shard"], generation=self.generation)
+
+    def _train_shard(self, shard: int, start: int, stop: int) -> None:
+        if not self.dense_ready:
+            self.peers[0].call("init_dense", generation=self.generation, params=flat_parameters(self.model))
+            self.dense_ready = True
+        t = time.perf_counter()
+        data = self.source.samples(start, stop)
+        self.window["data"] += time.perf_counter() - t
+        for offset in range(0, len(data), self.spec.batch_size):
+            self._step(shard, data.slice(offset, min(offset + self.spec.batch_size, len(data))))
+            self._report()
+
+    def _step(self, shard: int, batch) -> None:
+        p = len(self.peers)
+        t0 = time.perf_counter()
+        # Unique ids per table, routed to their PS by id % p.
+        uniques, inverses = [], []
+        for t in range(batch.sparse.shape[1]):
+            u, inv = np.unique(batch.sparse[:, t], return_inverse=True)
+            uniques.append(u)
+            inverses.append(inv)
+        owner = [[u[u % p == k] for u in uniques] for k in range(p)]
+        t1 = time.perf_counter()
+        replies = list(self.pool.map(
+            lambda k: self.peers[k].call("lookup", generation=self.generation, ids=owner[k], dense=k == 0), range(p)
+        ))
+        t2 = time.perf_counter()
+        load_flat(self.model, replies[0]["dense"])
+        # Reassemble each table's unique rows in the order of ``uniques``.
+        rows = []
+        for t, u in enumerate(uniques):
+            table_rows = np.empty((len(u), self.spec.embedding_dim), dtype=np.float32)
+            for k in range(p):
+                table_rows[u % p == k] = replies[k]["rows"][t]
+            rows.append(torch.from_numpy(table_rows).to(self.device).requires_grad_(True))
+        embedded = torch.stack([rows[t][torch.from_numpy(inverses[t]).to(self.device)] for t in range(len(rows))], dim=1)
+        dense = torch.from_numpy(batch.dense).to(self.device)
+        label = torch.from_numpy(batch.label).to(self.device)
+        self.model.zero_grad(set_to_none=False)
+        logits = self.model(dense, embedded)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, label)
+        loss.backward()
+        self.last_loss = float(loss.detach())
+        grads = [r.grad.cpu().numpy() for r in rows]
+        dense_grad = flat_gradients(self.model)
+        t3 = time.perf_counter()
+
+        def push(k: int) -> None:
+            mask = [u % p == k for u in uniques]
+            ids = [u[m] for u, m in zip(uniques, mask)]
+            table_grads = [g[m] for g, m in zip(grads, mask)]
+            if k == 0:
+                self.peers[0].call("push", generation=self.generation, ids=ids, grads=table_grads,
+                                   dense_grad=dense_grad, shard=shard, samples=len(batch))
+            else:
+                self.peers[k].call("push", generation=self.generation, ids=ids, grads=table_grads)
+
+        list(self.pool.map(push, range(p)))
+        t4 = time.perf_counter()
+        self.samples += len(batch)
+        w = self.window
+        w["samples"] += len(batch)
+        w["data"] += t1 - t0
+        w["lookup"] += t2 - t1
+        w["compute"] += t3 - t2
+        w["push"] += t4 - t3
+
+    def _report(self, force: bool = False) -> None:
+        w = self.window
+        elapsed = time.monotonic() - w["start"]
+        if elapsed < REPORT_INTERVAL_S and not force:
+            return
+        cpu = self.process.cpu_times()
+        reply = self.master.post(
+            "/report", node=self.name, role="worker", samples=self.samples,
+            samples_per_s=w["samples"] / max(elapsed, 1e-9), loss=self.last_loss,
+            step_time={k: w[k] for k in ("data", "lookup", "compute", "push")}, window_s=elapsed,
+            cpu_seconds=cpu.user + cpu.system, rss_mb=self.process.memory_info().rss / 2**20,
+            generation=self.generation,
+        )
+        self.window = {"samples": 0, "data": 0.0, "lookup": 0.0, "compute": 0.0, "push": 0.0, "start": time.monotonic()}
+        command = reply.get("command")
+        if command == "oom":
+            _allocate_until_killed()
+        elif command == "exit":
+            raise SystemExit(0)
+
+
+def _allocate_until_killed() -> None:
+    """Fault injection: grow the resident set until the memory limit's OOM killer ends us."""
+    log.warning("fault injection: allocating until OOM-killed")
+    hoard = []
+    while True:
+        block = bytearray(64 * 2**20)
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+        hoard.append(block)
