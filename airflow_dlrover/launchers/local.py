@@ -217,12 +217,14 @@ class LocalLauncher:
             self._add_worker(spec.job_id, job, config, index)
         return spec.job_id
 
-    def _start_ps(self, job_id: str, job: dict[str, Any], config: Configuration) -> None:
+    def _start_ps(self, job_id: str, job: dict[str, Any], config: Configuration, ports: dict[str, int] | None = None) -> None:
+        """Start ``config.ps`` PS (keeping the ports of the PS they replace) and tell the master."""
         names = []
         for index in range(config.ps):
             name = f"ps-{index}"
+            port = (ports or {}).get(name) or _free_port()
             job["nodes"][name] = dict(name=name, role="ps", index=index, count=config.ps, cpu=config.ps_cpu,
-                                      memory_mb=config.ps_memory_mb or None, port=_free_port(), restarts=0)
+                                      memory_mb=config.ps_memory_mb or None, port=port, restarts=0)
             self._start(job_id, job, name)
             names.append(name)
         self._wait_ready(job_id, job, names)
@@ -310,10 +312,11 @@ class LocalLauncher:
         actions = []
         if (config.ps, config.ps_cpu, config.ps_memory_mb) != (current.ps, current.ps_cpu, current.ps_memory_mb):
             self.master_call(job_id, "/checkpoint", {})
+            ports = {}
             for name in [n for n, node in job["nodes"].items() if node["role"] == "ps"]:
                 self._kill(job_id, job["nodes"][name])
-                del job["nodes"][name]
-            self._start_ps(job_id, job, config)
+                ports[name] = job["nodes"].pop(name)["port"]
+            self._start_ps(job_id, job, config, ports)
             self.master_call(job_id, "/restore", {})
             actions.append(f"ps {current.ps}×{current.ps_cpu:g} → {config.ps}×{config.ps_cpu:g} (checkpoint, re-partition)")
         workers = sorted((n for n, node in job["nodes"].items() if node["role"] == "worker" and node.get("state") != STOPPED),

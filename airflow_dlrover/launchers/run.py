@@ -61,13 +61,16 @@ class Fault:
 
 
 def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: Path,
-            faults: list[Fault] = (), timeout_s: float = 3600.0) -> dict[str, Any]:
-    """Launch (or adopt) the job, supervise it to the end, evaluate, and write the summary."""
+            faults: list[Fault] = (), resizes: list[tuple[float, Configuration]] = (),
+            timeout_s: float = 3600.0) -> dict[str, Any]:
+    """Launch (or adopt) the job, supervise it to the end, evaluate, and write the summary.
+    ``resizes``: (seconds after the start, configuration) to resize to."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     job_id = launcher.launch(spec, config)
     pending = sorted(faults, key=lambda f: f.at_s)
+    pending_resizes = sorted(resizes, key=lambda r: r[0])
     events: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     series: list[dict[str, Any]] = []
@@ -78,6 +81,10 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
             while pending and pending[0].at_s <= now:
                 fault = pending.pop(0)
                 events.append(_inject(launcher, job_id, fault, now))
+            while pending_resizes and pending_resizes[0][0] <= now:
+                _, target = pending_resizes.pop(0)
+                result = launcher.resize(job_id, target)
+                events.append({"time_s": now, "resize": target.to_row(), **result})
             for event in launcher.recover(job_id):
                 event["time_s"] = time.time() - started
                 events.append(event)

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 REPORT_INTERVAL_S = 1.0
 MASTER_RETRY_S = 120.0  # a master restart takes seconds; give it time before giving up
+PS_RETRY_S = 10.0  # a PS that stays away this long was replaced: ask the master for the cluster
 
 
 class MasterClient:
@@ -84,7 +85,8 @@ class Worker:
         if ps != self.ps_addresses:
             for peer in self.peers:
                 peer.close()
-            self.peers = [Peer(tuple((a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1]))), self.spec.key) for a in ps]
+            self.peers = [Peer((a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1])), self.spec.key, retry_s=PS_RETRY_S)
+                          for a in ps]
             self.pool = ThreadPoolExecutor(max_workers=len(ps))
             self.ps_addresses = list(ps)
         if generation != self.generation:
@@ -104,9 +106,11 @@ class Worker:
             self._set_cluster(reply["ps"], reply["generation"])
             try:
                 self._train_shard(reply["shard"], reply["start"], reply["stop"])
-            except RemoteError as err:
-                if "StaleGeneration" not in str(err):
+            except (RemoteError, Unreachable) as err:
+                if isinstance(err, RemoteError) and "StaleGeneration" not in str(err):
                     raise
+                # The PS set was restored or replaced under us: drop the shard (the model it
+                # was updating is gone) and take the current cluster from the master.
                 log.info("shard %s dropped: %s", reply["shard"], err)
                 self.master.post("/shard/abandon", worker=self.name, shard=reply["shard"])
                 time.sleep(0.1)  # the master is restoring the PS: ask again shortly
