@@ -1,0 +1,120 @@
+"""The local launcher with real processes, cgroups and torch training (small jobs)."""
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from airflow_dlrover.launchers.base import OOM_KILLED, RUNNING
+from airflow_dlrover.launchers.cgroups import CgroupManager, Limits
+from airflow_dlrover.launchers.local import LocalLauncher
+from airflow_dlrover.launchers.run import Fault, run_job
+from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, USAGE_COLUMNS, Configuration, InvalidInputError
+from airflow_dlrover.runtime.spec import JobSpec
+
+CONFIG = Configuration(workers=2, ps=1, worker_cpu=1.0, ps_cpu=0.5, worker_memory_mb=2048, ps_memory_mb=1024)
+CRITEO = Path(__file__).resolve().parents[3] / "shared" / "data" / "criteo_sample.csv"
+
+
+def spec(job_id, **changes):
+    return JobSpec(job_id=job_id, samples=changes.pop("samples", 120_000), checkpoint_interval_s=2.0, **changes)
+
+
+def test_training_learns_and_writes_profile_samples(tmp_path):
+    summary = run_job(LocalLauncher(tmp_path / "jobs"), spec("learn", samples=150_000), CONFIG, tmp_path)
+    assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
+    assert summary["samples_trained"] == summary["samples_expected"] == 150_000
+    assert summary["eval_auc"] >= 0.70
+    reports = [json.loads(line) for line in (tmp_path / "jobs" / "learn" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in reports if r.get("role") == "worker" and r.get("loss") == r.get("loss")]
+    assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4  # loss falls
+    samples = pd.read_csv(tmp_path / "samples.csv")
+    assert set(CONFIG_COLUMNS) | set(USAGE_COLUMNS) | {"throughput"} <= set(samples.columns)
+    assert len(samples) >= 1 and (samples.throughput > 0).all()
+    assert (samples.worker_cpu_used <= CONFIG.worker_cpu * 1.1).all()  # the quota holds
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["samples_lost"] == 0 and saved["throughput_series"]
+
+
+@pytest.mark.parametrize("fault", ["kill-worker@4s", "kill-ps@5s", "kill-master@4s", "oom-worker@4s"])
+def test_each_fault_is_recovered_and_loses_nothing(tmp_path, fault):
+    config = Configuration(2, 1, 1.0, 0.5, 768 if fault.startswith("oom") else 2048, 1024)
+    job = spec(fault.split("@")[0])
+    summary = run_job(LocalLauncher(tmp_path / "jobs"), job, config, tmp_path, [Fault.parse(fault)])
+    assert summary["samples_lost"] == 0
+    assert summary["samples_duplicated"] <= job.shard_size  # at most one shard per failure
+    assert summary["restarts"] >= 1
+    recovered = [e for e in summary["events"] if "recovered_in_s" in e]
+    assert recovered and recovered[0]["node"] == Fault.parse(fault).node
+    if fault.startswith("oom"):
+        assert recovered[0]["state"] == OOM_KILLED
+        assert recovered[0]["memory_mb"] == 1152  # 768 × 1.5: more memory after a real OOM kill
+    assert summary["eval_auc"] >= 0.65
+
+
+def test_resize_keeps_training_going(tmp_path):
+    resizes = [(3.0, Configuration(3, 1, 1.0, 0.5, 2048, 1024)), (6.0, Configuration(1, 1, 1.0, 0.5, 2048, 1024)),
+               (8.0, Configuration(1, 2, 1.0, 0.5, 2048, 1024))]
+    summary = run_job(LocalLauncher(tmp_path / "jobs"), spec("resize", samples=200_000), CONFIG, tmp_path, resizes=resizes)
+    assert summary["samples_lost"] == 0 and summary["resizes"] == 3
+    actions = [e["actions"] for e in summary["events"] if "resize" in e]
+    assert actions[0] == ["worker-2 added"]
+    assert sorted(actions[1]) == ["worker-1 removed", "worker-2 removed"]
+    assert "re-partition" in actions[2][0]
+    after = [s["throughput"] for s in summary["throughput_series"] if s["time_s"] > 12]
+    assert max(after) > 0  # still training after the PS change
+    assert summary["config"]["ps"] == 2 and summary["config"]["workers"] == 1
+
+
+def test_second_launch_adopts_the_running_job_and_limits_are_applied(tmp_path):
+    manager = CgroupManager()
+    first = LocalLauncher(tmp_path, manager)
+    job = spec("adopt", samples=10_000_000)
+    first.launch(job, CONFIG)
+    try:
+        before = {s.name: s for s in first.status("adopt")}
+        master_pid = first._read("adopt")["nodes"]["master"]["pid"]
+        second = LocalLauncher(tmp_path, CgroupManager())
+        assert second.launch(job, CONFIG) == "adopt"
+        assert second._read("adopt")["nodes"]["master"]["pid"] == master_pid
+        assert {s.name for s in second.status("adopt")} == set(before)
+        assert all(s.state == RUNNING for s in second.status("adopt"))
+        if manager.mode == "advisory":
+            pytest.skip(f"cgroups not writable here: {manager.advisory_reason}")
+        for name, node in first._read("adopt")["nodes"].items():
+            limits = manager.create("adopt", name, Limits(node["cpu"], node["memory_mb"])).read_limits()
+            assert limits.cpu_cores == pytest.approx(node["cpu"]) and limits.memory_mb == pytest.approx(node["memory_mb"])
+        assert first._read("adopt")["nodes"]["worker-0"]["cpu"] == CONFIG.worker_cpu
+    finally:
+        first.stop("adopt")
+    assert all(s.state == "stopped" for s in first.status("adopt"))
+
+
+def test_advisory_mode_warns_once_and_still_trains(tmp_path, caplog):
+    not_cgroups = tmp_path / "not-a-cgroup-fs"
+    not_cgroups.mkdir()
+    with caplog.at_level(logging.WARNING):
+        launcher = LocalLauncher(tmp_path / "jobs", CgroupManager(base=str(not_cgroups)))
+        summary = run_job(launcher, spec("advisory", samples=40_000), CONFIG, tmp_path)
+    assert summary["samples_lost"] == 0
+    assert [r for r in caplog.records if "advisory" in r.getMessage()]
+
+
+def test_criteo_sample_file_trains(tmp_path):
+    job = JobSpec(job_id="criteo", data=str(CRITEO), samples=160, shard_size=32, batch_size=16,
+                  table_sizes=(1000,) * 26, checkpoint_interval_s=2.0)
+    summary = run_job(LocalLauncher(tmp_path / "jobs"), job, Configuration(1, 1, 1.0, 0.5, 2048, 1024), tmp_path)
+    assert summary["samples_trained"] == 160 and summary["samples_lost"] == 0
+    assert summary["eval_samples"] == 40
+
+
+def test_fault_syntax_errors_name_the_field():
+    assert Fault.parse("kill-ps:1@30s") == Fault("kill-ps", 30.0, "ps-1")
+    assert Fault.parse("hot-ps").at_s == 0
+    for bad in ("kill-everything@3s", "kill-worker", "oom-worker@soon"):
+        with pytest.raises(InvalidInputError) as err:
+            Fault.parse(bad)
+        assert err.value.field == "inject"
