@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.25
 WINDOW_S = 3.0  # profile-sample window (our choice: ≥ 3 worker reports per window)
+HISTORY_S = 30.0  # the instability detectors look at this much node history
 FAULT_KINDS = ("kill-worker", "kill-ps", "kill-master", "oom-worker", "slow-worker", "hot-ps")
 SLOW_WORKER_CPU_FRACTION = 0.25  # slow-worker cuts the worker's CPU quota to this fraction
 
@@ -74,6 +75,7 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
     events: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     series: list[dict[str, Any]] = []
+    history: list[dict[str, Any]] = []  # per-node metrics windows for the instability detectors
     window_start, window_usage = time.monotonic(), launcher.metrics(job_id)["usage"]
     try:
         while True:
@@ -96,9 +98,13 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
             series.append({"time_s": now, "throughput": status["throughput"], "samples_done": status["samples_done"]})
             if time.monotonic() - window_start >= WINDOW_S:
                 metrics = launcher.metrics(job_id)
-                row = _profile_row(launcher, job_id, metrics, window_usage, time.monotonic() - window_start, status)
+                seconds = time.monotonic() - window_start
+                row = _profile_row(launcher, job_id, metrics, window_usage, seconds, status)
                 if row:
                     rows.append(row)
+                history.extend(_node_rows(metrics, window_usage, seconds, now))
+                history = [h for h in history if h["time_s"] > now - HISTORY_S]
+                events.extend(_heal(launcher, job_id, history, now))
                 window_start, window_usage = time.monotonic(), metrics["usage"]
             if status["state"] == "done":
                 break
@@ -144,6 +150,47 @@ def _profile_row(launcher, job_id, metrics, before, seconds, status) -> dict[str
             "worker_memory_used_mb": float(np.mean([m for _, m in used["worker"]])),
             "ps_memory_used_mb": float(np.mean([m for _, m in used["ps"]])),
             "samples_seen": status["samples_done"], "timestamp": time.time()}
+
+
+def _node_rows(metrics, before, seconds, now) -> list[dict[str, Any]]:
+    """The instability detectors' metrics table: one row per node for this window."""
+    rows = []
+    for name, u in metrics["usage"].items():
+        if name not in before or u["role"] not in ("worker", "ps"):
+            continue
+        report = metrics["nodes"].get(name, {})
+        rows.append({
+            "time_s": now, "node": name, "role": u["role"],
+            "cpu_used": (u["cpu_seconds"] - before[name]["cpu_seconds"]) / seconds, "cpu_limit": u["cpu"],
+            "memory_used_mb": u["memory_mb"], "memory_limit_mb": u["memory_limit_mb"],
+            "throughput": report.get("samples_per_s") if u["role"] == "worker" else None,
+        })
+    return rows
+
+
+def _heal(launcher, job_id, history, now) -> list[dict[str, Any]]:
+    """Run the optimizer's detectors; heal what a relaunch heals (a straggler gets a fresh worker
+    with the planned CPU; a worker at OOM risk gets its memory raised before the kill); record
+    the rest (a hot PS is reported with its proposed CPU: the plan, not the launcher, changes it)."""
+    from airflow_dlrover.optimizer.instability import detect
+
+    table = pd.DataFrame(history)
+    if table.empty:
+        return []
+    planned = launcher._read(job_id)["config"]
+    events = []
+    for event in detect(table):
+        record = {"time_s": now, "instability": event.kind, "node": event.node, "reason": event.reason,
+                  "action": event.action.to_dict()}
+        if event.kind == "straggler":
+            launcher.relaunch(job_id, event.node, cpu=planned["worker_cpu"])
+            record["healed"] = f"relaunched with {planned['worker_cpu']:g} CPU"
+        elif event.kind == "oom_risk" and event.node.startswith("worker"):
+            launcher.relaunch(job_id, event.node, memory_mb=event.action.value)
+            record["healed"] = f"relaunched with {event.action.value:g} MB"
+        events.append(record)
+        history[:] = [h for h in history if h["node"] != event.node]  # judge the new node afresh
+    return events
 
 
 def _summarize(launcher, job_id, spec, events, series, started) -> dict[str, Any]:

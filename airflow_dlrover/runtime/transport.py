@@ -3,8 +3,9 @@
 Why not ``torch.distributed.rpc``: its group has a fixed world size at init, and elasticity (a
 worker joining or leaving, a PS restarting) needs peers that come and go. A connection per client
 and a thread per connection at the server does that with nothing to coordinate. Measured on this
-machine (2 cores, loopback): ~4,100 small round trips/s from one client, against the ~950/s
-recorded for TensorPipe RPC in FIELD-NOTES; a 425 KB array round trip ~400/s.
+machine (2 cores, loopback, TCP_NODELAY): ~7,700 small round trips/s from one client, against the
+~950/s recorded for TensorPipe RPC in FIELD-NOTES; the lookup of one 512-sample batch (7,740 rows
+of 16 floats) 0.9 ms, its gradient push 3.2 ms.
 
 A request is ``(method, kwargs)``; the reply is ``("ok", result)`` or ``("error", message)``.
 Payloads are pickled (numpy arrays included). Connections authenticate with the job's key.
@@ -20,6 +21,18 @@ from multiprocessing.connection import Client, Connection, Listener
 from typing import Any, Callable
 
 log = logging.getLogger(__name__)
+
+
+def _no_delay(conn: Connection) -> Connection:
+    """Disable Nagle's algorithm: ``Connection`` writes a length header and a payload in two
+    sends, and Nagle + delayed ACK then stall every large reply by ~40 ms (measured: a lookup
+    round trip took 44 ms with it, see the module docstring for the figure without)."""
+    sock = socket.fromfd(conn.fileno(), socket.AF_INET, socket.SOCK_STREAM)  # a dup: closing it is safe
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    finally:
+        sock.close()
+    return conn
 
 
 class RemoteError(RuntimeError):
@@ -52,7 +65,7 @@ class Server:
                 if self._closed.is_set():
                     return
                 continue  # a client that failed authentication or hung up mid-handshake
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._serve, args=(_no_delay(conn),), daemon=True).start()
 
     def _serve(self, conn: Connection) -> None:
         with conn:
@@ -95,7 +108,7 @@ class Peer:
         delay = 0.05
         while True:
             try:
-                return Client(self.address, authkey=self._authkey)
+                return _no_delay(Client(self.address, authkey=self._authkey))
             except (OSError, EOFError) as err:
                 if time.monotonic() + delay > deadline:
                     raise Unreachable(f"{self.address[0]}:{self.address[1]} unreachable: {err}") from None

@@ -118,3 +118,13 @@ def test_fault_syntax_errors_name_the_field():
         with pytest.raises(InvalidInputError) as err:
             Fault.parse(bad)
         assert err.value.field == "inject"
+
+
+def test_slow_worker_is_detected_and_replaced(tmp_path):
+    summary = run_job(LocalLauncher(tmp_path / "jobs"), spec("slow", samples=400_000), CONFIG, tmp_path,
+                      [Fault.parse("slow-worker@3s")])
+    assert summary["samples_lost"] == 0
+    healed = [e for e in summary["events"] if e.get("instability") == "straggler"]
+    assert healed and healed[0]["node"] == "worker-0" and "relaunched with 1 CPU" in healed[0]["healed"]
+    nodes = json.loads((tmp_path / "jobs" / "slow" / "job.json").read_text())["nodes"]
+    assert nodes["worker-0"]["cpu"] == CONFIG.worker_cpu  # the quota cut is undone

@@ -1,0 +1,211 @@
+"""Measurements of the training runtime on this machine (run alone: they time real processes).
+
+    python benchmarks/runtime.py grid [--out airflow_dlrover/data/local_grid.csv]
+    python benchmarks/runtime.py overhead
+    python benchmarks/runtime.py recovery
+    python benchmarks/runtime.py memory
+
+grid      throughput over w, p, λw, λp and batch (total cores ≤ this machine's), written as a sample
+          table, then the optimizer's fit on it: in-sample and leave-one-configuration-out MAPE.
+overhead  1 PS + 1 worker against the same DLRM trained in one process on the same cores.
+recovery  time from kill-worker / kill-ps to throughput back at 90 %, and the stall of a worker
+          add / remove and of a PS change.
+memory    peak memory per role against the memory model's prediction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from airflow_dlrover.launchers.cgroups import CgroupManager
+from airflow_dlrover.launchers.local import LocalLauncher
+from airflow_dlrover.launchers.run import Fault, run_job
+from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration
+from airflow_dlrover.runtime.spec import JobSpec
+
+WARMUP_S = 4.0
+MEASURE_S = 8.0
+
+
+def measure(launcher: LocalLauncher, config: Configuration, job_id: str, batch: int = 512) -> dict:
+    """Launch, wait for training to warm up, measure throughput and per-node usage, stop."""
+    spec = JobSpec(job_id=job_id, samples=50_000_000, batch_size=batch, checkpoint_interval_s=3600)
+    launcher.launch(spec, config)
+    try:
+        deadline = time.monotonic() + 60
+        while launcher.master_call(job_id, "/status")["samples_done"] == 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{job_id} did not start training")
+            time.sleep(0.2)
+        time.sleep(WARMUP_S)
+        before, t0 = launcher.metrics(job_id), time.monotonic()
+        done0 = before["status"]["samples_done"]
+        time.sleep(MEASURE_S)
+        after, t1 = launcher.metrics(job_id), time.monotonic()
+        seconds = t1 - t0
+        # samples done counts whole shards: use the workers' own sample counters instead
+        trained = sum(after["nodes"][n]["samples"] - before["nodes"].get(n, {}).get("samples", 0)
+                      for n in after["nodes"] if after["nodes"][n].get("role") == "worker")
+        usage = {role: [] for role in ("worker", "ps")}
+        for name, u in after["usage"].items():
+            if u["role"] in usage:
+                cpu = (u["cpu_seconds"] - before["usage"][name]["cpu_seconds"]) / seconds
+                usage[u["role"]].append((cpu, u["memory_mb"], u["memory_peak_mb"] or u["memory_mb"]))
+        return {**config.to_row(), "batch_size": batch, "throughput": trained / seconds,
+                "worker_cpu_used": float(np.mean([c for c, _, _ in usage["worker"]])),
+                "ps_cpu_used": float(np.mean([c for c, _, _ in usage["ps"]])),
+                "worker_memory_used_mb": float(np.mean([m for _, m, _ in usage["worker"]])),
+                "ps_memory_used_mb": float(np.mean([m for _, m, _ in usage["ps"]])),
+                "worker_memory_peak_mb": float(max(p for _, _, p in usage["worker"])),
+                "ps_memory_peak_mb": float(max(p for _, _, p in usage["ps"]))}
+    finally:
+        launcher.stop(job_id)
+
+
+GRID = [(w, p, lw, lp) for w in (1, 2, 3) for p in (1, 2) for lw in (0.5, 1.0) for lp in (0.25, 0.5, 1.0)
+        if w * lw + p * lp <= 2.0]
+BATCH_VARIANTS = [((1, 1, 1.0, 0.5), 256), ((1, 1, 1.0, 0.5), 1024), ((2, 1, 0.5, 0.5), 1024)]
+
+
+def cmd_grid(args) -> None:
+    from airflow_dlrover.optimizer.model import fit_throughput
+
+    runs = [(c, 512) for c in GRID] + BATCH_VARIANTS
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        launcher = LocalLauncher(tmp, CgroupManager())
+        for i, ((w, p, lw, lp), batch) in enumerate(runs):
+            config = Configuration(w, p, lw, lp, 2048, 1024, 0, batch)
+            row = measure(launcher, config, f"grid-{i}", batch)
+            rows.append(row)
+            print(f"{i + 1:2d}/{len(runs)} w={w} p={p} λw={lw:g} λp={lp:g} B={batch}: "
+                  f"{row['throughput']:8.0f} samples/s  worker cpu {row['worker_cpu_used']:.2f}  ps cpu {row['ps_cpu_used']:.2f}",
+                  flush=True)
+    table = pd.DataFrame(rows)
+    table.round(3).to_csv(args.out, index=False)
+    model = fit_throughput(table, leave_one_out=True)
+    report = model.report
+    print(f"\nwrote {len(table)} samples to {args.out}")
+    print(f"fit: q={model.sharpness:g}  in-sample MAPE {report.in_sample_mape:.1%}  "
+          f"leave-one-configuration-out MAPE {report.out_of_sample_mape:.1%}  pinned {sorted(report.pinned)}")
+
+
+def single_process_throughput(spec: JobSpec, threads: int, seconds: float) -> float:
+    """The same DLRM (embeddings as local torch EmbeddingBags, same optimizers) in one process."""
+    import torch
+
+    from airflow_dlrover.runtime.dlrm import build_model
+    from airflow_dlrover.runtime.worker import source_for
+
+    torch.set_num_threads(threads)
+    model = build_model(spec)
+    tables = torch.nn.ModuleList(torch.nn.Embedding(n, spec.embedding_dim, sparse=True) for n in spec.table_sizes)
+    dense_opt = torch.optim.Adam(model.parameters(), lr=spec.dense_learning_rate)
+    sparse_opt = torch.optim.SparseAdam(tables.parameters(), lr=spec.learning_rate)  # sparse-capable
+    source = source_for(spec)
+    done, start, offset = 0, time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        batch = source.samples(offset, offset + spec.batch_size)
+        offset += spec.batch_size
+        sparse = torch.from_numpy(batch.sparse)
+        embedded = torch.stack([tables[t](sparse[:, t]) for t in range(len(tables))], dim=1)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(
+            model(torch.from_numpy(batch.dense), embedded), torch.from_numpy(batch.label))
+        dense_opt.zero_grad()
+        sparse_opt.zero_grad()
+        loss.backward()
+        dense_opt.step()
+        sparse_opt.step()
+        done += len(batch)
+    return done / (time.perf_counter() - start)
+
+
+def cmd_overhead(args) -> None:
+    """1 worker (1 core) + 1 PS (0.5 core) against one process with 1.5 cores (same cgroup quota)."""
+    from airflow_dlrover.launchers.cgroups import Limits
+
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        launcher = LocalLauncher(tmp, CgroupManager())
+        for repeat in range(args.repeats):
+            ps_row = measure(launcher, Configuration(1, 1, 1.0, 0.5, 2048, 1024), f"overhead-{repeat}")
+            # the single process gets the same 1.5 cores through its own cgroup
+            manager = CgroupManager("dlrover-bench")
+            group = manager.create("single", f"r{repeat}", Limits(1.5, 4096))
+            group.add_pid(os.getpid())
+            spec = JobSpec(job_id="single", samples=10**9)
+            single = single_process_throughput(spec, threads=1, seconds=MEASURE_S + WARMUP_S)
+            results.append((ps_row["throughput"], single))
+            print(f"repeat {repeat + 1}: PS architecture {ps_row['throughput']:.0f} samples/s, single process {single:.0f}")
+    ratios = [a / b for a, b in results]
+    print(f"median ratio PS/single = {statistics.median(ratios):.2f} (target ≥ 0.7) over {len(ratios)} repeats")
+
+
+def cmd_recovery(args) -> None:
+    """Time from a kill to throughput back at 90 % of its pre-fault median; resize stalls."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for fault in ("kill-worker@12s", "kill-ps@12s"):
+            launcher = LocalLauncher(Path(tmp) / fault, CgroupManager())
+            spec = JobSpec(job_id="rec", samples=600_000, checkpoint_interval_s=5)
+            summary = run_job(launcher, spec, Configuration(2, 1, 0.75, 0.5, 2048, 1024), Path(tmp) / fault / "out",
+                              [Fault.parse(fault)])
+            series = pd.DataFrame(summary["throughput_series"])
+            at = Fault.parse(fault).at_s
+            before = series[(series.time_s > at - 6) & (series.time_s < at)].throughput.median()
+            after = series[(series.time_s > at + 0.5) & (series.throughput >= 0.9 * before)]
+            back = after.time_s.min() - at if len(after) else float("nan")
+            print(f"{fault:16s} throughput before {before:7.0f}; back to 90 % after {back:5.1f} s; "
+                  f"lost {summary['samples_lost']}, duplicated {summary['samples_duplicated']}")
+        launcher = LocalLauncher(Path(tmp) / "resize", CgroupManager())
+        spec = JobSpec(job_id="resize", samples=600_000, checkpoint_interval_s=5)
+        resizes = [(8.0, Configuration(3, 1, 0.5, 0.5, 2048, 1024)), (14.0, Configuration(2, 1, 0.5, 0.5, 2048, 1024)),
+                   (20.0, Configuration(2, 2, 0.5, 0.25, 2048, 1024))]
+        summary = run_job(launcher, spec, Configuration(2, 1, 0.5, 0.5, 2048, 1024), Path(tmp) / "resize" / "out",
+                          resizes=resizes)
+        for event in (e for e in summary["events"] if "resize" in e):
+            print(f"resize {', '.join(event['actions'])}: the call took {event['seconds']:.2f} s")
+        print(f"lost {summary['samples_lost']}, duplicated {summary['samples_duplicated']}")
+
+
+def cmd_memory(args) -> None:
+    from airflow_dlrover.optimizer.memory import fit_memory
+
+    grid = pd.read_csv(args.grid)
+    model = fit_memory(grid)
+    print(f"memory model from {args.grid}: PS {model.ps_base_mb:.0f} + {model.table_mb:.0f}/p MB, "
+          f"worker {model.worker_base_mb:.0f} + {model.activation_mb_per_sample:.3f}×B MB")
+    print(f"{'config':28s} {'PS peak':>8s} {'predicted':>9s} {'worker peak':>11s} {'predicted':>9s}")
+    for _, row in grid.iterrows():
+        label = f"w={row.workers} p={row.ps} λw={row.worker_cpu:g} λp={row.ps_cpu:g} B={row.batch_size}"
+        print(f"{label:28s} {row.ps_memory_peak_mb:8.0f} {float(model.ps_peak_mb(row.ps)):9.0f} "
+              f"{row.worker_memory_peak_mb:11.0f} {float(model.worker_peak_mb(row.batch_size)):9.0f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("grid")
+    p.add_argument("--out", default="airflow_dlrover/data/local_grid.csv")
+    p.set_defaults(func=cmd_grid)
+    p = sub.add_parser("overhead")
+    p.add_argument("--repeats", type=int, default=3)
+    p.set_defaults(func=cmd_overhead)
+    sub.add_parser("recovery").set_defaults(func=cmd_recovery)
+    p = sub.add_parser("memory")
+    p.add_argument("--grid", default="airflow_dlrover/data/local_grid.csv")
+    p.set_defaults(func=cmd_memory)
+    args = parser.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
