@@ -6,7 +6,7 @@ For each simulated system (default physics; a hot-PS skew; a PS-heavy model) and
 design, fit the model and report: the sharpness q chosen, in-sample MAPE, leave-one-configuration-
 out (LOCO) MAPE, MAPE on held-out configurations (noise-free simulation, within 64 cores), and how
 often the 90 % band covers the truth. Then a warm start: yesterday's model (of the same system, or
-of one whose dense part is 25 % slower) plus the 2 warm probes, against a cold start on 9 probes.
+of one whose dense part is 25 % slower) plus the 2 warm probes, against a cold start on the cold probes.
 ``--write-example`` also writes the demo's bundled profile table (airflow_dlrover/data/).
 """
 
@@ -46,7 +46,7 @@ def designs(physics: Physics) -> dict[str, pd.DataFrame]:
     probes = design_probes(QUOTA)[["workers", "ps", "worker_cpu", "ps_cpu"]]
     extra = candidate_configs(13, seed=11)
     return {
-        "9 cold probes × 3 windows": simulate_samples(probes, physics, windows=3, seed=1),
+        f"{len(probes)} cold probes × 3 windows": simulate_samples(probes, physics, windows=3, seed=1),
         "probes + 5 random × 2": simulate_samples(pd.concat([probes, extra.iloc[:5]]), physics, windows=2, seed=2),
         "probes + 13 random × 2": simulate_samples(pd.concat([probes, extra]), physics, windows=2, seed=3),
     }

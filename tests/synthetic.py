@@ -9,12 +9,13 @@ import pandas as pd
 
 from airflow_dlrover.optimizer.model import PARAMETERS, features
 
-TRUE_THETA = dict(overhead=0.02, worker_compute=4e-4, gpu_compute=0.0, ps_latency=3e-5, ps_service=1.5e-4, network=2e-5, contention=1e-5, io=5e-6)
+TRUE_THETA = dict(overhead=0.02, worker_compute=4e-4, gpu_compute=0.0, ps_latency=3e-5, ps_service=1.5e-4, ps_request=2e-3, network=2e-5, contention=1e-5, io=5e-6)
 
 #: A design that exercises every CPU parameter.
 DIVERSE_CONFIGS = [
     (1, 1, 1, 1), (2, 1, 1, 1), (4, 2, 2, 1), (8, 2, 1, 2), (2, 2, 4, 4),
     (8, 4, 2, 1), (4, 1, 2, 4), (16, 4, 1, 1), (16, 2, 2, 4), (1, 2, 4, 0.5),
+    (3, 3, 2, 0.5), (6, 2, 4, 2),
 ]
 
 

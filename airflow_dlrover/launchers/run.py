@@ -169,9 +169,9 @@ def _node_rows(metrics, before, seconds, now) -> list[dict[str, Any]]:
 
 
 def _heal(launcher, job_id, history, now) -> list[dict[str, Any]]:
-    """Run the optimizer's detectors; heal what a relaunch heals (a straggler gets a fresh worker
-    with the planned CPU; a worker at OOM risk gets its memory raised before the kill); record
-    the rest (a hot PS is reported with its proposed CPU: the plan, not the launcher, changes it)."""
+    """Run the optimizer's detectors and heal: a straggler gets a fresh worker with the planned
+    CPU; a worker at OOM risk is relaunched with more memory before the kill; a hot PS gets the
+    proposed CPU quota in place (cgroup, no restart). Every event is recorded with its evidence."""
     from airflow_dlrover.optimizer.instability import detect
 
     table = pd.DataFrame(history)
@@ -188,6 +188,9 @@ def _heal(launcher, job_id, history, now) -> list[dict[str, Any]]:
         elif event.kind == "oom_risk" and event.node.startswith("worker"):
             launcher.relaunch(job_id, event.node, memory_mb=event.action.value)
             record["healed"] = f"relaunched with {event.action.value:g} MB"
+        elif event.kind == "hot_ps":
+            launcher.set_cpu(job_id, event.node, event.action.value)  # in place: the PS keeps its rows
+            record["healed"] = f"CPU quota raised to {event.action.value:g} in place"
         events.append(record)
         history[:] = [h for h in history if h["node"] != event.node]  # judge the new node afresh
     return events

@@ -12,6 +12,9 @@ time is a sum of worker compute, PS service and communication terms), the time o
                                                  but a CFS quota below one core stretches it
            + θ_ps_service     · w · B / (p·λp)   lookups + sparse updates: the rows of all w
                                                  workers spread over p PS with λp cores each
+           + θ_ps_request     · w / λp           the fixed cost of a request at a PS (decode,
+                                                 dispatch, reply): every step sends one to each
+                                                 PS, so this PS load does not shrink with p
            + θ_network        · w · B / p        the same rows through the p PS network links
            + θ_contention     · w²·B / (p²·λp)   lock/queue contention: each PS's per-row cost
                                                  grows with its concurrent clients (w/p), which
@@ -22,7 +25,7 @@ time is a sum of worker compute, PS service and communication terms), the time o
 and the job throughput is X = w·B / t_step. Each term, alone, bounds the throughput:
 
     X ≤ 1/t_k(x)   with t_k(x) = θ_k · f_k(x) and
-    f = [1/(w·B), 1/(w·λw), 1/(w·g), 1/(w·p·min(λp,1)), 1/(p·λp), 1/p, w/(p²·λp), 1]
+    f = [1/(w·B), 1/(w·λw), 1/(w·g), 1/(w·p·min(λp,1)), 1/(p·λp), 1/(λp·B), 1/p, w/(p²·λp), 1]
 
 — X ≤ w·λw/θ_worker_compute (worker cores), X ≤ p·λp/θ_ps_service (PS cores), X ≤ p/θ_network
 (links), X ≤ 1/θ_io (a plateau more resources cannot lift: what keeps the fine-tune policy still
@@ -68,20 +71,22 @@ from airflow_dlrover.optimizer.types import (
 )
 
 PARAMETERS = (
-    "overhead", "worker_compute", "gpu_compute", "ps_latency", "ps_service", "network", "contention", "io"
+    "overhead", "worker_compute", "gpu_compute", "ps_latency", "ps_service", "ps_request", "network",
+    "contention", "io",
 )
 
 #: Order in which parameters are admitted when the samples identify only some of them: the
 #: simplest explanation first (cores on each side), refinements last.
 _IDENTIFY_ORDER = (
-    "ps_service", "worker_compute", "gpu_compute", "overhead", "ps_latency", "network", "contention", "io"
+    "ps_service", "worker_compute", "gpu_compute", "overhead", "ps_latency", "ps_request", "network",
+    "contention", "io",
 )
 
 
 def features(
     workers: Any, ps: Any, worker_cpu: Any, ps_cpu: Any, worker_gpu: Any, batch_size: Any
 ) -> np.ndarray:
-    """The design row f(x) of each configuration, so that 1/X = f(x)·θ. Shape (n, 8)."""
+    """The design row f(x) of each configuration, so that 1/X = f(x)·θ. Shape (n, 9)."""
     w = np.asarray(workers, dtype=float)
     p = np.asarray(ps, dtype=float)
     lw = np.asarray(worker_cpu, dtype=float)
@@ -97,6 +102,7 @@ def features(
             np.where(on_gpu, 1.0 / (w * np.maximum(g, 1.0)), 0.0),
             1.0 / (w * p * np.minimum(lp, 1.0)),
             1.0 / (p * lp),
+            1.0 / (lp * b),
             1.0 / p,
             w / (p * p * lp),
             np.ones_like(w),

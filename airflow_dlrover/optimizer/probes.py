@@ -25,7 +25,7 @@ from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, InvalidInputError, Q
 #: θ₀ for a cold-start design: only its rough proportions matter (which term dominates where).
 #: From a fit of our queueing simulation of a small CPU DLRM (benchmarks/accuracy.py).
 DESIGN_GUESS = dict(
-    overhead=2e-3, worker_compute=4e-4, gpu_compute=4e-5, ps_latency=5e-5, ps_service=1e-4, network=1e-5, contention=1e-6, io=1e-6
+    overhead=2e-3, worker_compute=4e-4, gpu_compute=4e-5, ps_latency=5e-5, ps_service=1e-4, ps_request=1e-5, network=1e-5, contention=1e-6, io=1e-6
 )
 
 

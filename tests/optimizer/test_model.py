@@ -23,7 +23,7 @@ def test_noiseless_fit_recovers_known_parameters():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.floats(min_value=-1.0, max_value=1.0), min_size=6, max_size=6))
+@given(st.lists(st.floats(min_value=-1.0, max_value=1.0), min_size=8, max_size=8))
 def test_recovery_holds_across_parameter_space(log_factors):
     theta = dict(TRUE_THETA)
     for name, factor in zip(CPU_PARAMS, log_factors):

@@ -13,7 +13,7 @@ def test_cold_design_identifies_every_cpu_parameter_cheaply(cpu):
     quota = Quota(cpu=cpu, memory_mb=256 * 1024)
     probes = design_probes(quota)
     assert list(probes.columns) == list(CONFIG_COLUMNS)
-    assert len(probes) == 7 + C.PROBES_BEYOND_PARAMETERS  # seven CPU parameters
+    assert len(probes) == 8 + C.PROBES_BEYOND_PARAMETERS  # eight CPU parameters
     cores = probes.workers * probes.worker_cpu + probes.ps * probes.ps_cpu
     assert (cores <= max(cpu * C.PROBE_QUOTA_FRACTION, 2)).all()
     assert not probes.duplicated().any()
@@ -34,7 +34,7 @@ def test_a_tiny_probing_budget_reports_what_it_cannot_identify():
     assert len(probes) == 5  # every configuration that fits
     configs = list(probes[["workers", "ps", "worker_cpu", "ps_cpu"]].itertuples(index=False, name=None))
     model = fit_throughput(model_samples(configs=configs), sharpness=1.0, leave_one_out=False)
-    assert set(model.report.pinned) == {"gpu_compute", "contention", "io"}
+    assert set(model.report.pinned) == {"gpu_compute", "network", "contention", "io"}
     assert model.report.pinned["io"] == "5 configurations cannot identify every parameter; set to 0"
 
 
