@@ -20,7 +20,7 @@ CGROUPS = CgroupManager()
 needs_cgroups = pytest.mark.skipif(
     CGROUPS.mode == "advisory", reason=f"needs writable cgroups for real limits: {CGROUPS.advisory_reason}"
 )
-CRITEO = Path(__file__).resolve().parents[3] / "shared" / "data" / "criteo_sample.csv"
+CRITEO = Path(__file__).resolve().parents[1] / "data" / "criteo_sample.csv"
 
 
 def spec(job_id, **changes):

@@ -22,8 +22,8 @@ from airflow_dlrover.runtime.data import (
     roc_auc,
 )
 
-CRITEO_SAMPLE = Path("/work/shared/data/criteo_sample.csv")
-AVAZU_SAMPLE = Path("/work/shared/data/avazu_sample.csv")
+CRITEO_SAMPLE = Path(__file__).resolve().parents[1] / "data" / "criteo_sample.csv"
+AVAZU_SAMPLE = Path(__file__).resolve().parents[1] / "data" / "avazu_sample.csv"
 needs_samples = pytest.mark.skipif(not CRITEO_SAMPLE.exists(), reason="shared Criteo sample not present")
 
 SMALL = FeatureSpec(num_dense=13, table_sizes=(2, 3, 17, 1000, 50_000, 10_000))
