@@ -47,7 +47,7 @@ def test_training_learns_and_writes_profile_samples(tmp_path):
                                    pytest.param("oom-worker@4s", marks=needs_cgroups)])
 def test_each_fault_is_recovered_and_loses_nothing(tmp_path, fault):
     config = Configuration(2, 1, 1.0, 0.5, 768 if fault.startswith("oom") else 2048, 1024)
-    job = spec(fault.split("@")[0])
+    job = spec(fault.split("@")[0], samples=300_000)  # the fault lands mid-training (~40k samples/s here)
     summary = run_job(LocalLauncher(tmp_path / "jobs"), job, config, tmp_path, [Fault.parse(fault)])
     assert summary["samples_lost"] == 0
     assert summary["samples_duplicated"] <= job.shard_size  # at most one shard per failure
