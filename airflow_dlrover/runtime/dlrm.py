@@ -62,19 +62,3 @@ def load_flat(model: nn.Module, flat: np.ndarray) -> None:
 
 def flat_gradients(model: nn.Module) -> np.ndarray:
     return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).numpy().astype(np.float32)
-
-
-def auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """Area under the ROC curve by the rank statistic (ties averaged)."""
-    labels = np.asarray(labels).astype(bool)
-    positives, negatives = labels.sum(), (~labels).sum()
-    if positives == 0 or negatives == 0:
-        return float("nan")
-    order = np.argsort(scores, kind="mergesort")
-    ranks = np.empty(len(scores), dtype=float)
-    sorted_scores = np.asarray(scores)[order]
-    # average ranks over ties
-    _, first, counts = np.unique(sorted_scores, return_index=True, return_counts=True)
-    average = first + (counts + 1) / 2.0
-    ranks[order] = np.repeat(average, counts)
-    return float((ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * negatives))

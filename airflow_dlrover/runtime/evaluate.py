@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from airflow_dlrover.runtime.dlrm import auc, build_model, load_flat
+from airflow_dlrover.runtime.data import roc_auc
+from airflow_dlrover.runtime.dlrm import build_model, load_flat
 from airflow_dlrover.runtime.spec import JobSpec
-from airflow_dlrover.runtime.transport import Peer
-from airflow_dlrover.runtime.worker import source_for
+from airflow_dlrover.runtime.transport import Peer, parse_address
+from airflow_dlrover.runtime.worker import gather, route, source_for
 
 
 def held_out_range(spec: JobSpec, source) -> tuple[int, int]:
@@ -23,7 +24,7 @@ def evaluate(spec: JobSpec, ps_addresses: list[str], generation: int, batch_size
     start, stop = held_out_range(spec, source)
     if stop <= start:
         return {"loss": float("nan"), "auc": float("nan"), "samples": 0}
-    peers = [Peer((a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1])), spec.key) for a in ps_addresses]
+    peers = [Peer(parse_address(a), spec.key) for a in ps_addresses]
     p = len(peers)
     model = build_model(spec)
     model.eval()
@@ -32,18 +33,14 @@ def evaluate(spec: JobSpec, ps_addresses: list[str], generation: int, batch_size
         dense_loaded = False
         for offset in range(start, stop, batch_size):
             batch = source.samples(offset, min(offset + batch_size, stop))
-            uniques, inverses = zip(*(np.unique(batch.sparse[:, t], return_inverse=True) for t in range(batch.sparse.shape[1])))
-            replies = [peers[k].call("lookup", generation=generation, ids=[u[u % p == k] for u in uniques], dense=not dense_loaded and k == 0)
+            uniques, inverses, owner = route(batch.sparse, p)
+            replies = [peers[k].call("lookup", generation=generation, ids=owner[k], dense=not dense_loaded and k == 0)
                        for k in range(p)]
             if not dense_loaded:
                 load_flat(model, replies[0]["dense"])
                 dense_loaded = True
-            embedded = []
-            for t, u in enumerate(uniques):
-                rows = np.empty((len(u), spec.embedding_dim), dtype=np.float32)
-                for k in range(p):
-                    rows[u % p == k] = replies[k]["rows"][t]
-                embedded.append(rows[inverses[t]])
+            rows = gather(uniques, replies, spec.embedding_dim)
+            embedded = [r[inverse] for r, inverse in zip(rows, inverses)]
             with torch.no_grad():
                 logits = model(torch.from_numpy(batch.dense), torch.from_numpy(np.stack(embedded, axis=1)))
                 label = torch.from_numpy(batch.label)
@@ -54,4 +51,4 @@ def evaluate(spec: JobSpec, ps_addresses: list[str], generation: int, batch_size
         for peer in peers:
             peer.close()
     y, s = np.concatenate(labels), np.concatenate(scores)
-    return {"loss": sum(losses) / len(y), "auc": auc(y, s), "samples": int(len(y))}
+    return {"loss": sum(losses) / len(y), "auc": roc_auc(y, s), "samples": int(len(y))}

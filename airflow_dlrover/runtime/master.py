@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_dlrover.runtime.spec import JobSpec
-from airflow_dlrover.runtime.transport import Peer
+from airflow_dlrover.runtime.transport import Peer, parse_address
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class Master:
     def _connect_ps(self) -> None:
         for peer in self.peers:
             peer.close()
-        self.peers = [Peer(_address(a), self.spec.key, retry_s=30.0) for a in self.ps_addresses]
+        self.peers = [Peer(parse_address(a), self.spec.key, retry_s=30.0) for a in self.ps_addresses]
 
     # -- shards --------------------------------------------------------------------------------
     def _status_of(self, shard: int) -> str:
@@ -313,11 +313,6 @@ class Master:
 
     def ledger(self) -> list[int]:
         return self.peers[0].call("ledger") if self.peers else [0] * self.spec.num_shards
-
-
-def _address(text: str) -> tuple[str, int]:
-    host, port = text.rsplit(":", 1)
-    return host, int(port)
 
 
 class _Handler(BaseHTTPRequestHandler):

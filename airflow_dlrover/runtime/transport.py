@@ -35,6 +35,12 @@ def _no_delay(conn: Connection) -> Connection:
     return conn
 
 
+def parse_address(text: str) -> tuple[str, int]:
+    """``"host:port"`` → ``(host, port)``."""
+    host, port = text.rsplit(":", 1)
+    return host, int(port)
+
+
 class RemoteError(RuntimeError):
     """The peer raised while serving a request."""
 

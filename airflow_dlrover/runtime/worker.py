@@ -20,13 +20,31 @@ import torch
 
 from airflow_dlrover.runtime.dlrm import build_model, flat_gradients, flat_parameters, load_flat
 from airflow_dlrover.runtime.spec import JobSpec
-from airflow_dlrover.runtime.transport import Peer, RemoteError, Unreachable
+from airflow_dlrover.runtime.transport import Peer, RemoteError, Unreachable, parse_address
 
 log = logging.getLogger(__name__)
 
 REPORT_INTERVAL_S = 1.0
 MASTER_RETRY_S = 120.0  # a master restart takes seconds; give it time before giving up
 PS_RETRY_S = 10.0  # a PS that stays away this long was replaced: ask the master for the cluster
+
+
+def route(sparse: np.ndarray, p: int) -> tuple[list[np.ndarray], list[np.ndarray], list[list[np.ndarray]]]:
+    """Unique ids of each table, the maps back to the batch, and each PS's share (id ≡ k mod p)."""
+    uniques, inverses = zip(*(np.unique(sparse[:, t], return_inverse=True) for t in range(sparse.shape[1])))
+    return list(uniques), list(inverses), [[u[u % p == k] for u in uniques] for k in range(p)]
+
+
+def gather(uniques: list[np.ndarray], replies: list[dict[str, Any]], dim: int) -> list[np.ndarray]:
+    """Each table's unique rows in the order of ``uniques``, reassembled from the PS replies."""
+    p = len(replies)
+    out = []
+    for t, u in enumerate(uniques):
+        rows = np.empty((len(u), dim), dtype=np.float32)
+        for k in range(p):
+            rows[u % p == k] = replies[k]["rows"][t]
+        out.append(rows)
+    return out
 
 
 class MasterClient:
@@ -85,8 +103,7 @@ class Worker:
         if ps != self.ps_addresses:
             for peer in self.peers:
                 peer.close()
-            self.peers = [Peer((a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1])), self.spec.key, retry_s=PS_RETRY_S)
-                          for a in ps]
+            self.peers = [Peer(parse_address(a), self.spec.key, retry_s=PS_RETRY_S) for a in ps]
             self.pool = ThreadPoolExecutor(max_workers=len(ps))
             self.ps_addresses = list(ps)
         if generation != self.generation:
@@ -131,26 +148,15 @@ class Worker:
     def _step(self, shard: int, batch) -> None:
         p = len(self.peers)
         t0 = time.perf_counter()
-        # Unique ids per table, routed to their PS by id % p.
-        uniques, inverses = [], []
-        for t in range(batch.sparse.shape[1]):
-            u, inv = np.unique(batch.sparse[:, t], return_inverse=True)
-            uniques.append(u)
-            inverses.append(inv)
-        owner = [[u[u % p == k] for u in uniques] for k in range(p)]
+        uniques, inverses, owner = route(batch.sparse, p)
         t1 = time.perf_counter()
         replies = list(self.pool.map(
             lambda k: self.peers[k].call("lookup", generation=self.generation, ids=owner[k], dense=k == 0), range(p)
         ))
         t2 = time.perf_counter()
         load_flat(self.model, replies[0]["dense"])
-        # Reassemble each table's unique rows in the order of ``uniques``.
-        rows = []
-        for t, u in enumerate(uniques):
-            table_rows = np.empty((len(u), self.spec.embedding_dim), dtype=np.float32)
-            for k in range(p):
-                table_rows[u % p == k] = replies[k]["rows"][t]
-            rows.append(torch.from_numpy(table_rows).to(self.device).requires_grad_(True))
+        rows = [torch.from_numpy(r).to(self.device).requires_grad_(True)
+                for r in gather(uniques, replies, self.spec.embedding_dim)]
         embedded = torch.stack([rows[t][torch.from_numpy(inverses[t]).to(self.device)] for t in range(len(rows))], dim=1)
         dense = torch.from_numpy(batch.dense).to(self.device)
         label = torch.from_numpy(batch.label).to(self.device)
