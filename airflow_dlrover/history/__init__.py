@@ -1,0 +1,1 @@
+"""SQLAlchemy history of jobs, runs, samples, models, plans, decisions and events."""

@@ -1,0 +1,56 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from airflow_dlrover.history.store import SAMPLE_COLUMNS, HistoryStore
+from airflow_dlrover.optimizer.job_model import fit_job_model
+from synthetic import model_samples
+
+
+@pytest.fixture()
+def store(tmp_path):
+    return HistoryStore(f"sqlite:///{tmp_path / 'history.db'}")
+
+
+def test_runs_are_keyed_by_job_and_reopened_on_retry(store):
+    first = store.start_run("ctr", "2026-11-29")
+    assert store.start_run("ctr", "2026-11-29") == first  # an Airflow retry reopens its run
+    other = store.start_run("ctr", "2026-11-30")
+    assert other != first and store.start_run("video", "2026-11-30") not in (first, other)
+    store.finish_run(first, "success", {"samples_lost": 0})
+    runs = store.runs("ctr")
+    assert [r["run_key"] for r in runs] == ["2026-11-29", "2026-11-30"]
+    assert runs[0]["status"] == "success" and runs[0]["summary"] == {"samples_lost": 0} and runs[0]["finished"]
+
+
+def test_samples_round_trip_in_the_vocabulary(store):
+    table = model_samples(noise=0.02, seed=1).assign(timestamp=np.arange(12.0))
+    run = store.start_run("ctr", "d1")
+    assert store.add_samples(run, table) == len(table)
+    store.add_samples(store.start_run("other", "d1"), table.iloc[:2])
+    back = store.samples("ctr")
+    assert list(back.columns) == list(SAMPLE_COLUMNS)
+    pd.testing.assert_frame_equal(back[list(table.columns)].astype(float), table.astype(float), check_dtype=False)
+    assert back["samples_seen"].isna().all()  # not measured: stays empty, not 0
+    assert len(store.samples("ctr", stage="train")) == 0
+
+
+def test_next_day_finds_yesterdays_model(store):
+    yesterday = store.start_run("ctr", "2026-11-29")
+    model = fit_job_model(model_samples(), leave_one_out=False)
+    store.save_model(yesterday, model)
+    today = store.start_run("ctr", "2026-11-30")
+    found = store.latest_model("ctr", before_run=today)
+    assert found is not None and found.throughput.params == model.throughput.params
+    assert found.memory == model.memory
+    assert store.latest_model("video") is None
+
+
+def test_plans_decisions_and_events(store):
+    run = store.start_run("ctr", "d1")
+    store.add(run, "plan", {"workers": 4, "reason": "max throughput"})
+    store.add(run, "decision", {"action": "keep"})
+    store.add(run, "decision", {"action": "resize"})
+    assert [d["action"] for d in store.records(run, "decision")] == ["keep", "resize"]
+    with pytest.raises(ValueError, match="kind='note' is invalid"):
+        store.add(run, "note", {})
