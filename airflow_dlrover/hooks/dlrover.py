@@ -104,6 +104,12 @@ class DLRoverHook(BaseHook):
             )
         return settings_from_extras(connection.extra_dejson, self.dlrover_conn_id)
 
+    def get_history(self):
+        """The history store the connection names (default: SQLite under ``AIRFLOW_HOME``)."""
+        from airflow_dlrover.history.store import HistoryStore
+
+        return HistoryStore(self.settings.history_url)
+
     def test_connection(self) -> tuple[bool, str]:
         try:
             settings = self.settings

@@ -146,11 +146,11 @@ class LocalLauncher:
 
     def _node_state(self, job_id: str, node: dict[str, Any]) -> tuple[str, int | None, str, int]:
         """(state, exit code, reason, oom kills since start) of a node's process."""
+        if node.get("state") == STOPPED:
+            return STOPPED, None, "stopped", 0
         exit_file = self.job_dir(job_id) / "exit" / f"{node['name']}.code"
         group = self.cgroups.create(job_id, node["name"], Limits(node["cpu"], node["memory_mb"]))
         ooms = group.usage().oom_kills - node.get("oom_base", 0)
-        if node.get("state") == STOPPED:
-            return STOPPED, None, "stopped", ooms
         alive = False
         try:
             process = psutil.Process(node["pid"])
@@ -198,11 +198,14 @@ class LocalLauncher:
     def launch(self, spec: JobSpec, config: Configuration) -> str:
         """Start master, PS and workers for ``config``; adopt the job if it already runs."""
         folder = self.job_dir(spec.job_id)
-        if (folder / "job.json").exists():
+        resuming = (folder / "job.json").exists()
+        if resuming:
             job = self._read(spec.job_id)
             if self._node_state(spec.job_id, job["nodes"]["master"])[0] == RUNNING:
                 log.info("job %s already running: adopted", spec.job_id)
                 return spec.job_id
+            for node in job["nodes"].values():  # leftovers of a launch whose master died
+                self._kill(spec.job_id, node)
         folder.mkdir(parents=True, exist_ok=True)
         spec.save(folder / "spec.json")
         job = {"job_id": spec.job_id, "config": config.to_row(), "nodes": {}, "events": [], "resizes": 0,
@@ -213,6 +216,9 @@ class LocalLauncher:
         self._start(spec.job_id, job, "master")
         self._wait_ready(spec.job_id, job, ["master"])
         self._start_ps(spec.job_id, job, config)
+        if resuming and (folder / "master_state.json").exists():
+            # The master kept its shards; the new PS are empty: roll back to the last checkpoint.
+            self.master_call(spec.job_id, "/restore", {})
         for index in range(config.workers):
             self._add_worker(spec.job_id, job, config, index)
         return spec.job_id

@@ -59,3 +59,12 @@ def test_wrong_connection_type_is_refused(monkeypatch):
     _env_connection(monkeypatch, "not_ours", {}, conn_type="http")
     ok, message = DLRoverHook("not_ours").test_connection()
     assert not ok and "conn_type" in message
+
+
+def test_history_store_comes_from_the_connection(monkeypatch, tmp_path):
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    _env_connection(monkeypatch, "with_history", {"history_url": url})
+    store = DLRoverHook("with_history").get_history()
+    assert store.url == url
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "home"))
+    assert DLRoverHook().get_history().url == f"sqlite:///{tmp_path / 'home' / 'dlrover_history.db'}"

@@ -151,3 +151,27 @@ def test_slow_worker_is_detected_and_replaced(tmp_path):
     assert healed and healed[0]["node"] == "worker-0" and "relaunched with 1 CPU" in healed[0]["healed"]
     nodes = json.loads((tmp_path / "jobs" / "slow" / "job.json").read_text())["nodes"]
     assert nodes["worker-0"]["cpu"] == CONFIG.worker_cpu  # the quota cut is undone
+
+
+def test_relaunch_after_the_whole_job_died_resumes_from_the_checkpoint(tmp_path):
+    launcher = LocalLauncher(tmp_path / "jobs")
+    job = spec("resume", samples=2_000_000)
+    launcher.launch(job, CONFIG)
+    deadline = time.monotonic() + 60
+    while not launcher.master_call("resume", "/status")["checkpoint"]:
+        assert time.monotonic() < deadline, "no checkpoint within 60 s"
+        time.sleep(0.2)
+    for status in launcher.status("resume"):  # the machine lost every process of the job
+        launcher.kill_node("resume", status.name)
+    time.sleep(0.5)
+    checkpoint = json.loads((tmp_path / "jobs" / "resume" / "master_state.json").read_text())["checkpoints"][-1]
+    again = LocalLauncher(tmp_path / "jobs")
+    assert again.launch(job, CONFIG) == "resume"
+    try:
+        status = again.master_call("resume", "/status")
+        assert status["counters"]["restores"] >= 1
+        done = len(json.loads((Path(checkpoint["path"]) / "manifest.json").read_text())["done"])
+        assert status["shards"]["done"] >= done > 0  # resumed, not restarted from zero
+        assert sum(again.master_call("resume", "/ledger")) >= done * job.shard_size
+    finally:
+        again.stop("resume")
