@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_dlrover.runtime.spec import JobSpec
-from airflow_dlrover.runtime.transport import Peer, parse_address
+from airflow_dlrover.runtime.transport import Peer, announce, parse_address
 
 log = logging.getLogger(__name__)
 
@@ -369,9 +369,7 @@ def serve(spec: JobSpec, workdir: Path, port: int = 0, ready_file: Path | None =
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     if ready_file is not None:
-        tmp = ready_file.with_suffix(".tmp")
-        tmp.write_text(f"127.0.0.1:{server.server_address[1]}")
-        os.replace(tmp, ready_file)
+        announce(ready_file, ("127.0.0.1", server.server_address[1]))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     last_checkpoint = time.monotonic()

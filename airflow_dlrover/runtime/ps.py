@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from airflow_dlrover.runtime.spec import JobSpec
-from airflow_dlrover.runtime.transport import Server
+from airflow_dlrover.runtime.transport import Server, announce
 
 log = logging.getLogger(__name__)
 
@@ -264,9 +264,7 @@ def serve(spec: JobSpec, index: int, count: int, port: int = 0, ready_file: Path
     ps = ParameterServer(spec, index, count)
     server = Server(ps.handle, spec.key, port=port).start()
     if ready_file is not None:
-        tmp = ready_file.with_suffix(".tmp")
-        tmp.write_text(f"{server.address[0]}:{server.address[1]}")
-        os.replace(tmp, ready_file)
+        announce(ready_file, server.address)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     stop.wait()

@@ -14,6 +14,7 @@ Payloads are pickled (numpy arrays included). Connections authenticate with the 
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -39,6 +40,13 @@ def parse_address(text: str) -> tuple[str, int]:
     """``"host:port"`` → ``(host, port)``."""
     host, port = text.rsplit(":", 1)
     return host, int(port)
+
+
+def announce(ready_file, address: tuple[str, int]) -> None:
+    """Write ``host:port`` to ``ready_file`` atomically: the launcher waits for it."""
+    tmp = ready_file.with_suffix(".tmp")
+    tmp.write_text(f"{address[0]}:{address[1]}")
+    os.replace(tmp, ready_file)
 
 
 class RemoteError(RuntimeError):

@@ -92,6 +92,8 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, USAGE_COLUMNS
+
 __all__ = [
     "CONFIG_COLUMNS",
     "MEASURED_COLUMNS",
@@ -102,25 +104,8 @@ __all__ = [
     "simulate_samples",
 ]
 
-#: The configuration columns of the project's vocabulary, in order.
-CONFIG_COLUMNS = (
-    "workers",
-    "ps",
-    "worker_cpu",
-    "ps_cpu",
-    "worker_memory_mb",
-    "ps_memory_mb",
-    "worker_gpu",
-    "batch_size",
-)
 #: The measured columns a profile sample adds to its configuration.
-MEASURED_COLUMNS = (
-    "throughput",
-    "worker_cpu_used",
-    "ps_cpu_used",
-    "worker_memory_used_mb",
-    "ps_memory_used_mb",
-)
+MEASURED_COLUMNS = ("throughput", *USAGE_COLUMNS)
 #: The columns of a simulated profile sample, in order.
 SAMPLE_COLUMNS = CONFIG_COLUMNS + MEASURED_COLUMNS
 #: Values used for optional configuration columns that are absent (or NaN).
