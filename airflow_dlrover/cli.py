@@ -138,7 +138,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> None:
     """Run one training job with the local launcher; write summary.json and samples.csv."""
     from airflow_dlrover.launchers.local import LocalLauncher
-    from airflow_dlrover.launchers.run import Fault, run_job
+    from airflow_dlrover.launchers.run import HOT_PS_SKEW, Fault, run_job
     from airflow_dlrover.optimizer.types import Configuration, parse_memory_mb
     from airflow_dlrover.runtime.spec import JobSpec
 
@@ -149,7 +149,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         batch_size=args.batch_size,
     )
     faults = [Fault.parse(text) for text in args.inject]
-    skew = 1.4 if any(f.kind == "hot-ps" for f in faults) else args.zipf_skew
+    skew = HOT_PS_SKEW if any(f.kind == "hot-ps" for f in faults) else args.zipf_skew
     out = Path(args.out)
     job_id = args.job_id or f"train-{int(time.time())}"
     samples, data = args.samples, args.data

@@ -268,6 +268,7 @@ class LocalLauncher:
             usage[name] = {"role": node["role"], "cpu_seconds": u.cpu_seconds, "memory_mb": u.memory_mb,
                            "memory_peak_mb": u.memory_peak_mb, "cpu": node["cpu"], "memory_limit_mb": node["memory_mb"]}
         metrics["usage"] = usage
+        metrics["usage_time"] = time.monotonic()  # when the usage was read (for CPU rates)
         return metrics
 
     def relaunch(self, job_id: str, node_name: str, cpu: float | None = None, memory_mb: float | None = None) -> NodeStatus:

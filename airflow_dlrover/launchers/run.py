@@ -36,8 +36,13 @@ log = logging.getLogger(__name__)
 POLL_S = 0.25
 WINDOW_S = 3.0  # profile-sample window (our choice: ≥ 3 worker reports per window)
 HISTORY_S = 30.0  # the instability detectors look at this much node history
+NODE_WARMUP_S = 10.0  # ... from this long after a node (re)started (our measurement: torch import + first rows)
 FAULT_KINDS = ("kill-worker", "kill-ps", "kill-master", "oom-worker", "slow-worker", "hot-ps")
 SLOW_WORKER_CPU_FRACTION = 0.25  # slow-worker cuts the worker's CPU quota to this fraction
+#: hot-ps trains on ids this skewed: with rows partitioned by id % p, the PS that holds the
+#: hottest ids takes ~2× the lookups of the others at p = 2 (data.py's measurement at skew 2.0:
+#: the busiest of 8 PS serves 64 % of the lookups)
+HOT_PS_SKEW = 2.0
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,7 @@ class Fault:
     @classmethod
     def parse(cls, text: str) -> "Fault":
         """``kill-worker@20s``, ``kill-ps@30s``, ``kill-master@15s``, ``oom-worker@10s``,
-        ``slow-worker@10s``, ``hot-ps`` (id skew, from the start); ``:N`` picks the node index."""
+        ``slow-worker@10s``, ``hot-ps`` (id skew ``HOT_PS_SKEW``, from the start); ``:N`` picks the node."""
         match = re.fullmatch(r"([a-z-]+)(?::(\d+))?(?:@(.+))?", text.strip())
         if not match or match.group(1) not in FAULT_KINDS:
             raise InvalidInputError("inject", text, f"one of {', '.join(f'{k}@<time>' for k in FAULT_KINDS)}")
@@ -76,7 +81,8 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
     rows: list[dict[str, Any]] = []
     series: list[dict[str, Any]] = []
     history: list[dict[str, Any]] = []  # per-node metrics windows for the instability detectors
-    window_start, window_usage = time.monotonic(), launcher.metrics(job_id)["usage"]
+    first = launcher.metrics(job_id)
+    window_start, window_usage = first["usage_time"], first["usage"]
     try:
         while True:
             now = time.time() - started
@@ -98,14 +104,15 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
             series.append({"time_s": now, "throughput": status["throughput"], "samples_done": status["samples_done"]})
             if time.monotonic() - window_start >= WINDOW_S:
                 metrics = launcher.metrics(job_id)
-                seconds = time.monotonic() - window_start
+                snapshot = metrics["usage_time"]
+                seconds = snapshot - window_start
                 row = _profile_row(launcher, job_id, metrics, window_usage, seconds, status)
                 if row:
                     rows.append(row)
-                history.extend(_node_rows(metrics, window_usage, seconds, now))
+                history.extend(_node_rows(launcher, job_id, metrics, window_usage, seconds, now))
                 history = [h for h in history if h["time_s"] > now - HISTORY_S]
                 events.extend(_heal(launcher, job_id, history, now))
-                window_start, window_usage = time.monotonic(), metrics["usage"]
+                window_start, window_usage = snapshot, metrics["usage"]
             if status["state"] == "done":
                 break
             if time.time() - started > timeout_s:
@@ -152,11 +159,14 @@ def _profile_row(launcher, job_id, metrics, before, seconds, status) -> dict[str
             "samples_seen": status["samples_done"], "timestamp": time.time()}
 
 
-def _node_rows(metrics, before, seconds, now) -> list[dict[str, Any]]:
-    """The instability detectors' metrics table: one row per node for this window."""
+def _node_rows(launcher, job_id, metrics, before, seconds, now) -> list[dict[str, Any]]:
+    """The instability detectors' metrics table: one row per node for this window. A node's first
+    ``NODE_WARMUP_S`` are left out: its memory ramps up while it imports torch and touches its
+    first rows, which a trend would read as a leak."""
+    started = {name: node.get("started", 0) for name, node in launcher._read(job_id)["nodes"].items()}
     rows = []
     for name, u in metrics["usage"].items():
-        if name not in before or u["role"] not in ("worker", "ps"):
+        if name not in before or u["role"] not in ("worker", "ps") or time.time() - started.get(name, 0) < NODE_WARMUP_S:
             continue
         report = metrics["nodes"].get(name, {})
         rows.append({
