@@ -158,8 +158,11 @@ def test_relaunch_after_the_whole_job_died_resumes_from_the_checkpoint(tmp_path)
     job = spec("resume", samples=2_000_000)
     launcher.launch(job, CONFIG)
     deadline = time.monotonic() + 60
-    while not launcher.master_call("resume", "/status")["checkpoint"]:
-        assert time.monotonic() < deadline, "no checkpoint within 60 s"
+    while True:  # wait for a checkpoint that holds trained shards
+        checkpoint = launcher.master_call("resume", "/status")["checkpoint"]
+        if checkpoint and json.loads((Path(checkpoint["path"]) / "manifest.json").read_text())["done"]:
+            break
+        assert time.monotonic() < deadline, "no checkpoint with trained shards within 60 s"
         time.sleep(0.2)
     for status in launcher.status("resume"):  # the machine lost every process of the job
         launcher.kill_node("resume", status.name)
