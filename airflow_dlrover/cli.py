@@ -158,8 +158,10 @@ def cmd_train(args: argparse.Namespace) -> None:
 
         rows = len(FileSource(data))
         samples = min(samples, int(rows * 0.8))
+    dim = args.embedding_dim
     spec = JobSpec(job_id=job_id, samples=samples, data=data, batch_size=args.batch_size, zipf_skew=skew,
-                   shard_size=args.shard_size, checkpoint_interval_s=args.checkpoint_interval, seed=args.seed)
+                   shard_size=args.shard_size, checkpoint_interval_s=args.checkpoint_interval, seed=args.seed,
+                   table_sizes=(args.table_size,) * 26, embedding_dim=dim, bottom_mlp=(64, dim))
     summary = run_job(LocalLauncher(out / "jobs"), spec, config, out, faults)
     keys = ("samples_expected", "samples_trained", "samples_lost", "samples_duplicated", "restarts", "resizes",
             "eval_auc", "eval_loss", "median_throughput", "wall_s")
@@ -221,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=2_000_000)
     p.add_argument("--shard-size", type=int, default=8192)
     p.add_argument("--data", default="synthetic", help="synthetic, or a Criteo-format file")
+    p.add_argument("--table-size", type=int, default=20_000, help="rows of each of the 26 embedding tables")
+    p.add_argument("--embedding-dim", type=int, default=16)
     p.add_argument("--zipf-skew", type=float, default=1.05)
     p.add_argument("--checkpoint-interval", type=float, default=30.0, help="seconds between checkpoints")
     p.add_argument("--seed", type=int, default=0)

@@ -98,3 +98,19 @@ def test_demo_runs_the_bundled_pipeline(tmp_path, capsys):
 def test_console_script_is_installed():
     result = subprocess.run([sys.executable, "-m", "airflow_dlrover.cli", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "plan" in result.stdout
+
+
+def test_train_runs_a_local_job_and_writes_its_files(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--workers", "1", "--ps", "1", "--worker-cpu", "1", "--ps-cpu", "0.5",
+                 "--worker-memory", "2Gi", "--ps-memory", "1Gi", "--batch-size", "256", "--samples", "40000",
+                 "--table-size", "5000", "--embedding-dim", "8", "--job-id", "cli", "--out", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out.split("\nwrote")[0])
+    assert printed["samples_expected"] == printed["samples_trained"] == 40_000 and printed["samples_lost"] == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["batch_size"] == 256 and summary["eval_auc"] > 0.5
+    spec = json.loads((out / "jobs" / "cli" / "spec.json").read_text())
+    assert spec["table_sizes"] == [5000] * 26 and spec["embedding_dim"] == 8
+    assert (out / "samples.csv").exists()
+    assert main(["train", "--inject", "kill-everything@3s", "--out", str(tmp_path / "bad")]) == 2
+    assert "inject='kill-everything@3s' is invalid" in capsys.readouterr().err
