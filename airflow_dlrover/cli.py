@@ -25,7 +25,13 @@ from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
 from airflow_dlrover.optimizer.planner import OBJECTIVES, plan
 from airflow_dlrover.optimizer.probes import design_probes
-from airflow_dlrover.optimizer.types import InvalidInputError, Quota, parse_duration_s
+from airflow_dlrover.optimizer.types import (
+    Configuration,
+    InvalidInputError,
+    Quota,
+    parse_duration_s,
+    parse_memory_mb,
+)
 
 EXAMPLE_SAMPLES = files("airflow_dlrover") / "data" / "example_profile.csv"
 
@@ -139,7 +145,6 @@ def cmd_train(args: argparse.Namespace) -> None:
     """Run one training job with the local launcher; write summary.json and samples.csv."""
     from airflow_dlrover.launchers.local import LocalLauncher
     from airflow_dlrover.launchers.run import HOT_PS_SKEW, Fault, run_job
-    from airflow_dlrover.optimizer.types import Configuration, parse_memory_mb
     from airflow_dlrover.runtime.spec import JobSpec
 
     config = Configuration(

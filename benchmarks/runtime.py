@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ import pandas as pd
 from airflow_dlrover.launchers.cgroups import CgroupManager
 from airflow_dlrover.launchers.local import LocalLauncher
 from airflow_dlrover.launchers.run import Fault, run_job
-from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration
+from airflow_dlrover.optimizer.types import Configuration
 from airflow_dlrover.runtime.spec import JobSpec
 
 WARMUP_S = 4.0
@@ -48,11 +47,10 @@ def measure(launcher: LocalLauncher, config: Configuration, job_id: str, batch: 
             time.sleep(0.2)
         time.sleep(WARMUP_S)
         before, t0 = launcher.metrics(job_id), time.monotonic()
-        done0 = before["status"]["samples_done"]
         time.sleep(MEASURE_S)
         after, t1 = launcher.metrics(job_id), time.monotonic()
         seconds = t1 - t0
-        # samples done counts whole shards: use the workers' own sample counters instead
+        # the master counts whole shards: use the workers' own sample counters
         trained = sum(after["nodes"][n]["samples"] - before["nodes"].get(n, {}).get("samples", 0)
                       for n in after["nodes"] if after["nodes"][n].get("role") == "worker")
         usage = {role: [] for role in ("worker", "ps")}

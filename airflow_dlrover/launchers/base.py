@@ -8,15 +8,15 @@ A launcher places a job's nodes (master, PS, workers) somewhere with the resourc
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from airflow_dlrover.optimizer.types import Configuration
 from airflow_dlrover.runtime.spec import JobSpec
 
 #: Node states. ``oom_killed`` and ``failed``/``lost`` are recovered by relaunching the node.
-RUNNING, SUCCEEDED, FAILED, OOM_KILLED, LOST, STOPPED, PENDING = (
-    "running", "succeeded", "failed", "oom_killed", "lost", "stopped", "pending"
+RUNNING, SUCCEEDED, FAILED, OOM_KILLED, LOST, STOPPED = (
+    "running", "succeeded", "failed", "oom_killed", "lost", "stopped"
 )
 FAILED_STATES = (FAILED, OOM_KILLED, LOST)
 
@@ -36,9 +36,6 @@ class NodeStatus:
     exit_code: int | None = None
     reason: str = ""
     oom_kills: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class Launcher(Protocol):

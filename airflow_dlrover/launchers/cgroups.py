@@ -170,6 +170,15 @@ def _write(path: str, value: str) -> None:
         os.close(fd)
 
 
+def _write_if_present(path: str, value: str) -> None:
+    """Best effort (no swap so that an overrun is an OOM kill): skip a file the kernel lacks."""
+    if os.path.exists(path):
+        try:
+            _write(path, value)
+        except CgroupError as exc:
+            log.debug("could not set %s=%s: %s", os.path.basename(path), value, exc)
+
+
 def _check_name(kind: str, name: str) -> str:
     if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\0" in name:
         raise ValueError(f"invalid {kind} {name!r}: must be a non-empty path component")
@@ -345,22 +354,12 @@ class NodeCgroup:
             _write(os.path.join(cpu, "cpu.cfs_period_us"), str(CFS_PERIOD_US))
             _write(os.path.join(cpu, "cpu.cfs_quota_us"), "-1" if quota is None else str(quota))
             memd = self.paths["memory"]
-            swappiness = os.path.join(memd, "memory.swappiness")
-            if os.path.exists(swappiness):
-                try:
-                    _write(swappiness, "0")
-                except CgroupError as exc:
-                    log.debug("could not set memory.swappiness=0: %s", exc)
+            _write_if_present(os.path.join(memd, "memory.swappiness"), "0")
             _write(os.path.join(memd, "memory.limit_in_bytes"), "-1" if mem is None else str(mem))
         else:
             d = self.paths["unified"]
             _write(os.path.join(d, "cpu.max"), f"{'max' if quota is None else quota} {CFS_PERIOD_US}")
-            swap_max = os.path.join(d, "memory.swap.max")
-            if os.path.exists(swap_max):
-                try:
-                    _write(swap_max, "0")
-                except CgroupError as exc:
-                    log.debug("could not set memory.swap.max=0: %s", exc)
+            _write_if_present(os.path.join(d, "memory.swap.max"), "0")
             _write(os.path.join(d, "memory.max"), "max" if mem is None else str(mem))
 
     def read_limits(self) -> Limits:

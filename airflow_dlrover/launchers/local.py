@@ -25,7 +25,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +60,22 @@ class LocalLauncher:
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.cgroups = cgroups or CgroupManager()
         self.python = python
+        self._groups: dict[tuple[str, str], Any] = {}
+
+    def _group(self, job_id: str, node: dict[str, Any], *, apply: bool = False):
+        """The node's cgroup: created (limits written) when first needed or when ``apply``;
+        afterwards read from the cache, so that status polls do not rewrite limits."""
+        key = (job_id, node["name"])
+        if apply or key not in self._groups:
+            self._groups[key] = self.cgroups.create(job_id, node["name"], Limits(node["cpu"], node["memory_mb"]))
+        return self._groups[key]
 
     # -- job files -----------------------------------------------------------------------------
     def job_dir(self, job_id: str) -> Path:
         return self.base_dir / job_id
 
-    def _read(self, job_id: str) -> dict[str, Any]:
+    def read_job(self, job_id: str) -> dict[str, Any]:
+        """The job's record (``job.json``): configuration, nodes with their resources, events."""
         path = self.job_dir(job_id) / "job.json"
         if not path.exists():
             raise KeyError(f"no job {job_id!r} under {self.base_dir}")
@@ -82,7 +91,7 @@ class LocalLauncher:
         return JobSpec.load(self.job_dir(job_id) / "spec.json")
 
     def master_address(self, job_id: str) -> str:
-        return self._read(job_id)["nodes"]["master"]["address"]
+        return self.read_job(job_id)["nodes"]["master"]["address"]
 
     # -- master API ----------------------------------------------------------------------------
     def master_call(self, job_id: str, path: str, body: dict[str, Any] | None = None, timeout: float = 120.0) -> Any:
@@ -118,7 +127,7 @@ class LocalLauncher:
         (folder / "run" / f"{name}.addr").unlink(missing_ok=True)
         exit_file = folder / "exit" / f"{name}.code"
         exit_file.unlink(missing_ok=True)
-        group = self.cgroups.create(job_id, name, Limits(node["cpu"], node["memory_mb"]))
+        group = self._group(job_id, node, apply=True)
         master = job["nodes"]["master"].get("address")
         inner = shlex.join(self._command(job_id, node, master))
         script = f"{inner}; echo $? > {shlex.quote(str(exit_file))}"
@@ -149,8 +158,7 @@ class LocalLauncher:
         if node.get("state") == STOPPED:
             return STOPPED, None, "stopped", 0
         exit_file = self.job_dir(job_id) / "exit" / f"{node['name']}.code"
-        group = self.cgroups.create(job_id, node["name"], Limits(node["cpu"], node["memory_mb"]))
-        ooms = group.usage().oom_kills - node.get("oom_base", 0)
+        ooms = self._group(job_id, node).usage().oom_kills - node.get("oom_base", 0)
         alive = False
         try:
             process = psutil.Process(node["pid"])
@@ -200,7 +208,7 @@ class LocalLauncher:
         folder = self.job_dir(spec.job_id)
         resuming = (folder / "job.json").exists()
         if resuming:
-            job = self._read(spec.job_id)
+            job = self.read_job(spec.job_id)
             if self._node_state(spec.job_id, job["nodes"]["master"])[0] == RUNNING:
                 log.info("job %s already running: adopted", spec.job_id)
                 return spec.job_id
@@ -244,7 +252,7 @@ class LocalLauncher:
         return name
 
     def status(self, job_id: str) -> list[NodeStatus]:
-        job = self._read(job_id)
+        job = self.read_job(job_id)
         out = []
         for node in job["nodes"].values():
             state, code, reason, ooms = self._node_state(job_id, node)
@@ -254,7 +262,7 @@ class LocalLauncher:
 
     def metrics(self, job_id: str) -> dict[str, Any]:
         """The master's metrics plus each node's cgroup usage (CPU seconds, memory)."""
-        job = self._read(job_id)
+        job = self.read_job(job_id)
         try:
             metrics = self.master_call(job_id, "/metrics", timeout=5.0)
         except ConnectionError:
@@ -263,8 +271,7 @@ class LocalLauncher:
         for name, node in job["nodes"].items():
             if node.get("state") == STOPPED:
                 continue
-            group = self.cgroups.create(job_id, name, Limits(node["cpu"], node["memory_mb"]))
-            u = group.usage()
+            u = self._group(job_id, node).usage()
             usage[name] = {"role": node["role"], "cpu_seconds": u.cpu_seconds, "memory_mb": u.memory_mb,
                            "memory_peak_mb": u.memory_peak_mb, "cpu": node["cpu"], "memory_limit_mb": node["memory_mb"]}
         metrics["usage"] = usage
@@ -273,7 +280,7 @@ class LocalLauncher:
 
     def relaunch(self, job_id: str, node_name: str, cpu: float | None = None, memory_mb: float | None = None) -> NodeStatus:
         """Restart one node (optionally with new resources) and re-join it to the job."""
-        job = self._read(job_id)
+        job = self.read_job(job_id)
         node = job["nodes"][node_name]
         self._kill(job_id, node, signal.SIGKILL, grace_s=2.0)
         if cpu is not None:
@@ -313,7 +320,7 @@ class LocalLauncher:
         """Change the job to ``config``: workers join or drain without stopping the others; a new
         PS count or PS resources go checkpoint → restart PS → restore (re-partition); new worker
         resources relaunch each worker."""
-        job = self._read(job_id)
+        job = self.read_job(job_id)
         current = Configuration(**job["config"])
         started = time.monotonic()
         actions = []
@@ -346,7 +353,7 @@ class LocalLauncher:
         for offset in range(config.workers - len(workers)):
             name = self._add_worker(job_id, job, config, next_index + offset)
             actions.append(f"{name} added")
-        job = self._read(job_id) | {"nodes": job["nodes"]}
+        job = self.read_job(job_id) | {"nodes": job["nodes"]}
         job["config"] = config.to_row()
         job["resizes"] = job.get("resizes", 0) + 1
         job["events"].append({"time": time.time(), "event": "resize", "actions": actions})
@@ -363,23 +370,24 @@ class LocalLauncher:
 
     def kill_node(self, job_id: str, node_name: str) -> None:
         """Fault injection: SIGKILL the node's training process (not its wrapper)."""
-        node = self._read(job_id)["nodes"][node_name]
+        node = self.read_job(job_id)["nodes"][node_name]
         for child in psutil.Process(node["pid"]).children(recursive=True):
             child.kill()
 
     def set_cpu(self, job_id: str, node_name: str, cpu: float) -> None:
         """Change a node's CPU quota in place (fault injection ``slow-worker``)."""
-        job = self._read(job_id)
+        job = self.read_job(job_id)
         node = job["nodes"][node_name]
         node["cpu"] = cpu
-        self.cgroups.create(job_id, node_name, Limits(cpu, node["memory_mb"]))
+        self._group(job_id, node, apply=True)
         self._write(job_id, job)
 
     def stop(self, job_id: str) -> None:
-        job = self._read(job_id)
+        job = self.read_job(job_id)
         for node in job["nodes"].values():
             self._kill(job_id, node)
         for node in job["nodes"].values():
             node["state"] = STOPPED
         self._write(job_id, job)
+        self._groups = {key: group for key, group in self._groups.items() if key[0] != job_id}
         self.cgroups.remove_job(job_id)

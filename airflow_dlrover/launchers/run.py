@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from airflow_dlrover.launchers.base import FAILED_STATES
 from airflow_dlrover.launchers.local import LocalLauncher
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError, parse_duration_s
 from airflow_dlrover.runtime.spec import JobSpec
@@ -106,10 +105,13 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
                 metrics = launcher.metrics(job_id)
                 snapshot = metrics["usage_time"]
                 seconds = snapshot - window_start
-                row = _profile_row(launcher, job_id, metrics, window_usage, seconds, status)
+                nodes = _node_rows(launcher, job_id, metrics, window_usage, seconds, now)
+                row = _profile_row(launcher.read_job(job_id)["config"], nodes, status)
                 if row:
                     rows.append(row)
-                history.extend(_node_rows(launcher, job_id, metrics, window_usage, seconds, now))
+                # A node's first NODE_WARMUP_S are left out of the detectors' history: its memory
+                # ramps up while it imports torch and touches its first rows, which a trend reads as a leak.
+                history.extend(n for n in nodes if n["age_s"] >= NODE_WARMUP_S)
                 history = [h for h in history if h["time_s"] > now - HISTORY_S]
                 events.extend(_heal(launcher, job_id, history, now))
                 window_start, window_usage = snapshot, metrics["usage"]
@@ -140,42 +142,34 @@ def _inject(launcher: LocalLauncher, job_id: str, fault: Fault, now: float) -> d
     return {"time_s": now, "inject": fault.kind, "node": fault.node}
 
 
-def _profile_row(launcher, job_id, metrics, before, seconds, status) -> dict[str, Any] | None:
-    """One profile sample: the current configuration + measured throughput and per-node usage."""
-    config = launcher._read(job_id)["config"]
-    after = metrics["usage"]
-    used: dict[str, list[tuple[float, float]]] = {"worker": [], "ps": []}
-    for name, u in after.items():
-        if u["role"] in used and name in before:
-            cpu = (u["cpu_seconds"] - before[name]["cpu_seconds"]) / seconds
-            used[u["role"]].append((cpu, u["memory_mb"]))
-    if not used["worker"] or not used["ps"] or status["throughput"] <= 0:
-        return None
-    return {**config, "throughput": status["throughput"],
-            "worker_cpu_used": float(np.mean([c for c, _ in used["worker"]])),
-            "ps_cpu_used": float(np.mean([c for c, _ in used["ps"]])),
-            "worker_memory_used_mb": float(np.mean([m for _, m in used["worker"]])),
-            "ps_memory_used_mb": float(np.mean([m for _, m in used["ps"]])),
-            "samples_seen": status["samples_done"], "timestamp": time.time()}
-
-
 def _node_rows(launcher, job_id, metrics, before, seconds, now) -> list[dict[str, Any]]:
-    """The instability detectors' metrics table: one row per node for this window. A node's first
-    ``NODE_WARMUP_S`` are left out: its memory ramps up while it imports torch and touches its
-    first rows, which a trend would read as a leak."""
-    started = {name: node.get("started", 0) for name, node in launcher._read(job_id)["nodes"].items()}
+    """One row per worker and PS for this window (CPU rate from the cgroup's CPU seconds),
+    with ``age_s`` since the node (re)started."""
+    started = {name: node.get("started", 0) for name, node in launcher.read_job(job_id)["nodes"].items()}
     rows = []
     for name, u in metrics["usage"].items():
-        if name not in before or u["role"] not in ("worker", "ps") or time.time() - started.get(name, 0) < NODE_WARMUP_S:
+        if name not in before or u["role"] not in ("worker", "ps"):
             continue
         report = metrics["nodes"].get(name, {})
         rows.append({
-            "time_s": now, "node": name, "role": u["role"],
+            "time_s": now, "node": name, "role": u["role"], "age_s": time.time() - started.get(name, 0),
             "cpu_used": (u["cpu_seconds"] - before[name]["cpu_seconds"]) / seconds, "cpu_limit": u["cpu"],
             "memory_used_mb": u["memory_mb"], "memory_limit_mb": u["memory_limit_mb"],
             "throughput": report.get("samples_per_s") if u["role"] == "worker" else None,
         })
     return rows
+
+
+def _profile_row(config: dict[str, Any], nodes: list[dict[str, Any]], status: dict[str, Any]) -> dict[str, Any] | None:
+    """One profile sample: the current configuration + measured throughput and per-node usage."""
+    by_role = {role: [n for n in nodes if n["role"] == role] for role in ("worker", "ps")}
+    if not by_role["worker"] or not by_role["ps"] or status["throughput"] <= 0:
+        return None
+    row = {**config, "throughput": status["throughput"], "samples_seen": status["samples_done"], "timestamp": time.time()}
+    for role, group in by_role.items():
+        row[f"{role}_cpu_used"] = float(np.mean([n["cpu_used"] for n in group]))
+        row[f"{role}_memory_used_mb"] = float(np.mean([n["memory_used_mb"] for n in group]))
+    return row
 
 
 def _heal(launcher, job_id, history, now) -> list[dict[str, Any]]:
@@ -187,11 +181,11 @@ def _heal(launcher, job_id, history, now) -> list[dict[str, Any]]:
     table = pd.DataFrame(history)
     if table.empty:
         return []
-    planned = launcher._read(job_id)["config"]
+    planned = launcher.read_job(job_id)["config"]
     events = []
     for event in detect(table):
-        record = {"time_s": now, "instability": event.kind, "node": event.node, "reason": event.reason,
-                  "action": event.action.to_dict()}
+        record = event.to_dict()
+        record = {"time_s": now, "instability": record.pop("kind"), **record}
         if event.kind == "straggler":
             launcher.relaunch(job_id, event.node, cpu=planned["worker_cpu"])
             record["healed"] = f"relaunched with {planned['worker_cpu']:g} CPU"
@@ -212,7 +206,7 @@ def _summarize(launcher, job_id, spec, events, series, started) -> dict[str, Any
     status = launcher.master_call(job_id, "/status")
     ledger = np.array(launcher.master_call(job_id, "/ledger"), dtype=np.int64)
     sizes = np.array([spec.shard_range(s)[1] - spec.shard_range(s)[0] for s in range(spec.num_shards)])
-    job = launcher._read(job_id)
+    job = launcher.read_job(job_id)
     evaluation = evaluate(spec, status["ps"], status["generation"])
     losses = [m.get("loss") for m in launcher.metrics(job_id)["nodes"].values() if m.get("role") == "worker"]
     throughput = [s["throughput"] for s in series if s["throughput"] > 0]

@@ -166,26 +166,12 @@ class Configuration:
     def to_row(self) -> dict[str, float]:
         return asdict(self)
 
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "Configuration":
-        missing = [c for c in ("workers", "ps", "worker_cpu", "ps_cpu") if c not in row]
-        if missing:
-            raise InvalidInputError(
-                "configuration", sorted(row), f"a row with the columns {', '.join(CONFIG_COLUMNS)}",
-                f"Missing: {', '.join(missing)}.",
-            )
-        return cls(**{c: row[c] for c in CONFIG_COLUMNS if c in row and not _is_missing(row[c])})
-
     def describe(self) -> str:
         gpu = f" + {self.worker_gpu} GPU" if self.worker_gpu else ""
         return (
             f"{self.workers} worker × {self.worker_cpu:g} CPU{gpu} / {self.worker_memory_mb:g} MB, "
             f"{self.ps} PS × {self.ps_cpu:g} CPU / {self.ps_memory_mb:g} MB, batch {self.batch_size}"
         )
-
-
-def _is_missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 @dataclass(frozen=True)
@@ -243,8 +229,6 @@ class Quota:
             price_per_gb_hour=number("price_per_gb_hour", price_per_gb_hour, float),
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

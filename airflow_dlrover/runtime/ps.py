@@ -199,13 +199,6 @@ class ParameterServer:
         with self.lock:
             return self.applied.tolist()
 
-    def stats(self) -> dict[str, Any]:
-        with self.lock:
-            return {
-                "index": self.index, "generation": self.generation, "requests": self.requests,
-                "rows": [t.used for t in self.tables], "table_bytes": sum(t.nbytes for t in self.tables),
-            }
-
     def save(self, path: str) -> dict[str, Any]:
         """Write this PS's state (rows, accumulators; dense and ledger on PS 0) to ``path``."""
         with self.lock:
@@ -250,11 +243,8 @@ class ParameterServer:
         with self.lock:
             self.generation = generation
 
-    def ping(self) -> dict[str, Any]:
-        return {"index": self.index, "generation": self.generation, "pid": os.getpid()}
 
-
-_METHODS = {"lookup", "push", "init_dense", "ledger", "stats", "save", "restore", "set_generation", "ping"}
+_METHODS = {"lookup", "push", "init_dense", "ledger", "save", "restore", "set_generation"}
 #: Requests that carry the caller's generation and are refused when it is not the current one.
 _DATA_METHODS = {"lookup", "push", "init_dense", "save"}
 

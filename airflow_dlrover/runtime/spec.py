@@ -6,7 +6,6 @@ import json
 import secrets
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -78,6 +77,3 @@ class JobSpec:
     @classmethod
     def load(cls, path: Path) -> "JobSpec":
         return cls.from_json(Path(path).read_text())
-
-    def replace(self, **changes: Any) -> "JobSpec":
-        return JobSpec(**{**asdict(self), **changes})

@@ -66,10 +66,6 @@ class MasterClient:
                     raise Unreachable(f"master {self.base} unreachable: {err}") from None
                 time.sleep(0.2)
 
-    def get(self, path: str) -> dict[str, Any]:
-        with urllib.request.urlopen(self.base + path, timeout=30) as reply:
-            return json.loads(reply.read())
-
 
 def source_for(spec: JobSpec):
     """The job's data source: synthetic, or a Criteo-format file."""

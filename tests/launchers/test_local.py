@@ -98,18 +98,18 @@ def test_second_launch_adopts_the_running_job_and_limits_are_applied(tmp_path):
     first.launch(job, CONFIG)
     try:
         before = {s.name: s for s in first.status("adopt")}
-        master_pid = first._read("adopt")["nodes"]["master"]["pid"]
+        master_pid = first.read_job("adopt")["nodes"]["master"]["pid"]
         second = LocalLauncher(tmp_path, CgroupManager())
         assert second.launch(job, CONFIG) == "adopt"
-        assert second._read("adopt")["nodes"]["master"]["pid"] == master_pid
+        assert second.read_job("adopt")["nodes"]["master"]["pid"] == master_pid
         assert {s.name for s in second.status("adopt")} == set(before)
         assert all(s.state == RUNNING for s in second.status("adopt"))
         if manager.mode == "advisory":
             pytest.skip(f"cgroups not writable here: {manager.advisory_reason}")
-        for name, node in first._read("adopt")["nodes"].items():
+        for name, node in first.read_job("adopt")["nodes"].items():
             limits = manager.create("adopt", name, Limits(node["cpu"], node["memory_mb"])).read_limits()
             assert limits.cpu_cores == pytest.approx(node["cpu"]) and limits.memory_mb == pytest.approx(node["memory_mb"])
-        assert first._read("adopt")["nodes"]["worker-0"]["cpu"] == CONFIG.worker_cpu
+        assert first.read_job("adopt")["nodes"]["worker-0"]["cpu"] == CONFIG.worker_cpu
     finally:
         first.stop("adopt")
     assert all(s.state == "stopped" for s in first.status("adopt"))
