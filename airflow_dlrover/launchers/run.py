@@ -27,15 +27,13 @@ import numpy as np
 import pandas as pd
 
 from airflow_dlrover.launchers.local import LocalLauncher
+from airflow_dlrover.launchers.watch import SAMPLE_TABLE_COLUMNS, WINDOW_S, JobMeter, detector_history, heal
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError, parse_duration_s
 from airflow_dlrover.runtime.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.25
-WINDOW_S = 3.0  # profile-sample window (our choice: ≥ 3 worker reports per window)
-HISTORY_S = 30.0  # the instability detectors look at this much node history
-NODE_WARMUP_S = 10.0  # ... from this long after a node (re)started (our measurement: torch import + first rows)
 FAULT_KINDS = ("kill-worker", "kill-ps", "kill-master", "oom-worker", "slow-worker", "hot-ps")
 SLOW_WORKER_CPU_FRACTION = 0.25  # slow-worker cuts the worker's CPU quota to this fraction
 #: hot-ps trains on ids this skewed: with rows partitioned by id % p, the PS that holds the
@@ -80,8 +78,7 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
     rows: list[dict[str, Any]] = []
     series: list[dict[str, Any]] = []
     history: list[dict[str, Any]] = []  # per-node metrics windows for the instability detectors
-    first = launcher.metrics(job_id)
-    window_start, window_usage = first["usage_time"], first["usage"]
+    meter = JobMeter(launcher, job_id)
     try:
         while True:
             now = time.time() - started
@@ -92,7 +89,8 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
                 _, target = pending_resizes.pop(0)
                 result = launcher.resize(job_id, target)
                 events.append({"time_s": now, "resize": target.to_row(), **result})
-            for event in launcher.recover(job_id):
+            recovered = launcher.recover(job_id)
+            for event in recovered:
                 event["time_s"] = time.time() - started
                 events.append(event)
             try:
@@ -100,21 +98,14 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
             except ConnectionError:  # the master is down: the next recover() relaunches it
                 time.sleep(POLL_S)
                 continue
+            meter.observe(status, healthy=not recovered)
             series.append({"time_s": now, "throughput": status["throughput"], "samples_done": status["samples_done"]})
-            if time.monotonic() - window_start >= WINDOW_S:
-                metrics = launcher.metrics(job_id)
-                snapshot = metrics["usage_time"]
-                seconds = snapshot - window_start
-                nodes = _node_rows(launcher, job_id, metrics, window_usage, seconds, now)
-                row = _profile_row(launcher.read_job(job_id)["config"], nodes, status)
+            if meter.elapsed_s >= WINDOW_S:
+                row, nodes = meter.close(now)
                 if row:
                     rows.append(row)
-                # A node's first NODE_WARMUP_S are left out of the detectors' history: its memory
-                # ramps up while it imports torch and touches its first rows, which a trend reads as a leak.
-                history.extend(n for n in nodes if n["age_s"] >= NODE_WARMUP_S)
-                history = [h for h in history if h["time_s"] > now - HISTORY_S]
-                events.extend(_heal(launcher, job_id, history, now))
-                window_start, window_usage = snapshot, metrics["usage"]
+                history = detector_history(history, nodes, now)
+                events.extend(heal(launcher, job_id, history, now))
             if status["state"] == "done":
                 break
             if time.time() - started > timeout_s:
@@ -122,9 +113,7 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
             time.sleep(POLL_S)
         summary = _summarize(launcher, job_id, spec, events, series, started)
     finally:
-        pd.DataFrame(rows, columns=[*CONFIG_COLUMNS, "throughput", "worker_cpu_used", "ps_cpu_used",
-                                    "worker_memory_used_mb", "ps_memory_used_mb", "samples_seen", "timestamp"]
-                     ).to_csv(out / "samples.csv", index=False)
+        pd.DataFrame(rows, columns=[*CONFIG_COLUMNS, *SAMPLE_TABLE_COLUMNS]).to_csv(out / "samples.csv", index=False)
         launcher.stop(job_id)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -142,65 +131,21 @@ def _inject(launcher: LocalLauncher, job_id: str, fault: Fault, now: float) -> d
     return {"time_s": now, "inject": fault.kind, "node": fault.node}
 
 
-def _node_rows(launcher, job_id, metrics, before, seconds, now) -> list[dict[str, Any]]:
-    """One row per worker and PS for this window (CPU rate from the cgroup's CPU seconds),
-    with ``age_s`` since the node (re)started."""
-    started = {name: node.get("started", 0) for name, node in launcher.read_job(job_id)["nodes"].items()}
-    rows = []
-    for name, u in metrics["usage"].items():
-        if name not in before or u["role"] not in ("worker", "ps"):
-            continue
-        report = metrics["nodes"].get(name, {})
-        rows.append({
-            "time_s": now, "node": name, "role": u["role"], "age_s": time.time() - started.get(name, 0),
-            "cpu_used": (u["cpu_seconds"] - before[name]["cpu_seconds"]) / seconds, "cpu_limit": u["cpu"],
-            "memory_used_mb": u["memory_mb"], "memory_limit_mb": u["memory_limit_mb"],
-            "throughput": report.get("samples_per_s") if u["role"] == "worker" else None,
-        })
-    return rows
-
-
-def _profile_row(config: dict[str, Any], nodes: list[dict[str, Any]], status: dict[str, Any]) -> dict[str, Any] | None:
-    """One profile sample: the current configuration + measured throughput and per-node usage."""
-    by_role = {role: [n for n in nodes if n["role"] == role] for role in ("worker", "ps")}
-    if not by_role["worker"] or not by_role["ps"] or status["throughput"] <= 0:
-        return None
-    row = {**config, "throughput": status["throughput"], "samples_seen": status["samples_done"], "timestamp": time.time()}
-    for role, group in by_role.items():
-        row[f"{role}_cpu_used"] = float(np.mean([n["cpu_used"] for n in group]))
-        row[f"{role}_memory_used_mb"] = float(np.mean([n["memory_used_mb"] for n in group]))
-    return row
-
-
-def _heal(launcher, job_id, history, now) -> list[dict[str, Any]]:
-    """Run the optimizer's detectors and heal: a straggler gets a fresh worker with the planned
-    CPU; a worker at OOM risk is relaunched with more memory before the kill; a hot PS gets the
-    proposed CPU quota in place (cgroup, no restart). Every event is recorded with its evidence."""
-    from airflow_dlrover.optimizer.instability import detect
-
-    table = pd.DataFrame(history)
-    if table.empty:
-        return []
-    planned = launcher.read_job(job_id)["config"]
-    events = []
-    for event in detect(table):
-        record = event.to_dict()
-        record = {"time_s": now, "instability": record.pop("kind"), **record}
-        if event.kind == "straggler":
-            launcher.relaunch(job_id, event.node, cpu=planned["worker_cpu"])
-            record["healed"] = f"relaunched with {planned['worker_cpu']:g} CPU"
-        elif event.kind == "oom_risk" and event.node.startswith("worker"):
-            launcher.relaunch(job_id, event.node, memory_mb=event.action.value)
-            record["healed"] = f"relaunched with {event.action.value:g} MB"
-        elif event.kind == "hot_ps":
-            launcher.set_cpu(job_id, event.node, event.action.value)  # in place: the PS keeps its rows
-            record["healed"] = f"CPU quota raised to {event.action.value:g} in place"
-        events.append(record)
-        history[:] = [h for h in history if h["node"] != event.node]  # judge the new node afresh
-    return events
-
-
 def _summarize(launcher, job_id, spec, events, series, started) -> dict[str, Any]:
+    job = launcher.read_job(job_id)
+    throughput = [s["throughput"] for s in series if s["throughput"] > 0]
+    return {
+        **job_summary(launcher, job_id, spec),
+        "wall_s": time.time() - started,
+        "median_throughput": float(np.median(throughput)) if throughput else 0.0,
+        "events": events + job["events"],
+        "throughput_series": series[:: max(1, len(series) // 200)],
+    }
+
+
+def job_summary(launcher: LocalLauncher, job_id: str, spec: JobSpec) -> dict[str, Any]:
+    """What the finished job did, from its master and PS: the sample ledger (see the module
+    docstring), restarts, resizes, checkpoints, and the held-out loss and AUC."""
     from airflow_dlrover.runtime.evaluate import evaluate
 
     status = launcher.master_call(job_id, "/status")
@@ -209,7 +154,7 @@ def _summarize(launcher, job_id, spec, events, series, started) -> dict[str, Any
     job = launcher.read_job(job_id)
     evaluation = evaluate(spec, status["ps"], status["generation"])
     losses = [m.get("loss") for m in launcher.metrics(job_id)["nodes"].values() if m.get("role") == "worker"]
-    throughput = [s["throughput"] for s in series if s["throughput"] > 0]
+    losses = [l for l in losses if l is not None]
     return {
         "job_id": job_id,
         "samples_expected": int(spec.samples),
@@ -220,13 +165,9 @@ def _summarize(launcher, job_id, spec, events, series, started) -> dict[str, Any
         "resizes": int(job.get("resizes", 0)),
         "checkpoints": status["counters"]["checkpoints"],
         "restores": status["counters"]["restores"],
-        "final_train_loss": float(np.nanmean([l for l in losses if l is not None])) if losses else None,
+        "final_train_loss": float(np.mean(losses)) if losses else None,
         "eval_loss": evaluation["loss"],
         "eval_auc": evaluation["auc"],
         "eval_samples": evaluation["samples"],
-        "wall_s": time.time() - started,
-        "median_throughput": float(np.median(throughput)) if throughput else 0.0,
         "config": job["config"],
-        "events": events + job["events"],
-        "throughput_series": series[:: max(1, len(series) // 200)],
     }

@@ -20,6 +20,8 @@ HTTP API on localhost (JSON bodies):
   POST /cluster {ps: ["host:port", ...]}       POST /plan {...}
   POST /node_lost {node}  POST /drain {node}  POST /command {node, command}
   POST /checkpoint                             POST /restore
+  POST /faults {faults: [{kind, at_s, node}]}  fault injection for demos, due at_s after this call:
+                                               the node's next report is answered with the command
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ log = logging.getLogger(__name__)
 TODO, DOING, DONE = "todo", "doing", "done"
 WAIT_S = 0.2  # how long a worker waits before asking again while the master is paused
 REPORT_TIMEOUT_S = 10.0  # a worker silent this long has lost its leases
+#: faults the job injects into itself (POST /faults), as the command the worker receives
+FAULT_COMMANDS = {"kill-worker": "kill", "oom-worker": "oom"}
 
 
 @dataclass
@@ -78,6 +82,7 @@ class Master:
             self.checkpoints: list[dict[str, Any]] = state["checkpoints"]
             self.counters: dict[str, int] = state["counters"]
             self.plan: dict[str, Any] = state.get("plan", {})
+            self.faults: list[dict[str, Any]] = state.get("faults", [])
             self.counters["master_restarts"] = self.counters.get("master_restarts", 0) + 1
             # Leases of the previous life are unknown: their shards are redone (the workers that
             # still hold them will find the generation unchanged and may finish them first).
@@ -86,6 +91,7 @@ class Master:
             self.done, self.generation, self.ps_addresses, self.checkpoints = set(), 0, [], []
             self.counters = {"shards_requeued": 0, "checkpoints": 0, "restores": 0, "master_restarts": 0}
             self.plan = {}
+            self.faults = []
         self._connect_ps()
         self._persist()
 
@@ -93,6 +99,7 @@ class Master:
         state = {
             "done": sorted(self.done), "generation": self.generation, "ps": self.ps_addresses,
             "checkpoints": self.checkpoints, "counters": self.counters, "plan": self.plan,
+            "faults": self.faults,
         }
         tmp = self.state_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state))
@@ -170,7 +177,7 @@ class Master:
             for lease in self.leases.values():
                 if lease.worker == node:
                     lease.deadline = time.monotonic() + self.spec.shard_timeout_s
-            command = self.commands.pop(node, None)
+            command = self.commands.pop(node, None) or self._due_fault(node)
         row = {k: v for k, v in metrics.items() if not k.startswith("_")}
         row.update(node=node, time=time.time())
         with open(self.metrics_path, "a") as f:
@@ -244,6 +251,28 @@ class Master:
         with self.lock:
             self.commands[node] = command
             return {"node": node, "command": command}
+
+    def schedule_faults(self, faults: list[dict[str, Any]]) -> dict[str, Any]:
+        """Fault injection: ``{kind, at_s, node}`` fires ``at_s`` after this call (persisted, so
+        a master restart neither forgets nor repeats one); kinds: FAULT_COMMANDS."""
+        unknown = [f["kind"] for f in faults if f["kind"] not in FAULT_COMMANDS]
+        if unknown:
+            raise ValueError(f"fault kind {unknown[0]!r} is invalid: allowed {', '.join(FAULT_COMMANDS)}")
+        with self.lock:
+            now = time.time()
+            self.faults = [{"kind": f["kind"], "node": f["node"], "due": now + float(f["at_s"]), "fired": None}
+                           for f in faults]
+            self._persist()
+            return {"faults": self.faults}
+
+    def _due_fault(self, node: str) -> str | None:
+        for fault in self.faults:
+            if fault["node"] == node and fault["fired"] is None and time.time() >= fault["due"]:
+                fault["fired"] = time.time()
+                self._persist()
+                log.warning("fault injection: %s on %s", fault["kind"], node)
+                return FAULT_COMMANDS[fault["kind"]]
+        return None
 
     # -- checkpoint and restore -----------------------------------------------------------------
     def _quiesce(self, deadline_s: float) -> None:
@@ -349,6 +378,7 @@ class _Handler(BaseHTTPRequestHandler):
             "/shard/next": m.next_shard, "/shard/done": m.shard_done, "/shard/abandon": m.abandon,
             "/report": m.report, "/cluster": m.set_cluster, "/plan": m.set_plan, "/node_lost": m.node_lost,
             "/drain": m.drain, "/command": m.command, "/checkpoint": m.checkpoint, "/restore": m.restore,
+            "/faults": m.schedule_faults,
         }
         if self.path not in routes:
             return self._reply({"error": f"no route {self.path}"}, 404)

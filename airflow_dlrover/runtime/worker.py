@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -202,6 +203,9 @@ class Worker:
         command = reply.get("command")
         if command == "oom":
             _allocate_until_killed()
+        elif command == "kill":  # fault injection: die as a lost node does, without cleanup
+            log.warning("fault injection: SIGKILL")
+            os.kill(os.getpid(), signal.SIGKILL)
         elif command == "exit":
             raise SystemExit(0)
 

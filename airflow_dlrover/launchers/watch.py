@@ -1,0 +1,147 @@
+"""Watching a running job: profile samples in windows, per-node usage, and in-place healing.
+
+Shared by ``run_job`` (the CLI's supervisor), the profiling stage and the Airflow triggers.
+
+A window's throughput is the mean of the master's job throughput read at each poll inside it
+(the sum of the workers' own rates over their last report); a node's CPU is
+Δ(cgroup CPU seconds) / Δt over the window; memory is the last reading. A window is *clean*
+when the configuration, the set of nodes and their restarts did not change during it and no
+node failed: only clean windows become profile samples (a window across a resize or a
+relaunch mixes two configurations).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from airflow_dlrover.launchers.base import RUNNING
+
+WINDOW_S = 3.0  # profile-sample window (our choice: ≥ 3 worker reports per window)
+HISTORY_S = 30.0  # the instability detectors look at this much node history
+NODE_WARMUP_S = 10.0  # ... from this long after a node (re)started (our measurement: torch import + first rows)
+
+SAMPLE_TABLE_COLUMNS = ("throughput", "worker_cpu_used", "ps_cpu_used", "worker_memory_used_mb",
+                        "ps_memory_used_mb", "samples_seen", "timestamp")
+
+
+def _fingerprint(job: dict[str, Any]) -> tuple:
+    nodes = tuple(sorted((n, node.get("restarts", 0), node.get("state")) for n, node in job["nodes"].items()))
+    return tuple(sorted(job["config"].items())), nodes
+
+
+class JobMeter:
+    """Accumulates one window at a time: ``observe(status)`` at each poll, ``close()`` at the end."""
+
+    def __init__(self, launcher: Any, job_id: str):
+        self.launcher, self.job_id = launcher, job_id
+        self._open()
+
+    def _open(self) -> None:
+        metrics = self.launcher.metrics(self.job_id)
+        self.opened, self.usage = metrics["usage_time"], metrics["usage"]
+        self.fingerprint = _fingerprint(self.launcher.read_job(self.job_id))
+        self.readings: list[float] = []
+        self.healthy = True
+        self.samples_done = 0
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.opened
+
+    def observe(self, status: dict[str, Any], healthy: bool = True) -> None:
+        """One poll: the master's ``/status`` and whether every node runs."""
+        self.healthy &= healthy
+        if status["throughput"] > 0:
+            self.readings.append(float(status["throughput"]))
+        self.samples_done = status["samples_done"]
+
+    def close(self, now_s: float) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """End the window, open the next; returns (profile sample or None when the window was not
+        clean, per-node usage rows for the detectors)."""
+        metrics = self.launcher.metrics(self.job_id)
+        job = self.launcher.read_job(self.job_id)
+        seconds = metrics["usage_time"] - self.opened
+        nodes = node_rows(job, metrics, self.usage, seconds, now_s)
+        clean = self.healthy and _fingerprint(job) == self.fingerprint and bool(self.readings)
+        row = profile_row(job["config"], nodes, float(np.mean(self.readings)), self.samples_done) if clean else None
+        self.opened, self.usage = metrics["usage_time"], metrics["usage"]
+        self.fingerprint, self.readings, self.healthy = _fingerprint(job), [], True
+        return row, nodes
+
+
+def node_rows(job: dict[str, Any], metrics: dict[str, Any], before: dict[str, Any], seconds: float,
+              now_s: float) -> list[dict[str, Any]]:
+    """One row per worker and PS for a window (CPU rate from the cgroup's CPU seconds), with
+    ``age_s`` since the node (re)started."""
+    started = {name: node.get("started", 0) for name, node in job["nodes"].items()}
+    rows = []
+    for name, u in metrics["usage"].items():
+        if name not in before or u["role"] not in ("worker", "ps"):
+            continue
+        report = metrics["nodes"].get(name, {})
+        rows.append({
+            "time_s": now_s, "node": name, "role": u["role"], "age_s": time.time() - started.get(name, 0),
+            "cpu_used": (u["cpu_seconds"] - before[name]["cpu_seconds"]) / max(seconds, 1e-9), "cpu_limit": u["cpu"],
+            "memory_used_mb": u["memory_mb"], "memory_limit_mb": u["memory_limit_mb"],
+            "throughput": report.get("samples_per_s") if u["role"] == "worker" else None,
+        })
+    return rows
+
+
+def profile_row(config: dict[str, Any], nodes: list[dict[str, Any]], throughput: float,
+                samples_done: int) -> dict[str, Any] | None:
+    """One profile sample: the configuration + measured throughput and mean per-role usage."""
+    by_role = {role: [n for n in nodes if n["role"] == role] for role in ("worker", "ps")}
+    if not by_role["worker"] or not by_role["ps"] or throughput <= 0:
+        return None
+    row = {**config, "throughput": throughput, "samples_seen": samples_done, "timestamp": time.time()}
+    for role, group in by_role.items():
+        row[f"{role}_cpu_used"] = float(np.mean([n["cpu_used"] for n in group]))
+        row[f"{role}_memory_used_mb"] = float(np.mean([n["memory_used_mb"] for n in group]))
+    return row
+
+
+def all_running(statuses: list[Any]) -> bool:
+    return all(s.state == RUNNING for s in statuses if s.state != "stopped")
+
+
+def heal(launcher: Any, job_id: str, history: list[dict[str, Any]], now_s: float) -> list[dict[str, Any]]:
+    """Run the optimizer's detectors on the node history and heal what can be healed in place:
+    a straggler gets a fresh worker with the planned CPU; a worker at OOM risk is relaunched with
+    more memory before the kill; a hot PS gets the proposed CPU quota in place (cgroup, no
+    restart: it keeps its rows). Returns one record per event with its evidence and the action;
+    the healed node's history is dropped so that it is judged afresh."""
+    from airflow_dlrover.optimizer.instability import detect
+
+    table = pd.DataFrame(history)
+    if table.empty:
+        return []
+    planned = launcher.read_job(job_id)["config"]
+    records = []
+    for event in detect(table):
+        record = event.to_dict()
+        record = {"time_s": now_s, "instability": record.pop("kind"), **record}
+        if event.kind == "straggler":
+            launcher.relaunch(job_id, event.node, cpu=planned["worker_cpu"])
+            record["healed"] = f"relaunched with {planned['worker_cpu']:g} CPU"
+        elif event.kind == "oom_risk" and event.node.startswith("worker"):
+            launcher.relaunch(job_id, event.node, memory_mb=event.action.value)
+            record["healed"] = f"relaunched with {event.action.value:g} MB"
+        elif event.kind == "hot_ps":
+            launcher.set_cpu(job_id, event.node, event.action.value)
+            record["healed"] = f"CPU quota raised to {event.action.value:g} in place"
+        records.append(record)
+        history[:] = [h for h in history if h["node"] != event.node]
+    return records
+
+
+def detector_history(history: list[dict[str, Any]], nodes: list[dict[str, Any]], now_s: float) -> list[dict[str, Any]]:
+    """Append a window's node rows, leaving out each node's first ``NODE_WARMUP_S`` (its memory
+    ramps while it imports torch and touches its first rows, which a trend reads as a leak), and
+    keep ``HISTORY_S``."""
+    history = history + [n for n in nodes if n["age_s"] >= NODE_WARMUP_S]
+    return [h for h in history if h["time_s"] > now_s - HISTORY_S]
