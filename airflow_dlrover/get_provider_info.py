@@ -10,6 +10,7 @@ CONNECTION_FIELDS = {
     "kubernetes_conn_id": {"label": "Kubernetes connection id", "schema": {"type": ["string", "null"]}},
     "namespace": {"label": "Kubernetes namespace", "schema": {"type": ["string", "null"]}},
     "image": {"label": "Runtime image", "schema": {"type": ["string", "null"]}},
+    "jobs_dir": {"label": "Local launcher: jobs folder (default $AIRFLOW_HOME/dlrover/jobs)", "schema": {"type": ["string", "null"]}},
     "history_url": {"label": "History store SQLAlchemy URL", "schema": {"type": ["string", "null"]}},
     "quota_cpu": {"label": "Default quota: CPU cores", "schema": {"type": ["number", "null"], "minimum": 0}},
     "quota_memory": {"label": "Default quota: memory (e.g. 256Gi)", "schema": {"type": ["string", "null"]}},
@@ -31,6 +32,9 @@ def get_provider_info() -> dict:
                 "tags": ["software"],
             }
         ],
+        "operators": [{"integration-name": "DLRover", "python-modules": ["airflow_dlrover.operators.dlrover"]}],
+        "sensors": [{"integration-name": "DLRover", "python-modules": ["airflow_dlrover.sensors.dlrover"]}],
+        "triggers": [{"integration-name": "DLRover", "python-modules": ["airflow_dlrover.triggers.dlrover"]}],
         "hooks": [{"integration-name": "DLRover", "python-modules": ["airflow_dlrover.hooks.dlrover"]}],
         "connection-types": [
             {

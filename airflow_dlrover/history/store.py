@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, create_engine, select
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, create_engine, delete, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from airflow_dlrover.optimizer.job_model import JobModel
@@ -134,6 +134,11 @@ class HistoryStore:
             session.add_all(Sample(run_id=run_id, stage=stage, **row) for row in rows.to_dict("records"))
         return len(rows)
 
+    def clear_samples(self, run_id: int, stage: str) -> None:
+        """Forget a run's samples of one stage (a retried profile measures them again)."""
+        with Session(self.engine) as session, session.begin():
+            session.execute(delete(Sample).where(Sample.run_id == run_id, Sample.stage == stage))
+
     def samples(self, job: str, *, run_id: int | None = None, stage: str | None = None) -> pd.DataFrame:
         """The job's samples, oldest first (a sample table in the vocabulary's columns)."""
         query = select(Sample).join(Run, Sample.run_id == Run.id).join(Job, Run.job_id == Job.id).where(Job.name == job)
@@ -144,6 +149,14 @@ class HistoryStore:
         with Session(self.engine) as session:
             rows = [{c: getattr(s, c) for c in SAMPLE_COLUMNS} for s in session.scalars(query.order_by(Sample.id))]
         return pd.DataFrame(rows, columns=list(SAMPLE_COLUMNS))
+
+    def samples_of_run(self, run_id: int) -> pd.DataFrame:
+        """One run's samples, oldest first, with their ``stage`` (profile | finetune)."""
+        columns = (*SAMPLE_COLUMNS, "stage")
+        with Session(self.engine) as session:
+            query = select(Sample).where(Sample.run_id == run_id).order_by(Sample.id)
+            rows = [{c: getattr(s, c) for c in columns} for s in session.scalars(query)]
+        return pd.DataFrame(rows, columns=list(columns))
 
     def save_model(self, run_id: int, model: JobModel) -> int:
         with Session(self.engine) as session, session.begin():
@@ -175,6 +188,12 @@ class HistoryStore:
         with Session(self.engine) as session:
             query = select(Record).where(Record.run_id == run_id, Record.kind == kind).order_by(Record.id)
             return [r.document for r in session.scalars(query)]
+
+    def run(self, run_id: int) -> dict[str, Any]:
+        with Session(self.engine) as session:
+            r = session.get(Run, run_id)
+            started = r.started if r.started.tzinfo else r.started.replace(tzinfo=timezone.utc)
+            return {"id": r.id, "run_key": r.run_key, "status": r.status, "started": started, "summary": r.summary}
 
     def runs(self, job: str) -> list[dict[str, Any]]:
         query = select(Run).join(Job, Run.job_id == Job.id).where(Job.name == job).order_by(Run.id)

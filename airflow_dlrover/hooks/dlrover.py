@@ -31,6 +31,7 @@ class DLRoverSettings:
     kubernetes_conn_id: str = "kubernetes_default"
     namespace: str = "default"
     image: str | None = None
+    jobs_dir: str | None = None
     history_url: str | None = None
     quota: Quota | None = None
 
@@ -62,6 +63,7 @@ def settings_from_extras(extras: dict[str, Any], conn_id: str = "dlrover_default
         kubernetes_conn_id=str(value.get("kubernetes_conn_id", "kubernetes_default")),
         namespace=str(value.get("namespace", "default")),
         image=value.get("image"),
+        jobs_dir=value.get("jobs_dir"),
         history_url=value.get("history_url"),
         quota=quota,
     )
@@ -109,6 +111,12 @@ class DLRoverHook(BaseHook):
         from airflow_dlrover.history.store import HistoryStore
 
         return HistoryStore(self.settings.history_url)
+
+    def get_launcher(self):
+        """The launcher the connection names (default: local processes under ``jobs_dir``)."""
+        from airflow_dlrover.launchers import make_launcher
+
+        return make_launcher(self.settings.launcher, self.settings.jobs_dir)
 
     def test_connection(self) -> tuple[bool, str]:
         try:

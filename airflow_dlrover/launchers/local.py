@@ -44,6 +44,11 @@ MASTER_MEMORY_MB = 512.0
 START_TIMEOUT_S = 60.0
 
 
+def _threads(cpu: float | None) -> int:
+    """Torch threads of a node: its whole cores (FIELD-NOTES: never more threads than cores owned)."""
+    return max(1, math.floor(cpu or 1))
+
+
 def _free_port() -> int:
     import socket
 
@@ -116,7 +121,7 @@ class LocalLauncher:
         if node["role"] == "ps":
             args += ["--count", str(node["count"])]
         if node["role"] == "worker":
-            args += ["--master", master, "--threads", str(max(1, math.floor(node["cpu"] or 1)))]
+            args += ["--master", master, "--threads", str(_threads(node["cpu"]))]
         return args
 
     def _start(self, job_id: str, job: dict[str, Any], name: str) -> None:
@@ -131,7 +136,7 @@ class LocalLauncher:
         master = job["nodes"]["master"].get("address")
         inner = shlex.join(self._command(job_id, node, master))
         script = f"{inner}; echo $? > {shlex.quote(str(exit_file))}"
-        env = dict(os.environ, OMP_NUM_THREADS=str(max(1, math.floor(node["cpu"] or 1))),
+        env = dict(os.environ, OMP_NUM_THREADS=str(_threads(node["cpu"])),
                    DLROVER_WORKER_GPU=str(node.get("gpu", 0)), PYTHONUNBUFFERED="1")
         with open(folder / "logs" / f"{name}.log", "ab") as logfile:
             process = subprocess.Popen(["/bin/sh", "-c", script], stdout=logfile, stderr=subprocess.STDOUT, env=env,
@@ -318,13 +323,20 @@ class LocalLauncher:
 
     def resize(self, job_id: str, config: Configuration) -> dict[str, Any]:
         """Change the job to ``config``: workers join or drain without stopping the others; a new
-        PS count or PS resources go checkpoint → restart PS → restore (re-partition); new worker
-        resources relaunch each worker."""
+        PS count goes checkpoint → restart PS → restore (re-partition). New CPU / memory of the PS,
+        or of workers that keep their number of torch threads, are new cgroup limits in place (no
+        restart, as Kubernetes' in-place pod resize); otherwise each worker is relaunched."""
         job = self.read_job(job_id)
         current = Configuration(**job["config"])
         started = time.monotonic()
         actions = []
-        if (config.ps, config.ps_cpu, config.ps_memory_mb) != (current.ps, current.ps_cpu, current.ps_memory_mb):
+        ps_nodes = [node for node in job["nodes"].values() if node["role"] == "ps"]
+        if config.ps == current.ps and (config.ps_cpu, config.ps_memory_mb) != (current.ps_cpu, current.ps_memory_mb):
+            for node in ps_nodes:  # in place: a PS is one numpy thread, its rows stay where they are
+                node.update(cpu=config.ps_cpu, memory_mb=config.ps_memory_mb or None)
+                self._group(job_id, node, apply=True)
+            actions.append(f"ps resized in place to {config.ps_cpu:g} CPU / {config.ps_memory_mb:g} MB")
+        elif config.ps != current.ps:
             self.master_call(job_id, "/checkpoint", {})
             ports = {}
             for name in [n for n, node in job["nodes"].items() if node["role"] == "ps"]:
@@ -335,7 +347,13 @@ class LocalLauncher:
             actions.append(f"ps {current.ps}×{current.ps_cpu:g} → {config.ps}×{config.ps_cpu:g} (checkpoint, re-partition)")
         workers = sorted((n for n, node in job["nodes"].items() if node["role"] == "worker" and node.get("state") != STOPPED),
                          key=lambda n: job["nodes"][n]["index"])
-        if (config.worker_cpu, config.worker_memory_mb, config.worker_gpu) != (current.worker_cpu, current.worker_memory_mb, current.worker_gpu):
+        in_place = config.worker_gpu == current.worker_gpu and _threads(config.worker_cpu) == _threads(current.worker_cpu)
+        if (config.worker_cpu, config.worker_memory_mb) != (current.worker_cpu, current.worker_memory_mb) and in_place:
+            for name in workers[: config.workers]:  # same torch threads: new cgroup limits suffice
+                job["nodes"][name].update(cpu=config.worker_cpu, memory_mb=config.worker_memory_mb or None)
+                self._group(job_id, job["nodes"][name], apply=True)
+            actions.append(f"workers resized in place to {config.worker_cpu:g} CPU / {config.worker_memory_mb:g} MB")
+        elif (config.worker_cpu, config.worker_memory_mb, config.worker_gpu) != (current.worker_cpu, current.worker_memory_mb, current.worker_gpu):
             for name in workers[: config.workers]:
                 node = job["nodes"][name]
                 self.master_call(job_id, "/drain", {"node": name})

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from airflow_dlrover.launchers.local import LocalLauncher
-from airflow_dlrover.launchers.watch import SAMPLE_TABLE_COLUMNS, WINDOW_S, JobMeter, detector_history, heal
+from airflow_dlrover.launchers.watch import SAMPLE_TABLE_COLUMNS, WINDOW_S, JobMeter, detect_instability, detector_history, heal
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError, parse_duration_s
 from airflow_dlrover.runtime.spec import JobSpec
 
@@ -105,7 +105,9 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
                 if row:
                     rows.append(row)
                 history = detector_history(history, nodes, now)
-                events.extend(heal(launcher, job_id, history, now))
+                for record in detect_instability(history, now):
+                    events.append(heal(launcher, job_id, record))
+                    history = [h for h in history if h["node"] != record["node"]]  # judge the new node afresh
             if status["state"] == "done":
                 break
             if time.time() - started > timeout_s:

@@ -109,34 +109,39 @@ def all_running(statuses: list[Any]) -> bool:
     return all(s.state == RUNNING for s in statuses if s.state != "stopped")
 
 
-def heal(launcher: Any, job_id: str, history: list[dict[str, Any]], now_s: float) -> list[dict[str, Any]]:
-    """Run the optimizer's detectors on the node history and heal what can be healed in place:
-    a straggler gets a fresh worker with the planned CPU; a worker at OOM risk is relaunched with
-    more memory before the kill; a hot PS gets the proposed CPU quota in place (cgroup, no
-    restart: it keeps its rows). Returns one record per event with its evidence and the action;
-    the healed node's history is dropped so that it is judged afresh."""
+def detect_instability(history: list[dict[str, Any]], now_s: float) -> list[dict[str, Any]]:
+    """Run the optimizer's detectors (hot PS, stragglers, OOM risk) on the node history; one
+    JSON-able record per event with its evidence and proposed action."""
     from airflow_dlrover.optimizer.instability import detect
 
     table = pd.DataFrame(history)
     if table.empty:
         return []
-    planned = launcher.read_job(job_id)["config"]
     records = []
     for event in detect(table):
         record = event.to_dict()
-        record = {"time_s": now_s, "instability": record.pop("kind"), **record}
-        if event.kind == "straggler":
-            launcher.relaunch(job_id, event.node, cpu=planned["worker_cpu"])
-            record["healed"] = f"relaunched with {planned['worker_cpu']:g} CPU"
-        elif event.kind == "oom_risk" and event.node.startswith("worker"):
-            launcher.relaunch(job_id, event.node, memory_mb=event.action.value)
-            record["healed"] = f"relaunched with {event.action.value:g} MB"
-        elif event.kind == "hot_ps":
-            launcher.set_cpu(job_id, event.node, event.action.value)
-            record["healed"] = f"CPU quota raised to {event.action.value:g} in place"
-        records.append(record)
-        history[:] = [h for h in history if h["node"] != event.node]
+        records.append({"time_s": now_s, "instability": record.pop("kind"), **record})
     return records
+
+
+def heal(launcher: Any, job_id: str, record: dict[str, Any]) -> dict[str, Any]:
+    """Heal one detected event in place: a straggler gets a fresh worker with the planned CPU; a
+    worker at OOM risk is relaunched with more memory before the kill; a hot PS gets the proposed
+    CPU quota in place (cgroup, no restart: it keeps its rows). Returns the record with ``healed``."""
+    planned = launcher.read_job(job_id)["config"]
+    node, value = record["node"], record["action"].get("value")
+    if record["instability"] == "straggler":
+        launcher.relaunch(job_id, node, cpu=planned["worker_cpu"])
+        healed = f"relaunched with {planned['worker_cpu']:g} CPU"
+    elif record["instability"] == "oom_risk" and node.startswith("worker"):
+        launcher.relaunch(job_id, node, memory_mb=value)
+        healed = f"relaunched with {value:g} MB"
+    elif record["instability"] == "hot_ps":
+        launcher.set_cpu(job_id, node, value)
+        healed = f"CPU quota raised to {value:g} in place"
+    else:
+        healed = "not healable in place: recorded"
+    return {**record, "healed": healed}
 
 
 def detector_history(history: list[dict[str, Any]], nodes: list[dict[str, Any]], now_s: float) -> list[dict[str, Any]]:

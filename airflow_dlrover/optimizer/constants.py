@@ -97,8 +97,11 @@ DEFAULT_PRICE_PER_GB_HOUR = 0.125
 # Probe design
 # --------------------------------------------------------------------------------------------
 
-#: Probes use at most this fraction of the quota's cores, so profiling is cheap. (ours)
+#: Probes use at most this fraction of the quota's cores, so profiling is cheap ... (ours)
 PROBE_QUOTA_FRACTION = 0.5
+#: ... but at least this many cores (or the whole quota, if smaller): under half of a small quota
+#: too few distinct probes fit to identify the model (2 cores: 1 probe against 9). (ours)
+PROBE_MIN_BUDGET_CORES = 4.0
 #: Candidate values for probe configurations. (ours: small, powers of two)
 PROBE_WORKERS = (1, 2, 4, 8)
 PROBE_PS = (1, 2, 4)
@@ -171,3 +174,7 @@ OOM_HORIZON_S = 600.0
 OOM_USAGE_FRACTION = 0.95
 #: Memory forecasts need at least this many points. (ours)
 OOM_MIN_POINTS = 3
+#: ... and a trend counts only once it has risen this much over the series (slope × span): a
+#: steady worker's memory wanders ±5 MB between 3 s windows (our measurement: 196–206 MB over
+#: 70 s), which a 3-point Theil–Sen slope reads as 70 MB/min. (ours)
+OOM_MIN_RISE_MB = 32.0

@@ -130,8 +130,9 @@ def detect_oom_risk(
             continue
         if len(series) >= C.OOM_MIN_POINTS and series["time_s"].nunique() >= 2:
             trend = fit_trend(series["time_s"], series["memory_used_mb"])
-            seconds = trend.seconds_to(limit)
             slope = trend.slope_mb_per_s
+            rising = slope * np.ptp(series["time_s"].to_numpy(dtype=float)) >= C.OOM_MIN_RISE_MB
+            seconds = trend.seconds_to(limit) if rising else float("inf")
         else:
             trend, seconds, slope = None, float("inf"), 0.0
         near = used >= C.OOM_USAGE_FRACTION * limit

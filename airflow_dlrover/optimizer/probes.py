@@ -45,7 +45,7 @@ def design_probes(
     """
     if worker_gpu and worker_gpu > quota.gpu:
         raise InvalidInputError("worker_gpu", worker_gpu, f"≤ the quota's gpu ({quota.gpu})")
-    budget = max(quota.cpu * C.PROBE_QUOTA_FRACTION, min(quota.cpu, 2 * min(C.PROBE_CPU)))
+    budget = max(quota.cpu * C.PROBE_QUOTA_FRACTION, min(quota.cpu, C.PROBE_MIN_BUDGET_CORES))
     candidates = np.array(
         [
             (w, p, lw, lp)

@@ -119,6 +119,7 @@ class Master:
             self._expire_leases()
             if worker in self.draining:
                 self.draining.discard(worker)
+                self.latest.pop(worker, None)  # its rate no longer counts in the job's throughput
                 return {"exit": True}
             if len(self.done) == self.spec.num_shards:
                 return {"done": True}
@@ -154,6 +155,7 @@ class Master:
     def node_lost(self, node: str) -> dict[str, Any]:
         """The launcher saw ``node`` die: its shards go back to todo now, not at lease expiry."""
         with self.lock:
+            self.latest.pop(node, None)
             lost = [s for s, lease in self.leases.items() if lease.worker == node]
             for shard in lost:
                 del self.leases[shard]
@@ -173,6 +175,7 @@ class Master:
     def report(self, node: str, **metrics: Any) -> dict[str, Any]:
         with self.lock:
             metrics["_seen"] = time.monotonic()
+            metrics["reported_at"] = time.time()
             self.latest[node] = metrics
             for lease in self.leases.values():
                 if lease.worker == node:

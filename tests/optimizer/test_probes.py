@@ -30,7 +30,7 @@ def test_cold_design_identifies_every_cpu_parameter_cheaply(cpu):
 
 
 def test_a_tiny_probing_budget_reports_what_it_cannot_identify():
-    probes = design_probes(Quota(cpu=3, memory_mb=64 * 1024))  # probes may use 1.5 cores
+    probes = design_probes(Quota(cpu=1.5, memory_mb=64 * 1024))  # a small quota: probes may use all of it
     assert len(probes) == 5  # every configuration that fits
     configs = list(probes[["workers", "ps", "worker_cpu", "ps_cpu"]].itertuples(index=False, name=None))
     model = fit_throughput(model_samples(configs=configs), sharpness=1.0, leave_one_out=False)

@@ -1,0 +1,192 @@
+"""The profiling stage: measure the probe configurations the optimizer chose.
+
+``profile_job`` profiles our DLRM runtime *on the job itself*: the job starts on the first probe
+and is resized through the others (ordered so that the PS change as rarely as possible); each
+probe is measured for ``PROBE_WINDOW_S`` once every worker has reported on it. The samples
+trained while profiling count for the job — nothing is thrown away, as DLRover-RM profiles on
+the job's first steps — so the launch that follows is a resize of the running job.
+
+``profile_command`` profiles a user's own trainer ("bring your own"): for each probe the command
+runs with the probe's configuration in its arguments (``{workers}``, ``{ps}``, ``{worker_cpu}``,
+``{ps_cpu}``, ``{worker_memory_mb}``, ``{ps_memory_mb}``, ``{worker_gpu}``, ``{batch_size}``) and in
+``DLROVER_CONFIG`` (JSON), in a cgroup holding the probe's total CPU and memory, for
+``window_s``; its throughput (samples/s) is read from a metrics file (JSON lines or CSV with a
+``throughput`` column; the median of the values written) or from log lines matching a regex whose
+first group is the throughput.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from airflow_dlrover.launchers.cgroups import CgroupManager, Limits
+from airflow_dlrover.launchers.watch import JobMeter, all_running
+from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError
+from airflow_dlrover.runtime.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+#: Seconds each probe is measured for (our measurement on the local runtime: 3 s windows of ~3
+#: worker reports give a throughput within ±5 % of a 20 s window; benchmarks/runtime.py grid).
+PROBE_WINDOW_S = 3.0
+#: A probe's measurement starts once every worker has reported this long after the resize
+#: (one report interval of the worker: its rate then covers the new configuration only).
+PROBE_REPORT_AFTER_S = 1.0
+PROBE_SETTLE_TIMEOUT_S = 60.0
+POLL_S = 0.25
+#: Probe order: PS changes cost a checkpoint and a restart, worker changes almost nothing.
+PROBE_ORDER = ["ps", "ps_cpu", "ps_memory_mb", "worker_cpu", "worker_memory_mb", "worker_gpu", "batch_size", "workers"]
+
+
+def order_probes(probes: pd.DataFrame) -> list[Configuration]:
+    table = probes.reindex(columns=list(CONFIG_COLUMNS)).sort_values(PROBE_ORDER, kind="stable")
+    return [Configuration(**row) for row in table.to_dict("records")]
+
+
+def profile_job(launcher: Any, spec: JobSpec, probes: pd.DataFrame, window_s: float = PROBE_WINDOW_S) -> pd.DataFrame:
+    """Launch (or adopt) the job and measure it on each probe; returns the sample table with
+    ``probe_s`` (seconds the probe took, resize included)."""
+    rows = []
+    job_id = spec.job_id
+    for index, config in enumerate(order_probes(probes)):
+        started = time.monotonic()
+        if index == 0:
+            launcher.launch(spec, config)
+        if Configuration(**launcher.read_job(job_id)["config"]) != config:
+            launcher.resize(job_id, config)
+        if not _settle(launcher, job_id, time.time()):
+            log.info("the job finished while profiling: %d of %d probes measured", index, len(probes))
+            break
+        meter = JobMeter(launcher, job_id)
+        status = {"state": "training"}
+        while meter.elapsed_s < window_s and status["state"] != "done":
+            status = launcher.master_call(job_id, "/status", timeout=10.0)
+            meter.observe(status, healthy=all_running(launcher.status(job_id)))
+            time.sleep(POLL_S)
+        row, _ = meter.close(time.monotonic() - started)
+        if row is None:
+            log.warning("probe %s was not measured cleanly (a node failed or the job ended)", config.describe())
+            continue
+        rows.append({**row, "probe_s": time.monotonic() - started})
+        log.info("probe %d/%d %s: %.0f samples/s", index + 1, len(probes), config.describe(), row["throughput"])
+    return pd.DataFrame(rows)
+
+
+def _settle(launcher: Any, job_id: str, since: float) -> bool:
+    """Wait until every active worker reported ``PROBE_REPORT_AFTER_S`` after ``since``;
+    False when the job is done."""
+    deadline = time.monotonic() + PROBE_SETTLE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        metrics = launcher.metrics(job_id)
+        if metrics.get("status") and metrics["status"]["state"] == "done":
+            return False
+        workers = [s.name for s in launcher.status(job_id) if s.role == "worker" and s.state == "running"]
+        reports = metrics["nodes"]
+        if workers and all(reports.get(w, {}).get("reported_at", 0) >= since + PROBE_REPORT_AFTER_S for w in workers):
+            return True
+        time.sleep(POLL_S)
+    raise TimeoutError(f"job {job_id}: workers did not report within {PROBE_SETTLE_TIMEOUT_S:.0f}s of a probe resize")
+
+
+def profile_command(command: str, probes: pd.DataFrame, workdir: str | Path, *, window_s: float,
+                    metrics_file: str | None = None, log_regex: str | None = None,
+                    cgroups: CgroupManager | None = None) -> pd.DataFrame:
+    """Run a user's trainer on each probe (see the module docstring); returns the sample table."""
+    if bool(metrics_file) == bool(log_regex):
+        raise InvalidInputError("metrics_file / log_regex", f"{metrics_file!r} / {log_regex!r}",
+                                "exactly one of them: where the trainer's throughput is read")
+    pattern = None
+    if log_regex:
+        try:
+            pattern = re.compile(log_regex)
+        except re.error as err:
+            raise InvalidInputError("log_regex", log_regex, f"a valid regular expression ({err})") from None
+        if pattern.groups < 1:
+            raise InvalidInputError("log_regex", log_regex, "a regex with a group capturing the throughput")
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    cgroups = cgroups or CgroupManager()
+    rows = []
+    for index, config in enumerate(order_probes(probes)):
+        row = config.to_row()
+        try:
+            argv = command.format(**row)
+        except (KeyError, IndexError, ValueError) as err:
+            raise InvalidInputError("command", command, f"placeholders among {{{'}, {'.join(CONFIG_COLUMNS)}}} ({err})") from None
+        probe_dir = workdir / f"probe-{index}"
+        probe_dir.mkdir(exist_ok=True)
+        out_file = probe_dir / "output.log"
+        metrics_path = probe_dir / metrics_file if metrics_file else None
+        if metrics_path is not None:
+            metrics_path.unlink(missing_ok=True)
+        memory = config.memory_mb or None
+        group = cgroups.create(f"byo-{os.getpid()}", f"probe-{index}", Limits(config.cores, memory))
+        env = dict(os.environ, DLROVER_CONFIG=json.dumps(row), DLROVER_METRICS_FILE=str(metrics_path or ""),
+                   OMP_NUM_THREADS=str(max(1, math.floor(config.cores))))
+        started = time.monotonic()
+        with open(out_file, "wb") as out:
+            process = subprocess.Popen(argv, shell=True, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=probe_dir,
+                                       start_new_session=True, preexec_fn=group.preexec_fn())
+            group.add_pid(process.pid)
+            try:
+                process.wait(timeout=window_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=5.0)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+        seconds = time.monotonic() - started
+        usage = group.usage()
+        cgroups.remove_job(f"byo-{os.getpid()}")
+        if metrics_path is not None:
+            values = _read_metrics(metrics_path)
+        else:
+            values = [float(m.group(1)) for m in pattern.finditer(out_file.read_text(errors="replace"))]
+        if not values:
+            tail = out_file.read_text(errors="replace")[-1000:]
+            raise InvalidInputError(
+                "command", argv,
+                f"a trainer that reports its throughput ({'in ' + metrics_file if metrics_file else 'matching ' + log_regex}) "
+                f"within window_s={window_s:g}s; exit code {process.returncode}, output tail:\n{tail}",
+            )
+        # One process tree for the whole job: its usage is not split by role (left empty), only logged.
+        rows.append({**row, "throughput": float(np.median(values)), "probe_s": seconds, "timestamp": time.time()})
+        log.info("probe %d: %.2f cores used, %.0f MB peak", index + 1, usage.cpu_seconds / seconds, usage.memory_peak_mb)
+        log.info("probe %d/%d %s: %.0f samples/s", index + 1, len(probes), config.describe(), rows[-1]["throughput"])
+    return pd.DataFrame(rows)
+
+
+def _read_metrics(path: Path) -> list[float]:
+    if not path.exists():
+        return []
+    text = path.read_text(errors="replace").strip()
+    if not text:
+        return []
+    if text.startswith("{"):
+        values = []
+        for line in text.splitlines():
+            try:
+                value = json.loads(line).get("throughput")
+            except json.JSONDecodeError:
+                continue  # a line the trainer was writing when it was stopped
+            if isinstance(value, (int, float)):
+                values.append(float(value))
+        return values
+    table = pd.read_csv(path)
+    if "throughput" not in table:
+        raise InvalidInputError("metrics_file", str(path), "JSON lines or a CSV with a 'throughput' column")
+    return table["throughput"].dropna().astype(float).tolist()

@@ -1,0 +1,441 @@
+"""DLRover-RM operators: profile → fit → launch (pre-tune) → fine-tune (deferrable) → report.
+
+Thin: each parses and validates its arguments (a user's mistake fails at once, without retry,
+naming the field), calls the launcher / the optimizer, records what it did in the history store
+and pushes a small JSON summary to XCom. Time series and models live in the history store.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any, Sequence
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowRescheduleException
+
+from airflow_dlrover.operators.job import (
+    DLRoverTaskMixin, build_spec, duration_s, parse_faults, parse_quota, user_errors,
+)
+OBJECTIVES = ("throughput", "deadline", "efficiency")
+
+
+class DLRoverProfileOperator(DLRoverTaskMixin, BaseOperator):
+    """Profile the job on the probe configurations the optimizer designs under the quota (fewer
+    when yesterday's model of the same job exists) and store the sample table.
+
+    Our DLRM runtime is profiled on the job itself (it starts on the first probe; see
+    ``launchers.profiling``). With ``command`` a user's own trainer is profiled instead: the
+    command runs once per probe for ``probe_window`` with the configuration in its placeholders
+    and ``DLROVER_CONFIG``, its throughput read from ``metrics_file`` or ``log_regex``.
+
+    :param job: the job's name, stable across runs (templated)
+    :param job_args: the job: samples, data (``synthetic`` or a Criteo-format path), table_size,
+        tables, embedding_dim, batch_size, ... (templated)
+    :param quota: ``{"cpu", "memory", "gpu", "max_nodes"}``; the connection's default when None (templated)
+    :param probe_window: measurement time per probe, for ``command`` (templated)
+    :param command: bring-your-own trainer command (local launcher) (templated)
+    :param metrics_file: file (in the probe's working folder) where the trainer writes its throughput (templated)
+    :param log_regex: regex on the trainer's output whose first group is its throughput (templated)
+    :param dlrover_conn_id: the ``dlrover`` connection
+    """
+
+    template_fields: Sequence[str] = ("job", "job_args", "quota", "probe_window", "command", "metrics_file", "log_regex")
+    ui_color = "#e8f4fd"
+
+    def __init__(self, *, job: str, job_args: dict[str, Any] | None = None, quota: dict[str, Any] | None = None,
+                 probe_window: str | float = "20s", command: str | None = None, metrics_file: str | None = None,
+                 log_regex: str | None = None, dlrover_conn_id: str = "dlrover_default", **kwargs: Any):
+        super().__init__(**kwargs)
+        self.job, self.job_args, self.quota, self.probe_window = job, job_args, quota, probe_window
+        self.command, self.metrics_file, self.log_regex = command, metrics_file, log_regex
+        self.dlrover_conn_id = dlrover_conn_id
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from airflow_dlrover.launchers.profiling import profile_command, profile_job
+        from airflow_dlrover.optimizer.probes import design_probes
+
+        run, job_id = self.run_ids(context)
+        with user_errors():
+            quota = parse_quota(self.quota, self.hook.settings.quota)
+            spec = build_spec(job_id, self.job_args)
+            window_s = duration_s("probe_window", self.probe_window)
+            prior = self.history.latest_model(self.job, before_run=run)
+            probes = design_probes(quota, batch_size=spec.batch_size, prior=prior.throughput if prior else None,
+                                   memory=prior.memory if prior else None)
+        self.log.info("%s start: %d probes under %s", "warm" if prior else "cold", len(probes), quota)
+        started = time.monotonic()
+        if self.command:
+            with user_errors():
+                table = profile_command(self.command, probes, self.launcher.job_dir(job_id) / "byo-profile",
+                                        window_s=window_s, metrics_file=self.metrics_file, log_regex=self.log_regex)
+        else:
+            table = profile_job(self.launcher, spec, probes)
+        profile_s = time.monotonic() - started
+        self.history.clear_samples(run, "profile")  # a retry profiles again: keep one table
+        self.history.add_samples(run, table, stage="profile")
+        self.history.add(run, "event", {"event": "profiled", "probes": len(probes), "measured": len(table),
+                                        "warm_start": prior is not None, "profile_s": profile_s,
+                                        "bring_your_own": bool(self.command), "time": time.time()})
+        if table.empty:
+            raise RuntimeError(f"no probe of job {job_id} was measured cleanly; see the task log")
+        for row in table.to_dict("records"):
+            self.log.info("probe %dw×%g + %dps×%g: %.0f samples/s", row["workers"], row["worker_cpu"], row["ps"],
+                          row["ps_cpu"], row["throughput"])
+        return {"run": run, "job_id": job_id, "probes": len(probes), "measured": len(table),
+                "warm_start": prior is not None, "profile_s": round(profile_s, 2),
+                "throughput_min": float(table["throughput"].min()), "throughput_max": float(table["throughput"].max())}
+
+
+class DLRoverFitOperator(DLRoverTaskMixin, BaseOperator):
+    """Fit the throughput and memory models on this run's profile samples, warm-started from the
+    job's previous model; the model goes to the history store, a summary to XCom.
+
+    :param job: the job's name (templated)
+    :param dlrover_conn_id: the ``dlrover`` connection
+    """
+
+    template_fields: Sequence[str] = ("job",)
+    ui_color = "#e8f4fd"
+
+    def __init__(self, *, job: str, dlrover_conn_id: str = "dlrover_default", **kwargs: Any):
+        super().__init__(**kwargs)
+        self.job, self.dlrover_conn_id = job, dlrover_conn_id
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from airflow_dlrover.optimizer.job_model import fit_job_model
+        from airflow_dlrover.optimizer.types import InvalidInputError
+
+        run, _ = self.run_ids(context)
+        samples = self.history.samples(self.job, run_id=run, stage="profile")
+        if samples.empty:
+            with user_errors():
+                raise InvalidInputError("samples", f"run {run} of {self.job}", "profile samples: run the profile task first")
+        prior = self.history.latest_model(self.job, before_run=run)
+        with user_errors():
+            model = fit_job_model(samples, prior)
+        model_id = self.history.save_model(run, model)
+        report = model.throughput.report
+        summary = {
+            "model_id": model_id, "samples": len(samples), "warm_start": prior is not None,
+            "sharpness": model.throughput.sharpness,
+            "parameters": {k: float(f"{v:.4g}") for k, v in model.throughput.params.items()},
+            "in_sample_mape": round(report.in_sample_mape, 4),
+            "out_of_sample_mape": None if report.out_of_sample_mape is None else round(report.out_of_sample_mape, 4),
+            "out_of_sample_method": report.out_of_sample_method,
+            "pinned": sorted(report.pinned), "memory_model": model.memory is not None,
+        }
+        self.log.info("fitted on %d samples: in-sample MAPE %.1f %%, %s", len(samples), 100 * report.in_sample_mape,
+                      report.out_of_sample_method)
+        return summary
+
+
+class DLRoverLaunchOperator(DLRoverTaskMixin, BaseOperator):
+    """Pre-tune and launch: plan under the quota with the fitted model, then launch the job on
+    the plan — or adopt it when it already runs (after profiling, or on a retry) and resize it to
+    the plan. Faults to inject (demos) are scheduled once per run.
+
+    :param job: the job's name (templated)
+    :param job_args: as for the profile task (templated)
+    :param quota: as for the profile task (templated)
+    :param objective: ``throughput``, ``deadline`` (with ``deadline``) or ``efficiency`` (templated)
+    :param deadline: for the ``deadline`` objective, e.g. ``2h`` (templated)
+    :param baseline: the configuration the job would run without us (a configuration row), for
+        the report's comparison (templated)
+    :param inject: demo faults, e.g. ``kill-worker@30s`` (from the launch) (templated)
+    :param dlrover_conn_id: the ``dlrover`` connection
+    """
+
+    template_fields: Sequence[str] = ("job", "job_args", "quota", "objective", "deadline", "baseline", "inject")
+    ui_color = "#d9f2e6"
+
+    def __init__(self, *, job: str, job_args: dict[str, Any] | None = None, quota: dict[str, Any] | None = None,
+                 objective: str = "throughput", deadline: str | None = None, baseline: dict[str, Any] | None = None,
+                 inject: str | list[str] | None = None, dlrover_conn_id: str = "dlrover_default", **kwargs: Any):
+        super().__init__(**kwargs)
+        self.job, self.job_args, self.quota, self.objective, self.deadline = job, job_args, quota, objective, deadline
+        self.baseline, self.inject, self.dlrover_conn_id = baseline, inject, dlrover_conn_id
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from airflow_dlrover.optimizer.planner import plan
+        from airflow_dlrover.optimizer.types import Configuration, InvalidInputError
+
+        run, job_id = self.run_ids(context)
+        with user_errors():
+            quota = parse_quota(self.quota, self.hook.settings.quota)
+            spec = build_spec(job_id, self.job_args)
+            faults = parse_faults(self.inject)
+            if self.objective not in OBJECTIVES:
+                raise InvalidInputError("objective", self.objective, " | ".join(OBJECTIVES))
+            deadline_s = duration_s("deadline", self.deadline) if self.deadline else None
+            baseline = Configuration(**self.baseline) if self.baseline else None
+        model = self.history.latest_model(self.job)
+        if model is None:
+            with user_errors():
+                raise InvalidInputError("model", self.job, "a fitted model: run the fit task first")
+        with user_errors():
+            chosen = plan(model.throughput, model.memory, quota, self.objective, samples=spec.samples,
+                          deadline_s=deadline_s, batch_size=spec.batch_size)
+        record = {**chosen.to_dict(), "time": time.time()}
+        if baseline is not None:
+            record["baseline"] = {**baseline.to_row(),
+                                  "predicted_throughput": predict(model, baseline)}
+        self.history.add(run, "plan", record)
+        adopted = (self.launcher.job_dir(job_id) / "job.json").exists()
+        self.launcher.launch(spec, chosen.config)  # adopts a running job
+        current = Configuration(**self.launcher.read_job(job_id)["config"])
+        resize = None
+        if current != chosen.config:
+            resize = self.launcher.resize(job_id, chosen.config)
+        self.launcher.master_call(job_id, "/plan", chosen.to_dict(details=False))
+        already = any(e.get("event") == "faults_scheduled" for e in self.history.records(run, "event"))
+        if faults and not already:
+            self.launcher.master_call(job_id, "/faults", {"faults": faults})
+            self.history.add(run, "event", {"event": "faults_scheduled", "faults": faults, "time": time.time()})
+        self.history.add(run, "event", {"event": "launched", "time": time.time(), "adopted": adopted,
+                                        "resize": resize, "config": chosen.config.to_row()})
+        self.log.info("plan: %s — %s", chosen.config.describe(), chosen.reason)
+        return {"run": run, "job_id": job_id, "adopted": adopted, "config": chosen.config.to_row(),
+                "predicted_throughput": round(chosen.predicted_throughput, 1), "reason": chosen.reason}
+
+
+class DLRoverFineTuneOperator(DLRoverTaskMixin, BaseOperator):
+    """Fine-tune while the job trains (deferrable): a trigger measures the job in windows; on each
+    batch of windows the operator refits the model, asks the fine-tune policy (``optimizer.finetune``:
+    resize only when the pessimistic saving beats the resize cost, never within the minimum
+    interval, revert what did not deliver), resizes, records every decision with its reason, and
+    defers again until the job completes.
+
+    :param job: the job's name (templated)
+    :param quota: as for the profile task (templated)
+    :param window: measurement window (templated)
+    :param windows: windows per decision (templated)
+    :param turn: hand the worker slot back (reschedule) after this long; set it where tasks run
+        one at a time (``airflow dags test``) so that the instability guard gets its turns (templated)
+    :param dlrover_conn_id: the ``dlrover`` connection
+    """
+
+    template_fields: Sequence[str] = ("job", "quota", "window", "windows", "turn")
+    ui_color = "#fff4d6"
+
+    def __init__(self, *, job: str, quota: dict[str, Any] | None = None, window: str | float = "3s",
+                 windows: int | str = 3, turn: str | float | None = None, dlrover_conn_id: str = "dlrover_default",
+                 **kwargs: Any):
+        super().__init__(**kwargs)
+        self.job, self.quota, self.window, self.windows, self.turn = job, quota, window, windows, turn
+        self.dlrover_conn_id = dlrover_conn_id
+
+    def execute(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        _, job_id = self.run_ids(context)
+        with user_errors():
+            parse_quota(self.quota, self.hook.settings.quota)
+        self._defer(job_id)
+
+    def _defer(self, job_id: str) -> None:
+        from airflow_dlrover.triggers.dlrover import DLRoverJobTrigger
+
+        windows = int(self.windows)
+        trigger = DLRoverJobTrigger(job_id, "finetune", window_s=duration_s("window", self.window), windows=windows,
+                                    turn_s=duration_s("turn", self.turn) if self.turn else None,
+                                    **self.trigger_kwargs())
+        self.defer(trigger=trigger, method_name="execute_complete")
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any] | None:
+        import pandas as pd
+
+        run, job_id = self.run_ids(context)
+        rows = event.get("rows") or []
+        if rows:
+            self.history.add_samples(run, pd.DataFrame(rows), stage="finetune")
+        if event["kind"] == "windows":
+            self._decide(run, job_id)
+        elif event["kind"] == "turn":
+            raise AirflowRescheduleException(datetime.now(timezone.utc) + timedelta(seconds=1))
+        elif event["kind"] == "done":
+            decisions = self.history.records(run, "decision")
+            return {"job_id": job_id, "decisions": len(decisions),
+                    "resizes": sum(d["action"] != "keep" for d in decisions)}
+        elif event["kind"] == "timeout":
+            raise TimeoutError(f"job {job_id} did not finish while fine-tuning")
+        self._defer(job_id)
+
+    def _decide(self, run: int, job_id: str) -> None:
+        import numpy as np
+
+        from airflow_dlrover.optimizer.finetune import ResizeRecord, decide
+        from airflow_dlrover.optimizer.job_model import fit_job_model
+        from airflow_dlrover.optimizer.types import Configuration
+
+        quota = parse_quota(self.quota, self.hook.settings.quota)
+        samples = self.history.samples(self.job, run_id=run)
+        model = fit_job_model(samples, self.history.latest_model(self.job))
+        self.history.save_model(run, model)
+        decisions = self.history.records(run, "decision")
+        resizes = [d for d in decisions if d["action"] != "keep"]
+        last = resizes[-1] if resizes else None
+        last_resize = None
+        if last is not None:
+            last_resize = ResizeRecord(last["time"], Configuration(**last["current"]), Configuration(**last["target"]),
+                                       last["throughput_before"], last["predicted_speedup"], last["action"] == "revert")
+        since = last["time"] if last else self.history.records(run, "plan")[-1]["time"]
+        current = Configuration(**self.launcher.read_job(job_id)["config"])
+        finetune = samples[samples["timestamp"] >= since]
+        measured = finetune["throughput"].tolist()
+        status = self.launcher.master_call(job_id, "/status")
+        decision = decide(model.throughput, model.memory, quota, current, measured,
+                          status["samples_total"] - status["samples_done"], time.time(), last_resize,
+                          rejected=[Configuration(**d["reject"]) for d in decisions if d.get("reject")])
+        record = {**decision.to_dict(), "time": time.time(), "current": current.to_row(),
+                  "throughput_before": float(np.median(measured)) if measured else 0.0, "samples_done": status["samples_done"]}
+        if decision.action != "keep":
+            record["resize"] = self.launcher.resize(job_id, decision.target)
+        self.history.add(run, "decision", record)
+        self.log.info("fine-tune: %s — %s", decision.action, decision.reason)
+
+
+def predict(model: Any, config: Any) -> float:
+    """The model's throughput for one configuration."""
+    import pandas as pd
+
+    return float(model.throughput.predict(pd.DataFrame([config.to_row()]), band=False)[0])
+
+
+class DLRoverReportOperator(DLRoverTaskMixin, BaseOperator):
+    """Finish the run: account for every sample, evaluate the model, stop the job, and print and
+    store what the optimizer did — the chosen plan against the baseline, predicted and measured
+    throughput, utilisation, decisions and recoveries. Run it with ``trigger_rule="all_done"``: it
+    also stops the job of a failed run, and then fails.
+
+    :param job: the job's name (templated)
+    :param dlrover_conn_id: the ``dlrover`` connection
+    """
+
+    template_fields: Sequence[str] = ("job",)
+    ui_color = "#eeeeee"
+
+    def __init__(self, *, job: str, dlrover_conn_id: str = "dlrover_default", **kwargs: Any):
+        super().__init__(**kwargs)
+        self.job, self.dlrover_conn_id = job, dlrover_conn_id
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        import json
+
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from airflow_dlrover.launchers.run import job_summary
+
+        run, job_id = self.run_ids(context)
+        if not (self.launcher.job_dir(job_id) / "job.json").exists():
+            self.history.finish_run(run, "failed", {"error": "the job was never launched"})
+            raise AirflowFailException(f"job {job_id} was never launched: see the upstream tasks")
+        try:
+            status = self.launcher.master_call(job_id, "/status", timeout=10.0)
+        except ConnectionError:
+            status = {"state": "unreachable"}
+        try:
+            job = job_summary(self.launcher, job_id, self.launcher.spec(job_id)) if status["state"] == "done" else None
+        finally:
+            self.launcher.stop(job_id)
+        report = build_report(self.history, run, job, status)
+        self.history.finish_run(run, report["status"], report)
+        path = self.launcher.job_dir(job_id) / "report.json"
+        path.write_text(json.dumps(report, indent=2, default=str))
+        for line in format_report(report):
+            self.log.info("%s", line)
+        self.log.info("Full report: %s; history store: %s (job %r, run %d)", path, self.history.url, self.job, run)
+        if report["status"] != "succeeded":
+            raise AirflowFailException(f"job {job_id} did not complete: {report.get('error', status['state'])}")
+        return {key: report[key] for key in ("status", "jct_s", "profile_share", "measured_throughput",
+                                              "predicted_throughput", "samples_lost", "recoveries", "resizes")}
+
+
+def build_report(history: Any, run: int, job: dict[str, Any] | None, status: dict[str, Any]) -> dict[str, Any]:
+    """The run's story from the history store and the finished job's summary."""
+    import numpy as np
+
+    plans = history.records(run, "plan")
+    events = history.records(run, "event")
+    decisions = history.records(run, "decision")
+    samples = history.samples_of_run(run)
+    profiled = [e for e in events if e.get("event") == "profiled"]
+    launched = [e for e in events if e.get("event") == "launched"]
+    finetune = samples[samples["stage"] == "finetune"] if not samples.empty else samples
+    run_row = history.run(run)
+    now = time.time()
+    started = run_row["started"].timestamp()
+    profile_s = profiled[-1]["profile_s"] if profiled else 0.0
+    plan = plans[-1] if plans else {}
+
+    def utilisation(used: str, allocated: str) -> float | None:
+        if finetune.empty or finetune[used].isna().all():
+            return None
+        return float(np.nanmedian(finetune[used] / finetune[allocated]))
+
+    report = {
+        "status": "succeeded" if job and job["samples_lost"] == 0 and job["samples_trained"] >= job["samples_expected"]
+        else "failed",
+        "run_seconds": now - started,
+        "jct_s": now - (profiled[-1]["time"] - profile_s) if profiled else None,
+        "profile_s": profile_s,
+        "profile_share": profile_s / (now - started),
+        "probes": profiled[-1]["measured"] if profiled else 0,
+        "warm_start": bool(profiled and profiled[-1]["warm_start"]),
+        "plan": {k: plan.get(k) for k in ("workers", "ps", "worker_cpu", "ps_cpu", "worker_memory_mb", "ps_memory_mb",
+                                          "worker_gpu", "batch_size", "reason")},
+        "predicted_throughput": plan.get("predicted_throughput"),
+        "baseline": plan.get("baseline"),
+        "measured_throughput": float(finetune["throughput"].median()) if not finetune.empty else None,
+        "utilisation": {
+            "worker_cpu": utilisation("worker_cpu_used", "worker_cpu"),
+            "ps_cpu": utilisation("ps_cpu_used", "ps_cpu"),
+            "worker_memory": utilisation("worker_memory_used_mb", "worker_memory_mb"),
+            "ps_memory": utilisation("ps_memory_used_mb", "ps_memory_mb"),
+        },
+        "decisions": [{k: d.get(k) for k in ("action", "reason")} for d in decisions],
+        "resizes": sum(d["action"] != "keep" for d in decisions),
+        "recoveries": [e for e in events if e.get("event") == "recovered"],
+        "instability": [e for e in events if e.get("event") == "instability"],
+        "failures": [e for e in events if e.get("event") == "node_failed"],
+        "adopted_on_launch": bool(launched and launched[-1]["adopted"]),
+        "job": job,
+        "samples_lost": job["samples_lost"] if job else None,
+    }
+    if job is None:
+        report["error"] = f"the job ended in state {status['state']!r}"
+    return report
+
+
+def format_report(report: dict[str, Any]) -> list[str]:
+    """The report as the lines the task log shows."""
+    def fmt(value: Any, unit: str = "") -> str:
+        return "—" if value is None else f"{value:,.0f}{unit}" if isinstance(value, float) else f"{value}{unit}"
+
+    plan, baseline, job = report["plan"], report["baseline"], report["job"] or {}
+    lines = ["DLRover-RM run report", "=" * 72]
+    lines.append(f"status {report['status']}; JCT {fmt(report['jct_s'], ' s')}; profiling {fmt(report['profile_s'], ' s')} "
+                 f"({100 * report['profile_share']:.1f} % of the run, {report['probes']} probes, "
+                 f"{'warm' if report['warm_start'] else 'cold'} start)")
+    lines.append(f"{'':12}{'workers':>8}{'w_cpu':>7}{'ps':>4}{'ps_cpu':>7}{'w_mem':>8}{'ps_mem':>8}{'pred/s':>10}")
+    for name, row in (("chosen", {**plan, "predicted_throughput": report["predicted_throughput"]}), ("baseline", baseline)):
+        if row:
+            lines.append(f"{name:12}{row['workers']:>8}{row['worker_cpu']:>7g}{row['ps']:>4}{row['ps_cpu']:>7g}"
+                         f"{row['worker_memory_mb']:>8g}{row['ps_memory_mb']:>8g}{fmt(row['predicted_throughput']):>10}")
+    lines.append(f"reason: {plan.get('reason')}")
+    lines.append(f"throughput: predicted {fmt(report['predicted_throughput'])}/s, measured {fmt(report['measured_throughput'])}/s")
+    util = {k: (f"{100 * v:.0f} %" if v is not None else "—") for k, v in report["utilisation"].items()}
+    lines.append("utilisation (used / allocated): " + ", ".join(f"{k} {v}" for k, v in util.items()))
+    lines.append(f"fine-tune: {len(report['decisions'])} decisions, {report['resizes']} resizes")
+    for d in report["decisions"][-5:]:
+        lines.append(f"  {d['action']}: {d['reason']}")
+    lines.append(f"failures {len(report['failures'])}, recoveries {len(report['recoveries'])}, healed in place "
+                 f"{len(report['instability'])}")
+    for e in report["recoveries"]:
+        lines.append(f"  try {e['try_number']}: {e['node']} {e['state']} ({e['reason']}) → relaunched with "
+                     f"{fmt(e['memory_mb'], ' MB')} in {e['recovered_in_s']:.1f} s")
+    for e in report["instability"]:
+        lines.append(f"  {e['instability']} {e['node']}: {e['healed']}")
+    if job:
+        lines.append(f"samples: {job['samples_trained']:,} trained of {job['samples_expected']:,}, lost "
+                     f"{job['samples_lost']}, duplicated {job['samples_duplicated']}; restarts {job['restarts']}; "
+                     f"held-out loss {job['eval_loss']:.4f}, AUC {job['eval_auc']:.3f}")
+    return lines
