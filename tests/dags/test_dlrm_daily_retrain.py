@@ -1,0 +1,101 @@
+"""The example DAG end to end with ``dag.test()`` (the real task runner, triggers run inline),
+on the local launcher: a cold run, then warm-started runs of the same job with injected faults
+whose recovery is an Airflow retry. Runs in order: each later run warm-starts from the earlier."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from airflow_dlrover.history.store import HistoryStore
+from airflow_dlrover.launchers.cgroups import CgroupManager
+from airflow_dlrover.launchers.local import LocalLauncher
+
+DAG_FILE = Path(__file__).parents[2] / "dags" / "dlrm_daily_retrain.py"
+JOB = "dlrm_daily_retrain"
+#: small and quick: 1.5 cores → 5 cold probes; turns of 10 s interleave the fine-tune and the guard
+SMALL = {"samples": 1_200_000, "table_size": 5000, "quota_cpu": 1.5, "quota_memory": "4Gi", "turn": "10s"}
+
+
+def test_dag_file_parses_without_torch_or_kubernetes():
+    code = (f"import runpy, sys; runpy.run_path({str(DAG_FILE)!r}); "
+            "print(sorted(m for m in ('torch', 'kubernetes', 'scipy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.fixture(scope="module")
+def dag(airflow_db):
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+    assert bag.import_errors == {}
+    dag = bag.get_dag(JOB)
+    assert sorted(dag.task_dict) == ["fine_tune", "fit", "guard", "launch", "profile", "report"]
+    assert dag.task_dict["report"].trigger_rule == "all_done"
+    return dag
+
+
+def run(dag, **params):
+    run = dag.test(run_conf={**SMALL, **params})
+    tis = {ti.task_id: ti for ti in run.get_task_instances()}
+    history = HistoryStore()
+    record = history.runs(JOB)[-1]
+    return run, tis, record, history
+
+
+def test_cold_run_profiles_plans_trains_and_reports(dag):
+    dagrun, tis, record, history = run(dag)
+    assert dagrun.state == "success", {t: ti.state for t, ti in tis.items()}
+    report = record["summary"]
+    assert record["status"] == "succeeded"
+    assert report["probes"] == 5 and not report["warm_start"]  # every probe under 1.5 cores
+    assert report["samples_lost"] == 0 and report["job"]["samples_trained"] >= SMALL["samples"]
+    assert report["job"]["eval_auc"] > 0.6
+    plan = history.records(record["id"], "plan")[-1]
+    cores = plan["workers"] * plan["worker_cpu"] + plan["ps"] * plan["ps_cpu"]
+    assert cores <= SMALL["quota_cpu"] + 1e-9
+    assert report["job"]["config"]["workers"] == plan["workers"]  # the job ran on the plan
+    assert report["baseline"]["predicted_throughput"] > 0
+    assert len(history.samples(JOB, run_id=record["id"], stage="profile")) == 5
+    assert not list(CgroupManager().groups(tis["launch"].xcom_pull(task_ids="launch")["job_id"]))
+
+
+def test_warm_run_recovers_a_killed_worker_through_a_retry(dag):
+    dagrun, tis, record, history = run(dag, inject="kill-worker@4s")
+    assert dagrun.state == "success", {t: ti.state for t, ti in tis.items()}
+    report = record["summary"]
+    assert report["warm_start"] and report["probes"] == 2
+    assert tis["guard"].try_number >= 2
+    assert report["samples_lost"] == 0 and report["job"]["samples_trained"] >= SMALL["samples"]
+    [failure] = report["failures"]
+    assert failure["nodes"][0]["name"] == "worker-0" and failure["nodes"][0]["state"] == "failed"
+    [recovery] = report["recoveries"]
+    assert recovery["node"] == "worker-0" and recovery["try_number"] == failure["try_number"] + 1
+
+
+@pytest.mark.skipif(CgroupManager().mode == "advisory", reason="a real OOM kill needs a cgroup memory limit")
+def test_an_oom_kill_is_relaunched_with_more_memory_exactly_once(dag):
+    dagrun, tis, record, history = run(dag, inject="oom-worker@4s")
+    assert dagrun.state == "success", {t: ti.state for t, ti in tis.items()}
+    report = record["summary"]
+    [failure] = report["failures"]
+    assert failure["nodes"][0]["state"] == "oom_killed"
+    [recovery] = report["recoveries"]
+    planned = history.records(record["id"], "plan")[-1]["worker_memory_mb"]
+    assert recovery["memory_mb"] == -(-planned * 1.5 // 64) * 64
+    job_dir = LocalLauncher(Path(os.environ["AIRFLOW_HOME"]) / "dlrover" / "jobs").job_dir(report["job"]["job_id"])
+    nodes = json.loads((job_dir / "job.json").read_text())["nodes"]
+    assert nodes["worker-0"]["memory_mb"] == recovery["memory_mb"] and nodes["worker-0"]["restarts"] == 1
+    assert report["samples_lost"] == 0
+
+
+def test_a_bad_quota_fails_at_once_without_retry(dag):
+    dagrun, tis, record, _ = run(dag, quota_memory="12XB")
+    assert dagrun.state == "failed"
+    assert tis["profile"].state == "failed" and tis["profile"].try_number == 1
+    assert tis["launch"].state == "upstream_failed"
+    assert tis["report"].state == "failed" and record["status"] == "failed"
