@@ -1,0 +1,173 @@
+"""Each operator, the sensor and the trigger against the local launcher, called as the task runner
+calls them (``execute`` with a context; ``TaskDeferred`` carries the trigger)."""
+
+import asyncio
+import importlib
+import sys
+import textwrap
+
+import pytest
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+
+from airflow_dlrover.history.store import HistoryStore
+from airflow_dlrover.launchers.profiling import profile_command
+from airflow_dlrover.operators.dlrover import (
+    DLRoverFineTuneOperator, DLRoverFitOperator, DLRoverLaunchOperator, DLRoverProfileOperator,
+)
+from airflow_dlrover.operators.job import build_spec, launcher_job_id, parse_faults, parse_quota
+from airflow_dlrover.optimizer.probes import design_probes
+from airflow_dlrover.optimizer.types import InvalidInputError, Quota
+from airflow_dlrover.sensors.dlrover import DLRoverInstabilitySensor, DLRoverNodeFailure
+from airflow_dlrover.triggers.dlrover import DLRoverJobTrigger
+
+QUOTA = {"cpu": 1.5, "memory": "4Gi"}
+JOB_ARGS = {"samples": 3_000_000, "table_size": 5000}
+
+
+class TI:
+    try_number = 1
+
+
+def context(run_id):
+    return {"run_id": run_id, "ti": TI()}
+
+
+@pytest.mark.parametrize("quota, field", [
+    ({"cpu": 2, "memory": "12XB"}, "quota.memory"), ({"cpu": -1, "memory": "4Gi"}, "quota.cpu"),
+    ({"memory": "4Gi"}, "quota.cpu"), ({"cpu": 2, "memory": "4Gi", "gpus": 1}, "quota.gpus"), (None, "quota"),
+])
+def test_a_bad_quota_is_a_user_error_naming_the_field(airflow_db, quota, field):
+    task = DLRoverProfileOperator(task_id="profile", job="bad", job_args=JOB_ARGS, quota=quota)
+    with pytest.raises(AirflowFailException, match=rf"^{field}="):
+        task.execute(context("bad-quota"))
+
+
+@pytest.mark.parametrize("args, field", [
+    ({"data": "/no/such.tsv"}, "job_args.data"), ({"samples": "many"}, "job_args.samples"),
+    ({"table_size": 1}, "job_args.table_size"), ({"epochs": 2}, "job_args.epochs"), ({"samples": 1.5}, "job_args.samples"),
+])
+def test_bad_job_args_name_the_field(args, field):
+    with pytest.raises(InvalidInputError) as err:
+        build_spec("j", args)
+    assert err.value.field == field
+
+
+def test_job_args_faults_and_ids():
+    spec = build_spec("j", {"samples": "5000", "table_size": 100, "tables": 3, "embedding_dim": 8})
+    assert (spec.samples, spec.table_sizes, spec.bottom_mlp[-1]) == (5000, (100, 100, 100), 8)
+    assert parse_faults("kill-worker@30s, oom-worker:1@1m") == [
+        {"kind": "kill-worker", "node": "worker-0", "at_s": 30.0}, {"kind": "oom-worker", "node": "worker-1", "at_s": 60.0}]
+    with pytest.raises(InvalidInputError, match="inject='kill-ps@3s'"):
+        parse_faults("kill-ps@3s")
+    assert parse_quota(None, Quota(4, 8192)) == Quota(4, 8192)
+    long = launcher_job_id("dlrm_daily_retrain", "scheduled__2026-11-30T00:00:00+00:00")
+    assert len(long) <= 52 and long.startswith("dlrm-daily-retrain-scheduled-2026") and long == long.lower()
+    assert launcher_job_id("j", "manual__1") != launcher_job_id("j", "manual__2")
+
+
+TRAINER = textwrap.dedent("""
+    import json, os, sys, time
+    config = json.loads(os.environ["DLROVER_CONFIG"])
+    rate = 1000 * config["workers"] * config["worker_cpu"] / (1 + 0.5 / config["ps"])
+    assert int(sys.argv[1]) == config["workers"]
+    while True:
+        print(f"step rate: throughput={rate:.1f} samples/s", flush=True)
+        if os.environ["DLROVER_METRICS_FILE"]:
+            with open(os.environ["DLROVER_METRICS_FILE"], "a") as f:
+                f.write(json.dumps({"throughput": rate}) + "\\n")
+        time.sleep(0.1)
+""")
+
+
+@pytest.mark.parametrize("source", ["log_regex", "metrics_file"])
+def test_bring_your_own_trainer_is_profiled_from_its_log_or_metrics_file(tmp_path, source):
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    probes = design_probes(Quota(1.5, 4096))
+    how = {"log_regex": r"throughput=([\d.]+)"} if source == "log_regex" else {"metrics_file": "metrics.jsonl"}
+    table = profile_command(f"{sys.executable} {script} {{workers}}", probes, tmp_path / "byo", window_s=1.5, **how)
+    assert len(table) == len(probes)
+    expected = 1000 * table.workers * table.worker_cpu / (1 + 0.5 / table.ps)
+    assert (abs(table.throughput - expected) < 0.1).all()
+    assert (table.probe_s < 5).all()  # each probe stopped after its window
+
+
+def test_a_trainer_that_reports_nothing_is_a_clear_error(tmp_path):
+    with pytest.raises(InvalidInputError, match=r"^command=.*reports its throughput"):
+        profile_command("echo hello", design_probes(Quota(1.5, 4096)).head(1), tmp_path, window_s=1.0,
+                        log_regex=r"throughput=(\d+)")
+    with pytest.raises(InvalidInputError, match="exactly one"):
+        profile_command("true", design_probes(Quota(1.5, 4096)), tmp_path, window_s=1.0)
+
+
+def test_fit_without_profile_samples_is_a_user_error(airflow_db):
+    with pytest.raises(AirflowFailException, match="run the profile task first"):
+        DLRoverFitOperator(task_id="fit", job="never-profiled").execute(context("r1"))
+
+
+def test_trigger_serializes_to_its_classpath_and_kwargs():
+    trigger = DLRoverJobTrigger("job-1", "guard", jobs_dir="/tmp/jobs", window_s=2.0, turn_s=10.0)
+    classpath, kwargs = trigger.serialize()
+    module, name = classpath.rsplit(".", 1)
+    again = getattr(importlib.import_module(module), name)(**kwargs)
+    assert again.serialize() == (classpath, kwargs)
+    with pytest.raises(ValueError, match="purpose"):
+        DLRoverJobTrigger("job-1", "watch")
+
+
+def test_operators_against_a_running_job(airflow_db):
+    """profile (on the job itself) → fit → launch; a retried launch adopts; the fine-tune and the
+    guard defer to triggers that fire on the real job; a failed-node event is a retryable failure."""
+    job, ctx = "operators", context("manual__ops")
+    profiled = DLRoverProfileOperator(task_id="profile", job=job, job_args=JOB_ARGS, quota=QUOTA).execute(ctx)
+    assert profiled["measured"] == profiled["probes"] == 5 and not profiled["warm_start"]
+    fitted = DLRoverFitOperator(task_id="fit", job=job).execute(ctx)
+    assert fitted["samples"] == 5 and set(fitted["parameters"]) >= {"overhead", "ps_service"}
+    launch = DLRoverLaunchOperator(task_id="launch", job=job, job_args=JOB_ARGS, quota=QUOTA)
+    first = launch.execute(ctx)
+    launcher = launch.launcher
+    job_id = first["job_id"]
+    try:
+        assert first["adopted"]  # profiling left the job running: the launch resized it to the plan
+        pids = {n: node["pid"] for n, node in launcher.read_job(job_id)["nodes"].items() if node.get("state") == "running"}
+        retry = DLRoverLaunchOperator(task_id="launch", job=job, job_args=JOB_ARGS, quota=QUOTA).execute(ctx)
+        assert retry["adopted"] and retry["config"] == first["config"]
+        after = {n: node["pid"] for n, node in launcher.read_job(job_id)["nodes"].items() if node.get("state") == "running"}
+        assert after == pids  # adopted: not one process started twice
+        history = HistoryStore()
+        assert [e["adopted"] for e in history.records(first["run"], "event") if e["event"] == "launched"] == [True, True]
+
+        finetune = DLRoverFineTuneOperator(task_id="fine_tune", job=job, quota=QUOTA, window="2s", windows=2)
+        with pytest.raises(TaskDeferred) as deferred:
+            finetune.execute(ctx)
+        event = asyncio.run(_first_event(deferred.value.trigger))
+        assert event["kind"] == "windows" and len(event["rows"]) == 2
+        assert all(row["workers"] == first["config"]["workers"] for row in event["rows"])
+        with pytest.raises(TaskDeferred):  # decides, records, and defers again
+            finetune.execute_complete(ctx, event)
+        [decision] = history.records(first["run"], "decision")
+        assert decision["action"] in ("keep", "resize") and decision["reason"]
+
+        guard = DLRoverInstabilitySensor(task_id="guard", job=job, window="2s")
+        with pytest.raises(TaskDeferred) as deferred:
+            guard.execute(ctx)
+        launcher.kill_node(job_id, "worker-0")
+        event = asyncio.run(_first_event(deferred.value.trigger))
+        assert event["kind"] == "failed" and event["nodes"][0]["name"] == "worker-0"
+        with pytest.raises(DLRoverNodeFailure) as failure:
+            guard.execute_complete(ctx, event)
+        assert isinstance(failure.value, AirflowException) and not isinstance(failure.value, AirflowFailException)
+        TI.try_number = 2
+        with pytest.raises(TaskDeferred):  # the retry recovers, then watches again
+            guard.execute(ctx)
+        [recovered] = [e for e in history.records(first["run"], "event") if e["event"] == "recovered"]
+        assert recovered["node"] == "worker-0" and recovered["try_number"] == 2
+        assert {s.name: s.state for s in launcher.status(job_id)}["worker-0"] == "running"
+    finally:
+        TI.try_number = 1
+        launcher.stop(job_id)
+
+
+async def _first_event(trigger):
+    async for event in trigger.run():
+        return event.payload
