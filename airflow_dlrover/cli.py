@@ -5,6 +5,7 @@
     dlrover-rm predict MODEL.json CONFIGS.csv
     dlrover-rm plan MODEL.json --cpu 64 --memory 256Gi [--objective throughput|deadline|efficiency]
     dlrover-rm demo
+    dlrover-rm report JOB [--run ID] [--history-url URL]
 
 User mistakes print ``error: <field>=<value> is invalid: allowed ...`` and exit with status 2.
 """
@@ -141,6 +142,25 @@ def cmd_demo(args: argparse.Namespace) -> None:
     print(f"\nwrote {out / 'model.json'} and {out / 'plan.json'}")
 
 
+def cmd_report(args: argparse.Namespace) -> None:
+    from airflow_dlrover.history.report import format_report
+    from airflow_dlrover.history.store import HistoryStore
+
+    store = HistoryStore(args.history_url)
+    runs = [r for r in store.runs(args.job) if r["summary"] and (args.run is None or r["id"] == args.run)]
+    if not runs:
+        raise InvalidInputError("job", args.job, f"a job with a reported run in {store.url}")
+    run = runs[-1]
+    print(f"{args.job}, run {run['id']} ({run['run_key']}): {run['status']}")
+    print("\n".join(format_report(run["summary"])))
+    job_id = (run["summary"].get("job") or {}).get("job_id")
+    print(f"\nhistory store: {store.url}")
+    if job_id:
+        from airflow_dlrover.launchers import default_jobs_dir
+
+        print(f"job folder (logs, report.json, metrics.jsonl): {default_jobs_dir() / job_id}")
+
+
 def cmd_train(args: argparse.Namespace) -> None:
     """Run one training job with the local launcher; write summary.json and samples.csv."""
     from airflow_dlrover.launchers.local import LocalLauncher
@@ -237,6 +257,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--job-id", default=None)
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("report", help="print the report of a job's last run from the history store")
+    p.add_argument("job")
+    p.add_argument("--run", type=int, help="a run id (default: the last reported run)")
+    p.add_argument("--history-url", help="SQLAlchemy URL (default: SQLite under AIRFLOW_HOME)")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("demo", help="profile table → fit → plan on the bundled example")
     p.add_argument("--out", default="dlrover-demo", help="folder for model.json and plan.json")

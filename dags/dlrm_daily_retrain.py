@@ -40,7 +40,7 @@ with DAG(
     default_args={"retries": 1, "retry_delay": timedelta(seconds=2)},
     params={
         "dataset": Param("synthetic", type="string", description="synthetic, or the path of a Criteo-format file"),
-        "samples": Param(6_000_000, type="integer", minimum=1),
+        "samples": Param(16_000_000, type="integer", minimum=1),
         "table_size": Param(20_000, type="integer", minimum=2),
         "quota_cpu": Param(2.0, type="number", exclusiveMinimum=0),
         "quota_memory": Param("8Gi", type="string"),

@@ -229,14 +229,14 @@ class DLRoverFineTuneOperator(DLRoverTaskMixin, BaseOperator):
         _, job_id = self.run_ids(context)
         with user_errors():
             parse_quota(self.quota, self.hook.settings.quota)
-        self._defer(job_id)
+        self._defer(job_id, self.turn_ends_at())
 
-    def _defer(self, job_id: str) -> None:
+    def _defer(self, job_id: str, turn_ends_at: float | None) -> None:
         from airflow_dlrover.triggers.dlrover import DLRoverJobTrigger
 
         windows = int(self.windows)
         trigger = DLRoverJobTrigger(job_id, "finetune", window_s=duration_s("window", self.window), windows=windows,
-                                    turn_s=duration_s("turn", self.turn) if self.turn else None,
+                                    turn_ends_at=turn_ends_at,
                                     **self.trigger_kwargs())
         self.defer(trigger=trigger, method_name="execute_complete")
 
@@ -257,7 +257,7 @@ class DLRoverFineTuneOperator(DLRoverTaskMixin, BaseOperator):
                     "resizes": sum(d["action"] != "keep" for d in decisions)}
         elif event["kind"] == "timeout":
             raise TimeoutError(f"job {job_id} did not finish while fine-tuning")
-        self._defer(job_id)
+        self._defer(job_id, event.get("turn_ends_at"))
 
     def _decide(self, run: int, job_id: str) -> None:
         import numpy as np
@@ -322,6 +322,7 @@ class DLRoverReportOperator(DLRoverTaskMixin, BaseOperator):
 
         from airflow.sdk.exceptions import AirflowFailException
 
+        from airflow_dlrover.history.report import build_report, format_report
         from airflow_dlrover.launchers.run import job_summary
 
         run, job_id = self.run_ids(context)
@@ -347,95 +348,3 @@ class DLRoverReportOperator(DLRoverTaskMixin, BaseOperator):
             raise AirflowFailException(f"job {job_id} did not complete: {report.get('error', status['state'])}")
         return {key: report[key] for key in ("status", "jct_s", "profile_share", "measured_throughput",
                                               "predicted_throughput", "samples_lost", "recoveries", "resizes")}
-
-
-def build_report(history: Any, run: int, job: dict[str, Any] | None, status: dict[str, Any]) -> dict[str, Any]:
-    """The run's story from the history store and the finished job's summary."""
-    import numpy as np
-
-    plans = history.records(run, "plan")
-    events = history.records(run, "event")
-    decisions = history.records(run, "decision")
-    samples = history.samples_of_run(run)
-    profiled = [e for e in events if e.get("event") == "profiled"]
-    launched = [e for e in events if e.get("event") == "launched"]
-    finetune = samples[samples["stage"] == "finetune"] if not samples.empty else samples
-    run_row = history.run(run)
-    now = time.time()
-    started = run_row["started"].timestamp()
-    profile_s = profiled[-1]["profile_s"] if profiled else 0.0
-    plan = plans[-1] if plans else {}
-
-    def utilisation(used: str, allocated: str) -> float | None:
-        if finetune.empty or finetune[used].isna().all():
-            return None
-        return float(np.nanmedian(finetune[used] / finetune[allocated]))
-
-    report = {
-        "status": "succeeded" if job and job["samples_lost"] == 0 and job["samples_trained"] >= job["samples_expected"]
-        else "failed",
-        "run_seconds": now - started,
-        "jct_s": now - (profiled[-1]["time"] - profile_s) if profiled else None,
-        "profile_s": profile_s,
-        "profile_share": profile_s / (now - started),
-        "probes": profiled[-1]["measured"] if profiled else 0,
-        "warm_start": bool(profiled and profiled[-1]["warm_start"]),
-        "plan": {k: plan.get(k) for k in ("workers", "ps", "worker_cpu", "ps_cpu", "worker_memory_mb", "ps_memory_mb",
-                                          "worker_gpu", "batch_size", "reason")},
-        "predicted_throughput": plan.get("predicted_throughput"),
-        "baseline": plan.get("baseline"),
-        "measured_throughput": float(finetune["throughput"].median()) if not finetune.empty else None,
-        "utilisation": {
-            "worker_cpu": utilisation("worker_cpu_used", "worker_cpu"),
-            "ps_cpu": utilisation("ps_cpu_used", "ps_cpu"),
-            "worker_memory": utilisation("worker_memory_used_mb", "worker_memory_mb"),
-            "ps_memory": utilisation("ps_memory_used_mb", "ps_memory_mb"),
-        },
-        "decisions": [{k: d.get(k) for k in ("action", "reason")} for d in decisions],
-        "resizes": sum(d["action"] != "keep" for d in decisions),
-        "recoveries": [e for e in events if e.get("event") == "recovered"],
-        "instability": [e for e in events if e.get("event") == "instability"],
-        "failures": [e for e in events if e.get("event") == "node_failed"],
-        "adopted_on_launch": bool(launched and launched[-1]["adopted"]),
-        "job": job,
-        "samples_lost": job["samples_lost"] if job else None,
-    }
-    if job is None:
-        report["error"] = f"the job ended in state {status['state']!r}"
-    return report
-
-
-def format_report(report: dict[str, Any]) -> list[str]:
-    """The report as the lines the task log shows."""
-    def fmt(value: Any, unit: str = "") -> str:
-        return "—" if value is None else f"{value:,.0f}{unit}" if isinstance(value, float) else f"{value}{unit}"
-
-    plan, baseline, job = report["plan"], report["baseline"], report["job"] or {}
-    lines = ["DLRover-RM run report", "=" * 72]
-    lines.append(f"status {report['status']}; JCT {fmt(report['jct_s'], ' s')}; profiling {fmt(report['profile_s'], ' s')} "
-                 f"({100 * report['profile_share']:.1f} % of the run, {report['probes']} probes, "
-                 f"{'warm' if report['warm_start'] else 'cold'} start)")
-    lines.append(f"{'':12}{'workers':>8}{'w_cpu':>7}{'ps':>4}{'ps_cpu':>7}{'w_mem':>8}{'ps_mem':>8}{'pred/s':>10}")
-    for name, row in (("chosen", {**plan, "predicted_throughput": report["predicted_throughput"]}), ("baseline", baseline)):
-        if row:
-            lines.append(f"{name:12}{row['workers']:>8}{row['worker_cpu']:>7g}{row['ps']:>4}{row['ps_cpu']:>7g}"
-                         f"{row['worker_memory_mb']:>8g}{row['ps_memory_mb']:>8g}{fmt(row['predicted_throughput']):>10}")
-    lines.append(f"reason: {plan.get('reason')}")
-    lines.append(f"throughput: predicted {fmt(report['predicted_throughput'])}/s, measured {fmt(report['measured_throughput'])}/s")
-    util = {k: (f"{100 * v:.0f} %" if v is not None else "—") for k, v in report["utilisation"].items()}
-    lines.append("utilisation (used / allocated): " + ", ".join(f"{k} {v}" for k, v in util.items()))
-    lines.append(f"fine-tune: {len(report['decisions'])} decisions, {report['resizes']} resizes")
-    for d in report["decisions"][-5:]:
-        lines.append(f"  {d['action']}: {d['reason']}")
-    lines.append(f"failures {len(report['failures'])}, recoveries {len(report['recoveries'])}, healed in place "
-                 f"{len(report['instability'])}")
-    for e in report["recoveries"]:
-        lines.append(f"  try {e['try_number']}: {e['node']} {e['state']} ({e['reason']}) → relaunched with "
-                     f"{fmt(e['memory_mb'], ' MB')} in {e['recovered_in_s']:.1f} s")
-    for e in report["instability"]:
-        lines.append(f"  {e['instability']} {e['node']}: {e['healed']}")
-    if job:
-        lines.append(f"samples: {job['samples_trained']:,} trained of {job['samples_expected']:,}, lost "
-                     f"{job['samples_lost']}, duplicated {job['samples_duplicated']}; restarts {job['restarts']}; "
-                     f"held-out loss {job['eval_loss']:.4f}, AUC {job['eval_auc']:.3f}")
-    return lines

@@ -163,6 +163,13 @@ class DLRoverTaskMixin:
         run_id = context["run_id"]
         return self.history.start_run(self.job, run_id), launcher_job_id(self.job, run_id)
 
+    def turn_ends_at(self) -> float | None:
+        """When the task's turn ends (``turn``): it spans its re-deferrals, not each one."""
+        import time
+
+        turn = getattr(self, "turn", None)
+        return time.time() + duration_s("turn", turn) if turn else None
+
     def trigger_kwargs(self) -> dict[str, Any]:
         settings = self.hook.settings
         return {"launcher": settings.launcher, "jobs_dir": settings.jobs_dir}

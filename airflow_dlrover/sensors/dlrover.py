@@ -66,7 +66,7 @@ class DLRoverInstabilitySensor(DLRoverTaskMixin, BaseSensorOperator):
                              event["memory_mb"], event["recovered_in_s"])
         if not self.deferrable:
             return super().execute(context)
-        self._defer(job_id)
+        self._defer(job_id, self.turn_ends_at())
 
     def poke(self, context: Any) -> bool:
         """One check (non-deferrable mode): True when the job is done; a failed node raises."""
@@ -78,11 +78,11 @@ class DLRoverInstabilitySensor(DLRoverTaskMixin, BaseSensorOperator):
             self._fail(context, [_node(s) for s in failed])
         return self.launcher.master_call(job_id, "/status")["state"] == "done"
 
-    def _defer(self, job_id: str) -> None:
+    def _defer(self, job_id: str, turn_ends_at: float | None) -> None:
         from airflow_dlrover.triggers.dlrover import DLRoverJobTrigger
 
         trigger = DLRoverJobTrigger(job_id, "guard", window_s=duration_s("window", self.window),
-                                    turn_s=duration_s("turn", self.turn) if self.turn else None,
+                                    turn_ends_at=turn_ends_at,
                                     **self.trigger_kwargs())
         self.defer(trigger=trigger, method_name="execute_complete")
 
@@ -113,7 +113,7 @@ class DLRoverInstabilitySensor(DLRoverTaskMixin, BaseSensorOperator):
                     "healed": sum(e.get("event") == "instability" for e in events)}
         elif event["kind"] == "timeout":
             raise AirflowException(f"job {job_id} did not finish while guarded")
-        self._defer(job_id)
+        self._defer(job_id, event.get("turn_ends_at"))
 
 
 def _node(status: Any) -> dict[str, Any]:

@@ -9,9 +9,9 @@ One trigger, two purposes (the task that deferred to it):
   OOM-killed or vanished, and ``{"kind": "instability", "events": [...]}`` when the optimizer's
   detectors (hot PS, straggler, OOM risk) see one in the node history.
 
-Both fire ``{"kind": "done"}`` when the job finished, ``{"kind": "turn"}`` after ``turn_s`` (so that a
-runner that executes one task at a time, as ``airflow dags test`` does, can interleave the
-fine-tune and the guard) and ``{"kind": "timeout"}`` after ``timeout_s`` (a bound of our own:
+Both fire ``{"kind": "done"}`` when the job finished, ``{"kind": "turn"}`` at ``turn_ends_at`` (epoch
+seconds: the task's turn spans its re-deferrals, so that a runner that executes one task at a
+time, as ``airflow dags test`` does, can interleave the fine-tune and the guard) and ``{"kind": "timeout"}`` after ``timeout_s`` (a bound of our own:
 ``airflow dags test`` does not enforce the defer timeout). Launcher calls block, so they run in a
 thread; the trigger holds no state that a triggerer restart would lose — it serializes to its
 classpath and keyword arguments and starts a fresh window when re-created.
@@ -36,26 +36,26 @@ class DLRoverJobTrigger(BaseTrigger):
     :param jobs_dir: the local launcher's jobs folder
     :param window_s: seconds per measurement window
     :param windows: clean windows per ``windows`` event (``finetune``)
-    :param turn_s: fire ``turn`` after this many seconds (None: never)
+    :param turn_ends_at: fire ``turn`` at this time, epoch seconds (None: never)
     :param poll_s: seconds between polls
     :param timeout_s: fire ``timeout`` after this many seconds
     """
 
     def __init__(self, job_id: str, purpose: str, launcher: str = "local", jobs_dir: str | None = None,
-                 window_s: float = 3.0, windows: int = 3, turn_s: float | None = None, poll_s: float = 0.5,
+                 window_s: float = 3.0, windows: int = 3, turn_ends_at: float | None = None, poll_s: float = 0.5,
                  timeout_s: float = 24 * 3600.0):
         super().__init__()
         if purpose not in PURPOSES:
             raise ValueError(f"purpose={purpose!r} is invalid: allowed {', '.join(PURPOSES)}")
         self.job_id, self.purpose, self.launcher, self.jobs_dir = job_id, purpose, launcher, jobs_dir
-        self.window_s, self.windows, self.turn_s = float(window_s), int(windows), turn_s
+        self.window_s, self.windows, self.turn_ends_at = float(window_s), int(windows), turn_ends_at
         self.poll_s, self.timeout_s = float(poll_s), float(timeout_s)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
             f"{type(self).__module__}.{type(self).__qualname__}",
             {"job_id": self.job_id, "purpose": self.purpose, "launcher": self.launcher, "jobs_dir": self.jobs_dir,
-             "window_s": self.window_s, "windows": self.windows, "turn_s": self.turn_s, "poll_s": self.poll_s,
+             "window_s": self.window_s, "windows": self.windows, "turn_ends_at": self.turn_ends_at, "poll_s": self.poll_s,
              "timeout_s": self.timeout_s},
         )
 
@@ -69,7 +69,7 @@ class DLRoverJobTrigger(BaseTrigger):
             event = await asyncio.to_thread(self._step, watch, time.monotonic() - started)
             if event is not None:
                 self.log.info("job %s: %s", self.job_id, event["kind"])
-                yield TriggerEvent({"job_id": self.job_id, **event})
+                yield TriggerEvent({"job_id": self.job_id, "turn_ends_at": self.turn_ends_at, **event})
                 return
             await asyncio.sleep(self.poll_s)
 
@@ -101,7 +101,7 @@ class DLRoverJobTrigger(BaseTrigger):
                     events = detect_instability(watch.history, elapsed_s)
                     if events:
                         return {"kind": "instability", "events": events}
-        if self.turn_s is not None and elapsed_s >= self.turn_s:
+        if self.turn_ends_at is not None and time.time() >= self.turn_ends_at:
             return {"kind": "turn", "rows": watch.rows}
         if elapsed_s >= self.timeout_s:
             return {"kind": "timeout", "rows": watch.rows}

@@ -75,6 +75,9 @@ def test_warm_run_recovers_a_killed_worker_through_a_retry(dag):
     assert failure["nodes"][0]["name"] == "worker-0" and failure["nodes"][0]["state"] == "failed"
     [recovery] = report["recoveries"]
     assert recovery["node"] == "worker-0" and recovery["try_number"] == failure["try_number"] + 1
+    # recovered while the job trained, not after it: fine-tune windows were measured afterwards
+    finetune = history.samples(JOB, run_id=record["id"], stage="finetune")
+    assert finetune["timestamp"].max() > recovery["time"]
 
 
 @pytest.mark.skipif(CgroupManager().mode == "advisory", reason="a real OOM kill needs a cgroup memory limit")

@@ -3,13 +3,14 @@
 import json
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from airflow_dlrover.launchers.base import OOM_KILLED, RUNNING
-from airflow_dlrover.launchers.cgroups import CgroupManager, Limits
+from airflow_dlrover.launchers.cgroups import CgroupManager
 from airflow_dlrover.launchers.local import LocalLauncher
 from airflow_dlrover.launchers.run import Fault, run_job
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, USAGE_COLUMNS, Configuration, InvalidInputError
@@ -106,10 +107,22 @@ def test_second_launch_adopts_the_running_job_and_limits_are_applied(tmp_path):
         assert all(s.state == RUNNING for s in second.status("adopt"))
         if manager.mode == "advisory":
             pytest.skip(f"cgroups not writable here: {manager.advisory_reason}")
-        for name, node in first.read_job("adopt")["nodes"].items():
-            limits = manager.create("adopt", name, Limits(node["cpu"], node["memory_mb"])).read_limits()
-            assert limits.cpu_cores == pytest.approx(node["cpu"]) and limits.memory_mb == pytest.approx(node["memory_mb"])
+
+        def limits_applied():
+            groups = {g.node: g.read_limits() for g in manager.groups("adopt")}  # read back, not written
+            for name, node in first.read_job("adopt")["nodes"].items():
+                assert groups[name].cpu_cores == pytest.approx(node["cpu"])
+                assert groups[name].memory_mb == pytest.approx(node["memory_mb"])
+
+        limits_applied()
         assert first.read_job("adopt")["nodes"]["worker-0"]["cpu"] == CONFIG.worker_cpu
+        pids = {name: node["pid"] for name, node in first.read_job("adopt")["nodes"].items()}
+        # Same torch threads (1) and the same PS count: new limits in place, no process restarted.
+        result = second.resize("adopt", replace(CONFIG, worker_cpu=0.75, ps_cpu=1.0, ps_memory_mb=1536))
+        assert [a.split(" to ")[0] for a in result["actions"]] == ["ps resized in place", "workers resized in place"]
+        assert {name: node["pid"] for name, node in first.read_job("adopt")["nodes"].items()} == pids
+        assert first.read_job("adopt")["nodes"]["ps-0"]["cpu"] == 1.0
+        limits_applied()
     finally:
         first.stop("adopt")
     assert all(s.state == "stopped" for s in first.status("adopt"))

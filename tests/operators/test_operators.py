@@ -5,9 +5,10 @@ import asyncio
 import importlib
 import sys
 import textwrap
+import time
 
 import pytest
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowRescheduleException, TaskDeferred
 
 from airflow_dlrover.history.store import HistoryStore
 from airflow_dlrover.launchers.profiling import profile_command
@@ -106,7 +107,7 @@ def test_fit_without_profile_samples_is_a_user_error(airflow_db):
 
 
 def test_trigger_serializes_to_its_classpath_and_kwargs():
-    trigger = DLRoverJobTrigger("job-1", "guard", jobs_dir="/tmp/jobs", window_s=2.0, turn_s=10.0)
+    trigger = DLRoverJobTrigger("job-1", "guard", jobs_dir="/tmp/jobs", window_s=2.0, turn_ends_at=1.8e9)
     classpath, kwargs = trigger.serialize()
     module, name = classpath.rsplit(".", 1)
     again = getattr(importlib.import_module(module), name)(**kwargs)
@@ -147,6 +148,11 @@ def test_operators_against_a_running_job(airflow_db):
             finetune.execute_complete(ctx, event)
         [decision] = history.records(first["run"], "decision")
         assert decision["action"] in ("keep", "resize") and decision["reason"]
+
+        turn = DLRoverJobTrigger(job_id, "finetune", jobs_dir=deferred.value.trigger.jobs_dir, turn_ends_at=time.time())
+        assert asyncio.run(_first_event(turn))["kind"] == "turn"
+        with pytest.raises(AirflowRescheduleException):  # the turn is over: hand the slot back
+            finetune.execute_complete(ctx, {"kind": "turn", "rows": []})
 
         guard = DLRoverInstabilitySensor(task_id="guard", job=job, window="2s")
         with pytest.raises(TaskDeferred) as deferred:

@@ -1,3 +1,4 @@
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -83,3 +84,14 @@ def test_detect_runs_every_detector_and_checks_columns():
     with pytest.raises(InvalidInputError) as err:
         detect(pd.DataFrame({"time_s": [0], "node": ["x"]}))
     assert err.value.field == "metrics columns" and "cpu_used" in str(err.value)
+
+
+def test_memory_noise_is_not_an_oom_risk_but_a_real_rise_is():
+    """A steady worker wanders ±5 MB between windows (measured); only a real rise is a trend."""
+    times = np.arange(0.0, 30.0, 3.0)
+    noisy = pd.DataFrame({"time_s": times, "node": "worker-0", "memory_used_mb": 200 + 5 * (-1) ** np.arange(10) + times * 0.1,
+                          "memory_limit_mb": 512.0})
+    assert detect_oom_risk(noisy) == []
+    rising = noisy.assign(memory_used_mb=200 + 4.0 * times)  # 4 MB/s: 512 MB in ~45 s
+    [event] = detect_oom_risk(rising)
+    assert event.node == "worker-0" and event.action.value > 512
