@@ -20,6 +20,7 @@ DEMO_ENV := AIRFLOW_HOME=$(DEMO_HOME) AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags
 DEMO_CONF ?= {}
 
 demo: $(VENV)/.installed
+	mkdir -p $(DEMO_HOME)
 	$(DEMO_ENV) $(VENV)/bin/airflow db migrate > /dev/null
 	$(DEMO_ENV) $(VENV)/bin/airflow dags test dlrm_daily_retrain -c '$(DEMO_CONF)' > $(DEMO_HOME)/dags-test.log 2>&1 \
 		|| { tail -50 $(DEMO_HOME)/dags-test.log; echo "the DAG run failed: see $(DEMO_HOME)/dags-test.log"; exit 1; }

@@ -15,7 +15,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowRescheduleException
 
 from airflow_dlrover.operators.job import (
-    DLRoverTaskMixin, build_spec, duration_s, parse_faults, parse_quota, user_errors,
+    DLRoverTaskMixin, build_spec, duration_s, parse_faults, parse_quota, positive_int, user_errors,
 )
 OBJECTIVES = ("throughput", "deadline", "efficiency")
 
@@ -225,19 +225,21 @@ class DLRoverFineTuneOperator(DLRoverTaskMixin, BaseOperator):
         self.job, self.quota, self.window, self.windows, self.turn = job, quota, window, windows, turn
         self.dlrover_conn_id = dlrover_conn_id
 
-    def execute(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    def execute(self, context: Any) -> None:
+        from airflow_dlrover.optimizer.types import InvalidInputError
+
         _, job_id = self.run_ids(context)
         with user_errors():
             parse_quota(self.quota, self.hook.settings.quota)
+            if positive_int("windows", self.windows) < 1:
+                raise InvalidInputError("windows", self.windows, "≥ 1")
         self._defer(job_id, self.turn_ends_at())
 
     def _defer(self, job_id: str, turn_ends_at: float | None) -> None:
         from airflow_dlrover.triggers.dlrover import DLRoverJobTrigger
 
-        windows = int(self.windows)
-        trigger = DLRoverJobTrigger(job_id, "finetune", window_s=duration_s("window", self.window), windows=windows,
-                                    turn_ends_at=turn_ends_at,
-                                    **self.trigger_kwargs())
+        trigger = DLRoverJobTrigger(job_id, "finetune", window_s=duration_s("window", self.window),
+                                    windows=positive_int("windows", self.windows), turn_ends_at=turn_ends_at, **self.trigger_kwargs())
         self.defer(trigger=trigger, method_name="execute_complete")
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any] | None:
@@ -268,7 +270,9 @@ class DLRoverFineTuneOperator(DLRoverTaskMixin, BaseOperator):
 
         quota = parse_quota(self.quota, self.hook.settings.quota)
         samples = self.history.samples(self.job, run_id=run)
-        model = fit_job_model(samples, self.history.latest_model(self.job))
+        # Warm-started from the previous run's model, as the fit task: this run's own earlier refits
+        # already saw these samples and would count them twice.
+        model = fit_job_model(samples, self.history.latest_model(self.job, before_run=run))
         self.history.save_model(run, model)
         decisions = self.history.records(run, "decision")
         resizes = [d for d in decisions if d["action"] != "keep"]

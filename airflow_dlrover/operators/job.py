@@ -175,6 +175,12 @@ class DLRoverTaskMixin:
         return {"launcher": settings.launcher, "jobs_dir": settings.jobs_dir}
 
 
+def positive_int(field: str, value: Any) -> int:
+    """An integer argument (templated fields may arrive as strings); a user error otherwise."""
+    with user_errors():
+        return _coerce(field, value, int)
+
+
 def duration_s(field: str, value: Any) -> float:
     from airflow_dlrover.optimizer.types import parse_duration_s
 

@@ -82,8 +82,7 @@ class DLRoverInstabilitySensor(DLRoverTaskMixin, BaseSensorOperator):
         from airflow_dlrover.triggers.dlrover import DLRoverJobTrigger
 
         trigger = DLRoverJobTrigger(job_id, "guard", window_s=duration_s("window", self.window),
-                                    turn_ends_at=turn_ends_at,
-                                    **self.trigger_kwargs())
+                                    turn_ends_at=turn_ends_at, **self.trigger_kwargs())
         self.defer(trigger=trigger, method_name="execute_complete")
 
     def _fail(self, context: Any, nodes: list[dict[str, Any]]) -> None:
