@@ -38,10 +38,10 @@ from airflow_dlrover.runtime.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
-#: Seconds each probe is measured for. Our measurement (benchmarks/probe_window.py, 2w×0.5 +
-#: 1ps×0.5): median |error| against a 36 s reference 6.0 % for 1 s windows, 4.3 % for 2 s,
-#: 4.6 % for 3 s, 5.1 % for 4 s — longer windows do not help the median; the worst windows are
-#: those that straddle a periodic checkpoint.
+#: Seconds each probe is measured for. Our measurement (benchmarks/probe_window.py, one run,
+#: 2w×0.5 + 1ps×0.5, against the shards done over 40 s): median |error| 5.9 % for 1 s windows,
+#: 6.6 % for 2 s, 6.5 % for 3 s, 4.9 % for 4 s (max 47 %, 20 %, 23 %, 11 %: windows across a
+#: periodic checkpoint). Beyond 1 s the median barely moves; each second costs every probe.
 PROBE_WINDOW_S = 2.0
 #: A probe's measurement starts once every worker has reported this long after the resize
 #: (one report interval of the worker: its rate then covers the new configuration only).

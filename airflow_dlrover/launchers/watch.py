@@ -2,12 +2,13 @@
 
 Shared by ``run_job`` (the CLI's supervisor), the profiling stage and the Airflow triggers.
 
-A window's throughput is the mean of the master's job throughput read at each poll inside it
-(the sum of the workers' own rates over their last report); a node's CPU is
-Δ(cgroup CPU seconds) / Δt over the window; memory is the last reading. A window is *clean*
-when the configuration, the set of nodes and their restarts did not change during it and no
-node failed: only clean windows become profile samples (a window across a resize or a
-relaunch mixes two configurations).
+A window's throughput is Σ_workers Δsamples / Δt between each worker's last report before the
+window opened and its last report before it closed (cumulative counters: no lag from the
+workers' own rate windows, exact over any span); a node's CPU is Δ(cgroup CPU seconds) / Δt;
+memory is the last reading. A window is *clean* when the configuration, the set of nodes and
+their restarts did not change during it, no node failed and every active worker reported in it:
+only clean windows become profile samples (a window across a resize or a relaunch mixes two
+configurations).
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ class JobMeter:
 
     def _open(self) -> None:
         metrics = self.launcher.metrics(self.job_id)
+        job = self.launcher.read_job(self.job_id)
         self.opened, self.usage = metrics["usage_time"], metrics["usage"]
-        self.fingerprint = _fingerprint(self.launcher.read_job(self.job_id))
-        self.readings: list[float] = []
+        self.fingerprint, self.reports = _fingerprint(job), worker_reports(job, metrics)
         self.healthy = True
         self.samples_done = 0
 
@@ -55,8 +56,6 @@ class JobMeter:
     def observe(self, status: dict[str, Any], healthy: bool = True) -> None:
         """One poll: the master's ``/status`` and whether every node runs."""
         self.healthy &= healthy
-        if status["throughput"] > 0:
-            self.readings.append(float(status["throughput"]))
         self.samples_done = status["samples_done"]
 
     def close(self, now_s: float) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
@@ -66,11 +65,33 @@ class JobMeter:
         job = self.launcher.read_job(self.job_id)
         seconds = metrics["usage_time"] - self.opened
         nodes = node_rows(job, metrics, self.usage, seconds, now_s)
-        clean = self.healthy and _fingerprint(job) == self.fingerprint and bool(self.readings)
-        row = profile_row(job["config"], nodes, float(np.mean(self.readings)), self.samples_done) if clean else None
+        reports = worker_reports(job, metrics)
+        throughput = job_throughput(self.reports, reports)
+        clean = self.healthy and _fingerprint(job) == self.fingerprint and throughput is not None
+        row = profile_row(job["config"], nodes, throughput, self.samples_done) if clean else None
         self.opened, self.usage = metrics["usage_time"], metrics["usage"]
-        self.fingerprint, self.readings, self.healthy = _fingerprint(job), [], True
+        self.fingerprint, self.reports, self.healthy = _fingerprint(job), reports, True
         return row, nodes
+
+
+def worker_reports(job: dict[str, Any], metrics: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """(cumulative samples, report time) of each active worker's last report."""
+    active = {n for n, node in job["nodes"].items() if node["role"] == "worker" and node.get("state") != "stopped"}
+    return {n: (float(m["samples"]), float(m["reported_at"])) for n, m in metrics.get("nodes", {}).items()
+            if n in active and "reported_at" in m}
+
+
+def job_throughput(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> float | None:
+    """Σ_workers Δsamples / Δt; None unless every worker reported, without a restart, in between."""
+    if not after or set(after) != set(before):
+        return None
+    rates = []
+    for name, (samples, at) in after.items():
+        samples0, at0 = before[name]
+        if at <= at0 or samples < samples0:
+            return None
+        rates.append((samples - samples0) / (at - at0))
+    return float(sum(rates))
 
 
 def node_rows(job: dict[str, Any], metrics: dict[str, Any], before: dict[str, Any], seconds: float,

@@ -17,6 +17,7 @@ from airflow.sdk.exceptions import AirflowRescheduleException
 from airflow_dlrover.operators.job import (
     DLRoverTaskMixin, build_spec, duration_s, parse_faults, parse_quota, positive_int, user_errors,
 )
+
 OBJECTIVES = ("throughput", "deadline", "efficiency")
 
 
@@ -143,6 +144,8 @@ class DLRoverLaunchOperator(DLRoverTaskMixin, BaseOperator):
     :param baseline: the configuration the job would run without us (a configuration row), for
         the report's comparison (templated)
     :param inject: demo faults, e.g. ``kill-worker@30s`` (from the launch) (templated)
+    :param plan_only: record and return the plan without launching (for a trainer of your own,
+        profiled with ``command``: its task reads the plan from this task's XCom)
     :param dlrover_conn_id: the ``dlrover`` connection
     """
 
@@ -151,10 +154,11 @@ class DLRoverLaunchOperator(DLRoverTaskMixin, BaseOperator):
 
     def __init__(self, *, job: str, job_args: dict[str, Any] | None = None, quota: dict[str, Any] | None = None,
                  objective: str = "throughput", deadline: str | None = None, baseline: dict[str, Any] | None = None,
-                 inject: str | list[str] | None = None, dlrover_conn_id: str = "dlrover_default", **kwargs: Any):
+                 inject: str | list[str] | None = None, plan_only: bool = False,
+                 dlrover_conn_id: str = "dlrover_default", **kwargs: Any):
         super().__init__(**kwargs)
         self.job, self.job_args, self.quota, self.objective, self.deadline = job, job_args, quota, objective, deadline
-        self.baseline, self.inject, self.dlrover_conn_id = baseline, inject, dlrover_conn_id
+        self.baseline, self.inject, self.plan_only, self.dlrover_conn_id = baseline, inject, plan_only, dlrover_conn_id
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_dlrover.optimizer.planner import plan
@@ -181,6 +185,11 @@ class DLRoverLaunchOperator(DLRoverTaskMixin, BaseOperator):
             record["baseline"] = {**baseline.to_row(),
                                   "predicted_throughput": predict(model, baseline)}
         self.history.add(run, "plan", record)
+        self.log.info("plan: %s — %s", chosen.config.describe(), chosen.reason)
+        summary = {"run": run, "job_id": job_id, "config": chosen.config.to_row(),
+                   "predicted_throughput": round(chosen.predicted_throughput, 1), "reason": chosen.reason}
+        if self.plan_only:
+            return summary
         adopted = (self.launcher.job_dir(job_id) / "job.json").exists()
         self.launcher.launch(spec, chosen.config)  # adopts a running job
         current = Configuration(**self.launcher.read_job(job_id)["config"])
@@ -194,9 +203,7 @@ class DLRoverLaunchOperator(DLRoverTaskMixin, BaseOperator):
             self.history.add(run, "event", {"event": "faults_scheduled", "faults": faults, "time": time.time()})
         self.history.add(run, "event", {"event": "launched", "time": time.time(), "adopted": adopted,
                                         "resize": resize, "config": chosen.config.to_row()})
-        self.log.info("plan: %s — %s", chosen.config.describe(), chosen.reason)
-        return {"run": run, "job_id": job_id, "adopted": adopted, "config": chosen.config.to_row(),
-                "predicted_throughput": round(chosen.predicted_throughput, 1), "reason": chosen.reason}
+        return {**summary, "adopted": adopted}
 
 
 class DLRoverFineTuneOperator(DLRoverTaskMixin, BaseOperator):

@@ -176,7 +176,10 @@ class Master:
         with self.lock:
             metrics["_seen"] = time.monotonic()
             metrics["reported_at"] = time.time()
-            self.latest[node] = metrics
+            if metrics.get("final"):  # the node leaves: its rate no longer counts
+                self.latest.pop(node, None)
+            else:
+                self.latest[node] = metrics
             for lease in self.leases.values():
                 if lease.worker == node:
                     lease.deadline = time.monotonic() + self.spec.shard_timeout_s

@@ -111,7 +111,7 @@ class Worker:
         while True:
             reply = self.master.post("/shard/next", worker=self.name, generation=self.generation)
             if reply.get("exit") or reply.get("done"):
-                self._report(force=True)
+                self._report(force=True, final=True)
                 return
             if "wait" in reply:
                 self._report()
@@ -186,7 +186,7 @@ class Worker:
         w["compute"] += t3 - t2
         w["push"] += t4 - t3
 
-    def _report(self, force: bool = False) -> None:
+    def _report(self, force: bool = False, final: bool = False) -> None:
         w = self.window
         elapsed = time.monotonic() - w["start"]
         if elapsed < REPORT_INTERVAL_S and not force:
@@ -197,7 +197,7 @@ class Worker:
             samples_per_s=w["samples"] / max(elapsed, 1e-9), loss=self.last_loss,
             step_time={k: w[k] for k in ("data", "lookup", "compute", "push")}, window_s=elapsed,
             cpu_seconds=cpu.user + cpu.system, rss_mb=self.process.memory_info().rss / 2**20,
-            generation=self.generation,
+            generation=self.generation, final=final,
         )
         self.window = {"samples": 0, "data": 0.0, "lookup": 0.0, "compute": 0.0, "push": 0.0, "start": time.monotonic()}
         command = reply.get("command")

@@ -69,7 +69,8 @@ def test_job_args_faults_and_ids():
 TRAINER = textwrap.dedent("""
     import json, os, sys, time
     config = json.loads(os.environ["DLROVER_CONFIG"])
-    rate = 1000 * config["workers"] * config["worker_cpu"] / (1 + 0.5 / config["ps"])
+    # worker compute and PS service in series: a function the throughput model can represent
+    rate = 1 / (1 / (2000 * config["workers"] * config["worker_cpu"]) + 1 / (3000 * config["ps"] * config["ps_cpu"]))
     assert int(sys.argv[1]) == config["workers"]
     while True:
         print(f"step rate: throughput={rate:.1f} samples/s", flush=True)
@@ -88,7 +89,7 @@ def test_bring_your_own_trainer_is_profiled_from_its_log_or_metrics_file(tmp_pat
     how = {"log_regex": r"throughput=([\d.]+)"} if source == "log_regex" else {"metrics_file": "metrics.jsonl"}
     table = profile_command(f"{sys.executable} {script} {{workers}}", probes, tmp_path / "byo", window_s=1.5, **how)
     assert len(table) == len(probes)
-    expected = 1000 * table.workers * table.worker_cpu / (1 + 0.5 / table.ps)
+    expected = 1 / (1 / (2000 * table.workers * table.worker_cpu) + 1 / (3000 * table.ps * table.ps_cpu))
     assert (abs(table.throughput - expected) < 0.1).all()
     assert (table.probe_s < 5).all()  # each probe stopped after its window
 
@@ -177,3 +178,21 @@ def test_operators_against_a_running_job(airflow_db):
 async def _first_event(trigger):
     async for event in trigger.run():
         return event.payload
+
+
+def test_bring_your_own_trainer_through_profile_fit_and_plan(airflow_db, tmp_path):
+    """A user's trainer: profiled through its log, fitted, planned (plan_only: nothing launched)."""
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    job, ctx = "byo", context("manual__byo")
+    profiled = DLRoverProfileOperator(task_id="profile", job=job, quota=QUOTA, probe_window="1s",
+                                      command=f"{sys.executable} {script} {{workers}}",
+                                      log_regex=r"throughput=([\d.]+)").execute(ctx)
+    assert profiled["measured"] == 5
+    fitted = DLRoverFitOperator(task_id="fit", job=job).execute(ctx)
+    assert fitted["in_sample_mape"] < 0.05  # the trainer's rate is a smooth function of the config
+    planned = DLRoverLaunchOperator(task_id="launch", job=job, quota=QUOTA, plan_only=True).execute(ctx)
+    assert "adopted" not in planned and planned["predicted_throughput"] > 0
+    config = planned["config"]
+    assert config["workers"] * config["worker_cpu"] + config["ps"] * config["ps_cpu"] <= QUOTA["cpu"] + 1e-9
+    assert not (DLRoverLaunchOperator(task_id="l", job=job).launcher.job_dir(planned["job_id"]) / "job.json").exists()
