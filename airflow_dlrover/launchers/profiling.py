@@ -10,7 +10,8 @@ the job's first steps — so the launch that follows is a resize of the running 
 runs with the probe's configuration in its arguments (``{workers}``, ``{ps}``, ``{worker_cpu}``,
 ``{ps_cpu}``, ``{worker_memory_mb}``, ``{ps_memory_mb}``, ``{worker_gpu}``, ``{batch_size}``) and in
 ``DLROVER_CONFIG`` (JSON), in a cgroup holding the probe's total CPU and memory, for
-``window_s``; its throughput (samples/s) is read from a metrics file (JSON lines or CSV with a
+``window_s``; its CPU and peak memory are shared evenly over the probe's nodes (one process
+tree runs the whole job); its throughput (samples/s) is read from a metrics file (JSON lines or CSV with a
 ``throughput`` column; the median of the values written) or from log lines matching a regex whose
 first group is the throughput.
 """
@@ -171,9 +172,14 @@ def profile_command(command: str, probes: pd.DataFrame, workdir: str | Path, *, 
                 f"a trainer that reports its throughput ({'in ' + metrics_file if metrics_file else 'matching ' + log_regex}) "
                 f"within window_s={window_s:g}s; exit code {process.returncode}, output tail:\n{tail}",
             )
-        # One process tree for the whole job: its usage is not split by role (left empty), only logged.
-        rows.append({**row, "throughput": float(np.median(values)), "probe_s": seconds, "timestamp": time.time()})
-        log.info("probe %d: %.2f cores used, %.0f MB peak", index + 1, usage.cpu_seconds / seconds, usage.memory_peak_mb)
+        # One process tree for the whole job: its CPU and peak memory are shared evenly over the
+        # configuration's nodes, so that the memory model (and the plan's total) can be fitted.
+        nodes = config.workers + config.ps
+        cpu_share = usage.cpu_seconds / seconds / nodes
+        memory_share = (usage.memory_peak_mb or usage.memory_mb) / nodes
+        rows.append({**row, "throughput": float(np.median(values)), "probe_s": seconds, "timestamp": time.time(),
+                     "worker_cpu_used": cpu_share, "ps_cpu_used": cpu_share,
+                     "worker_memory_used_mb": memory_share, "ps_memory_used_mb": memory_share})
         log.info("probe %d/%d %s: %.0f samples/s", index + 1, len(probes), config.describe(), rows[-1]["throughput"])
     return pd.DataFrame(rows)
 
