@@ -6,6 +6,7 @@
     dlrover-rm plan MODEL.json --cpu 64 --memory 256Gi [--objective throughput|deadline|efficiency]
     dlrover-rm demo
     dlrover-rm report JOB [--run ID] [--history-url URL]
+    dlrover-rm render --launcher kubernetes PLAN.json [--job-id ID] [--namespace NS] [--image IMG] [--samples N]
 
 User mistakes print ``error: <field>=<value> is invalid: allowed ...`` and exit with status 2.
 """
@@ -194,6 +195,31 @@ def cmd_train(args: argparse.Namespace) -> None:
     print(f"wrote {out / 'summary.json'} and {out / 'samples.csv'}")
 
 
+RENDER_LAUNCHERS = ("kubernetes",)  # the local launcher starts processes: it has nothing to render
+
+
+def cmd_render(args: argparse.Namespace) -> None:
+    """Print the manifests of a plan (a configuration row, as ``plan`` writes it) as YAML."""
+    from airflow_dlrover.launchers.kubernetes_manifests import config_from_plan, render_job, to_yaml
+    from airflow_dlrover.runtime.spec import JobSpec
+
+    if args.launcher not in RENDER_LAUNCHERS:
+        raise InvalidInputError("launcher", args.launcher, " | ".join(RENDER_LAUNCHERS))
+    try:
+        row = json.loads(Path(args.plan).read_text())
+    except FileNotFoundError:
+        raise InvalidInputError("PLAN", args.plan, "an existing JSON file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InvalidInputError("PLAN", args.plan, f"a JSON object as `dlrover-rm plan` prints it ({err})") from None
+    config = config_from_plan(row)
+    if args.samples is not None and args.samples < 1:
+        raise InvalidInputError("samples", args.samples, "an integer ≥ 1")
+    extra = {} if args.samples is None else {"samples": args.samples}
+    spec = JobSpec(job_id=args.job_id, batch_size=config.batch_size, **extra)
+    objects = render_job(spec, config, namespace=args.namespace, image=args.image)
+    print(to_yaml(objects), end="")
+
+
 def _add_quota(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu", required=True, help="cores in the quota, e.g. 64")
     parser.add_argument("--memory", required=True, help="memory in the quota, e.g. 256Gi")
@@ -263,6 +289,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", type=int, help="a run id (default: the last reported run)")
     p.add_argument("--history-url", help="SQLAlchemy URL (default: SQLite under AIRFLOW_HOME)")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("render", help="print the Kubernetes manifests of a plan (multi-document YAML)")
+    p.add_argument("plan", metavar="PLAN.json", help="a configuration row, e.g. the output of `dlrover-rm plan`")
+    p.add_argument("--launcher", required=True, help="kubernetes (the only one with manifests)")
+    p.add_argument("--job-id", default="dlrm", help="DNS-1123 label naming every object (default dlrm)")
+    p.add_argument("--namespace", default="default")
+    p.add_argument("--image", default="airflow-dlrover:latest", help="the runtime image (see the Dockerfile)")
+    p.add_argument("--samples", type=int, default=None, help="samples to train (default: JobSpec's)")
+    p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("demo", help="profile table → fit → plan on the bundled example")
     p.add_argument("--out", default="dlrover-demo", help="folder for model.json and plan.json")

@@ -1,0 +1,366 @@
+"""The Kubernetes objects of one training job, as plain dicts (no Kubernetes client needed).
+
+``render_job(spec, config, image=...)`` returns, for job ``J`` in namespace ``NS``:
+
+* ConfigMap ``J-spec``: ``spec.json`` (``JobSpec.to_json()``), mounted read-only as
+  ``<job dir>/spec.json`` in every pod (``subPath``: the job dir itself must stay writable);
+* Pod ``J-master`` and ClusterIP Service ``J-master`` (port :data:`MASTER_PORT`, the HTTP API);
+* headless Service ``J-ps`` and Pods ``J-ps-<i>`` with ``hostname``/``subdomain``: each PS has the
+  stable name ``J-ps-<i>.J-ps.NS.svc`` (:func:`ps_addresses`), which survives a relaunch;
+* Pods ``J-worker-<i>``, started with ``--master J-master.NS.svc:<MASTER_PORT>``.
+
+Every pod runs ``python -m airflow_dlrover.runtime ROLE`` with the arguments ``local.py`` passes,
+as uid/gid 1000 with a read-only root filesystem, no capabilities, no privilege escalation and the
+runtime's default seccomp profile; requests equal limits (Guaranteed QoS). The writable paths are
+emptyDirs: the job dir (the master's ``master_state.json``, ``metrics.jsonl``, ``checkpoints/``),
+``<job dir>/run`` (the ``*.addr`` files) and ``/tmp``. ``restartPolicy: Never``: the launcher, not
+the kubelet, relaunches a node (it must tell the master, see ``LocalLauncher.relaunch``).
+
+With ``master_uid`` every object but the master pod carries an ownerReference to the master pod,
+so deleting the master garbage-collects the job. A launcher therefore creates the master pod
+first (rendered without ``master_uid``), then renders again with its uid and creates the rest;
+the kubelet retries the ConfigMap mount of the master until the ConfigMap exists.
+
+Gaps: the runtime as written cannot run in these pods yet (file:line as of this module's writing)
+1. Bind address. The master serves on ``127.0.0.1`` (runtime/master.py:404) and the PS on
+   ``Server``'s default host ``127.0.0.1`` (runtime/ps.py:255, runtime/transport.py:63): nothing
+   outside the pod (Service, other pods, kubelet probes) can connect. Both must bind ``0.0.0.0``
+   in a pod (e.g. a ``--host`` argument) while staying on loopback for the local launcher.
+2. Announced address. Master and PS announce ``127.0.0.1:<port>`` (master.py:408, ps.py:257 via
+   transport.py:45) in ``<job dir>/run/<name>.addr`` (__main__.py:26), a file in the pod's own
+   emptyDir that the launcher cannot read. The announcement is not needed here: ports are fixed
+   (:data:`MASTER_PORT`, :data:`PS_PORT`) and names are stable DNS names, so a launcher computes
+   them (:func:`master_address`, :func:`ps_addresses`) and waits for pod readiness instead. The
+   runtime does not create ``run/`` itself (local.py:130 does), so the manifests mount an emptyDir
+   there or ``announce`` would raise ``FileNotFoundError`` at start.
+3. PS addresses reach the master only through ``POST /cluster`` from the launcher (local.py:250):
+   a Kubernetes launcher must post :func:`ps_addresses` once the PS pods are ready, from a place
+   that can reach the ``J-master`` Service (in-cluster, or through the API server's service
+   proxy). The worker learns the master from ``--master`` (__main__.py:20), given here.
+4. Checkpoints cross file systems. The master tells each PS to ``save`` to
+   ``<master job dir>/checkpoints/ckpt-N/ps-<i>.npz`` (master.py:311-312) after creating that
+   folder in its own pod; the PS writes (ps.py:215) and later reads (ps.py:231) that path in *its*
+   pod, where the folder does not exist: checkpoint and restore fail. They need a shared
+   ReadWriteMany volume at the job dir, or checkpoints that travel over the transport.
+5. Master restart. ``master_state.json`` (master.py:63) lives in the master pod's emptyDir, which
+   dies with the pod: a relaunched master (a new pod under ``restartPolicy: Never``) starts from
+   zero and the ownerReferences make its deletion delete the whole job. Persisting it needs a
+   volume that outlives the pod (PVC) and an owner other than the master pod.
+6. Secrets. ``spec.json`` carries ``authkey`` (spec.py:37), the key of every PS connection, and
+   the ConfigMap makes it readable to anyone who may read ConfigMaps in the namespace; the runtime
+   reads it only from ``spec.json`` (__main__.py:25). It belongs in a Secret. The master's HTTP
+   API (``/command``, ``/faults``, ``/restore``) has no authentication at all: restrict it to the
+   job's pods and the launcher with a NetworkPolicy.
+7. Data. ``spec.data`` other than ``"synthetic"`` is a path read by the worker (runtime/data.py:438)
+   and by the launcher's evaluation (launchers/run.py:157, which also connects to the PS
+   addresses from the Airflow process): no volume brings that file into the worker pods.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow_dlrover.launchers.local import MASTER_CPU, MASTER_MEMORY_MB, _threads
+from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError
+from airflow_dlrover.runtime.spec import JobSpec
+
+# -- tuning constants (one line of reason each) ---------------------------------------------------
+MASTER_PORT = 8080  # the master's HTTP API (fixed in a pod, unlike local.py's free port: a Service needs it)
+PS_PORT = 7070  # each PS's transport port (fixed: the DNS name + port is the address the master is given)
+JOB_DIR = "/var/lib/dlrover/job"  # the job dir in every pod: same path everywhere, so checkpoint paths agree
+#: Memory request/limit of a PS or worker whose plan has no memory (0/None = no memory model).
+#: A steady worker measures ~200 MB RSS with torch (optimizer/constants.py, OOM_MIN_RISE_MB note),
+#: the default PS tables ~70 MB: 1 GiB leaves room, and an OOM kill grows it by OOM_MEMORY_GROWTH.
+MEMORY_FLOOR_MB = 1024
+RUN_AS_ID = 1000  # the non-root uid/gid of the image (Dockerfile) and of the pod's files
+GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's extended resource
+MASTER_READY_PERIOD_S = 2  # readiness polls of the master's GET /status: the launcher waits on it
+PS_READY_PERIOD_S = 2  # readiness polls of a PS's port (a TCP connect; the PS drops unauthenticated ones)
+NAME_MAX = 63  # DNS-1123 label length: Service names, pod hostnames and label values
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_JOB = "dlrover.io/job"
+LABEL_ROLE = "dlrover.io/role"
+LABEL_INDEX = "dlrover.io/index"
+
+# Service names are RFC 1035 labels (a leading letter), stricter than DNS-1123 labels.
+_JOB_ID = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+# -- names ----------------------------------------------------------------------------------------
+def master_name(job_id: str) -> str:
+    return f"{job_id}-master"
+
+
+def ps_service_name(job_id: str) -> str:
+    return f"{job_id}-ps"
+
+
+def ps_name(job_id: str, index: int) -> str:
+    return f"{job_id}-ps-{index}"
+
+
+def worker_name(job_id: str, index: int) -> str:
+    return f"{job_id}-worker-{index}"
+
+
+def master_address(job_id: str, namespace: str = "default") -> str:
+    """``host:port`` of the master's HTTP API through its Service (what ``--master`` gets)."""
+    return f"{master_name(job_id)}.{namespace}.svc:{MASTER_PORT}"
+
+
+def ps_addresses(job_id: str, count: int, namespace: str = "default") -> list[str]:
+    """The stable ``host:port`` of each PS, for the master's ``POST /cluster``."""
+    return [f"{ps_name(job_id, i)}.{ps_service_name(job_id)}.{namespace}.svc:{PS_PORT}" for i in range(count)]
+
+
+# -- validation -----------------------------------------------------------------------------------
+def _check_job_id(job_id: Any, config: Configuration) -> None:
+    if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
+        raise InvalidInputError(
+            "job_id", job_id, "a DNS-1123 label starting with a letter: lowercase letters, digits and '-'"
+        )
+    longest = max(master_name(job_id), ps_name(job_id, config.ps - 1), worker_name(job_id, config.workers - 1), key=len)
+    if len(longest) > NAME_MAX:
+        raise InvalidInputError(
+            "job_id", job_id, f"at most {NAME_MAX - len(longest) + len(job_id)} characters for this plan",
+            f"The pod name {longest!r} would exceed {NAME_MAX} characters.",
+        )
+
+
+def _check_options(namespace: Any, image: Any, service_account: Any, node_selector: Any, tolerations: Any) -> None:
+    if not isinstance(namespace, str) or len(namespace) > NAME_MAX or not _DNS_LABEL.fullmatch(namespace):
+        raise InvalidInputError("namespace", namespace, "a DNS-1123 label: lowercase letters, digits and '-'")
+    if not isinstance(image, str) or not image.strip() or any(c.isspace() for c in image):
+        raise InvalidInputError("image", image, "a container image reference like airflow-dlrover:latest")
+    if service_account is not None and (
+        not isinstance(service_account, str) or len(service_account) > 253
+        or not _DNS_SUBDOMAIN.fullmatch(service_account)
+    ):
+        raise InvalidInputError("service_account", service_account, "a DNS-1123 subdomain, or None")
+    if node_selector is not None and (
+        not isinstance(node_selector, Mapping)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in node_selector.items())
+    ):
+        raise InvalidInputError("node_selector", node_selector, "a mapping of label names to label values (strings)")
+    if tolerations is not None and (
+        isinstance(tolerations, (str, Mapping)) or not all(isinstance(t, Mapping) for t in tolerations)
+    ):
+        raise InvalidInputError("tolerations", tolerations, "a list of toleration objects (dicts), or None")
+
+
+def config_from_plan(row: Any, field_name: str = "PLAN") -> Configuration:
+    """The configuration of a plan row (``dlrover-rm plan`` output: extra keys are ignored)."""
+    if not isinstance(row, Mapping):
+        raise InvalidInputError(field_name, type(row).__name__, "a JSON object with the configuration columns")
+    missing = [c for c in ("workers", "ps", "worker_cpu", "ps_cpu") if c not in row]
+    if missing:
+        raise InvalidInputError(
+            f"{field_name}.{missing[0]}", None, "a number", f"Missing: {', '.join(missing)}."
+        )
+    values = {c: row[c] for c in CONFIG_COLUMNS if c in row and row[c] is not None}
+    try:
+        return Configuration(**values)
+    except InvalidInputError as err:
+        raise InvalidInputError(f"{field_name}.{err.field}", err.value, err.allowed) from None
+
+
+# -- quantities -----------------------------------------------------------------------------------
+def cpu_quantity(cores: float) -> str:
+    """Cores as millicores: ``0.5`` → ``"500m"`` (at least 1m)."""
+    return f"{max(1, math.ceil(round(cores * 1000, 6)))}m"
+
+
+def memory_quantity(mb: float | None) -> str:
+    """MB as ``"<n>Mi"``; 0/None (no memory model) takes :data:`MEMORY_FLOOR_MB`."""
+    return f"{math.ceil(mb) if mb else MEMORY_FLOOR_MB}Mi"
+
+
+def _resources(cpu: float, memory_mb: float | None, gpu: int = 0) -> dict[str, Any]:
+    amounts: dict[str, Any] = {"cpu": cpu_quantity(cpu), "memory": memory_quantity(memory_mb)}
+    if gpu:
+        amounts[GPU_RESOURCE] = str(int(gpu))
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+# -- objects --------------------------------------------------------------------------------------
+def _labels(job_id: str, role: str, index: int | str) -> dict[str, str]:
+    return {
+        LABEL_NAME: "dlrover", LABEL_MANAGED_BY: "airflow-dlrover", LABEL_JOB: job_id,
+        LABEL_ROLE: role, LABEL_INDEX: str(index),
+    }
+
+
+def _selector(job_id: str, role: str) -> dict[str, str]:
+    return {LABEL_JOB: job_id, LABEL_ROLE: role}
+
+
+def _metadata(name: str, namespace: str, labels: dict[str, str], owner: list[dict[str, Any]] | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
+    if owner:
+        meta["ownerReferences"] = owner
+    return meta
+
+
+def _pod(
+    job_id: str, namespace: str, role: str, index: int, *, image: str, args: list[str], cpu: float,
+    memory_mb: float | None, gpu: int, port: int | None, owner: list[dict[str, Any]] | None,
+    service_account: str | None, node_selector: Mapping[str, str] | None, tolerations: Sequence[Mapping] | None,
+) -> dict[str, Any]:
+    names = {"master": master_name(job_id), "ps": ps_name(job_id, index), "worker": worker_name(job_id, index)}
+    name = names[role]
+    threads = _threads(cpu)
+    container: dict[str, Any] = {
+        "name": role,
+        "image": image,
+        "command": ["python", "-m", "airflow_dlrover.runtime"],
+        "args": args,
+        "env": [
+            {"name": "OMP_NUM_THREADS", "value": str(threads)},
+            {"name": "DLROVER_WORKER_GPU", "value": str(gpu)},
+            {"name": "PYTHONUNBUFFERED", "value": "1"},
+        ],
+        "resources": _resources(cpu, memory_mb, gpu),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "privileged": False,
+        },
+        "volumeMounts": [
+            {"name": "job", "mountPath": JOB_DIR},
+            {"name": "spec", "mountPath": f"{JOB_DIR}/spec.json", "subPath": "spec.json", "readOnly": True},
+            {"name": "run", "mountPath": f"{JOB_DIR}/run"},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    if role == "master":
+        container["ports"] = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+        container["readinessProbe"] = {"httpGet": {"path": "/status", "port": "http"},
+                                       "periodSeconds": MASTER_READY_PERIOD_S}
+    elif role == "ps":
+        container["ports"] = [{"name": "rpc", "containerPort": port, "protocol": "TCP"}]
+        container["readinessProbe"] = {"tcpSocket": {"port": "rpc"}, "periodSeconds": PS_READY_PERIOD_S}
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,  # the runtime never calls the Kubernetes API
+        "enableServiceLinks": False,  # no *_SERVICE_HOST variables from every Service of the namespace
+        "securityContext": {
+            "runAsNonRoot": True, "runAsUser": RUN_AS_ID, "runAsGroup": RUN_AS_ID, "fsGroup": RUN_AS_ID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [
+            {"name": "job", "emptyDir": {}},
+            {"name": "spec",
+             "configMap": {"name": f"{job_id}-spec", "items": [{"key": "spec.json", "path": "spec.json"}]}},
+            {"name": "run", "emptyDir": {}},
+            {"name": "tmp", "emptyDir": {}},
+        ],
+    }
+    if role == "ps":
+        spec["hostname"] = name
+        spec["subdomain"] = ps_service_name(job_id)
+    if service_account:
+        spec["serviceAccountName"] = service_account
+    if node_selector:
+        spec["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        spec["tolerations"] = [dict(t) for t in tolerations]
+    metadata = _metadata(name, namespace, _labels(job_id, role, index), owner)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def render_job(
+    spec: JobSpec,
+    config: Configuration,
+    *,
+    namespace: str = "default",
+    image: str,
+    service_account: str | None = None,
+    node_selector: Mapping[str, str] | None = None,
+    tolerations: Sequence[Mapping[str, Any]] | None = None,
+    master_uid: str | None = None,
+) -> list[dict[str, Any]]:
+    """The job's objects in creation order: ConfigMap, master Pod, master Service, PS Service, PS
+    Pods, worker Pods (see the module docstring). Raises :class:`InvalidInputError` naming the field."""
+    if not isinstance(config, Configuration):
+        raise InvalidInputError("config", type(config).__name__, "a Configuration")
+    job = spec.job_id
+    _check_job_id(job, config)
+    _check_options(namespace, image, service_account, node_selector, tolerations)
+    owner = None
+    if master_uid is not None:
+        if not isinstance(master_uid, str) or not master_uid:
+            raise InvalidInputError("master_uid", master_uid, "the uid of the created master pod, or None")
+        owner = [{"apiVersion": "v1", "kind": "Pod", "name": master_name(job), "uid": master_uid}]
+    common = {"image": image, "service_account": service_account, "node_selector": node_selector,
+              "tolerations": tolerations}
+
+    def runtime_args(role: str, index: int, node: str, port: int) -> list[str]:
+        return [role, "--job-dir", JOB_DIR, "--index", str(index), "--name", node, "--port", str(port)]
+
+    objects: list[dict[str, Any]] = [{
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": _metadata(f"{job}-spec", namespace, _labels(job, "master", 0), owner),
+        "data": {"spec.json": spec.to_json()},
+    }]
+    objects.append(_pod(job, namespace, "master", 0, args=runtime_args("master", 0, "master", MASTER_PORT),
+                        cpu=MASTER_CPU, memory_mb=MASTER_MEMORY_MB, gpu=0, port=MASTER_PORT, owner=None, **common))
+    objects.append({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _metadata(master_name(job), namespace, _labels(job, "master", 0), owner),
+        "spec": {"type": "ClusterIP", "selector": _selector(job, "master"),
+                 "ports": [{"name": "http", "port": MASTER_PORT, "targetPort": "http", "protocol": "TCP"}]},
+    })
+    objects.append({
+        "apiVersion": "v1", "kind": "Service",
+        # It serves every PS: index "all".
+        "metadata": _metadata(ps_service_name(job), namespace, _labels(job, "ps", "all"), owner),
+        "spec": {"clusterIP": "None", "selector": _selector(job, "ps"),
+                 # DNS names exist before readiness: the master connects while the PS start.
+                 "publishNotReadyAddresses": True,
+                 "ports": [{"name": "rpc", "port": PS_PORT, "targetPort": "rpc", "protocol": "TCP"}]},
+    })
+    for index in range(config.ps):
+        args = runtime_args("ps", index, f"ps-{index}", PS_PORT) + ["--count", str(config.ps)]
+        objects.append(_pod(job, namespace, "ps", index, args=args, cpu=config.ps_cpu,
+                            memory_mb=config.ps_memory_mb, gpu=0, port=PS_PORT, owner=owner, **common))
+    for index in range(config.workers):
+        args = runtime_args("worker", index, f"worker-{index}", 0)
+        args += ["--master", master_address(job, namespace), "--threads", str(_threads(config.worker_cpu))]
+        objects.append(_pod(job, namespace, "worker", index, args=args, cpu=config.worker_cpu,
+                            memory_mb=config.worker_memory_mb, gpu=config.worker_gpu, port=None, owner=owner, **common))
+    return objects
+
+
+def spec_of(objects: Sequence[Mapping[str, Any]]) -> JobSpec:
+    """The JobSpec carried by rendered objects (their ConfigMap)."""
+    for obj in objects:
+        if obj.get("kind") == "ConfigMap" and "spec.json" in (obj.get("data") or {}):
+            return JobSpec.from_json(obj["data"]["spec.json"])
+    raise InvalidInputError("manifests", "no ConfigMap", "rendered manifests with a spec.json ConfigMap")
+
+
+def to_yaml(objects: Sequence[Mapping[str, Any]]) -> str:
+    """A multi-document YAML (as ``kubectl apply -f -`` reads it): ``yaml.safe_dump_all``'s
+    SafeDumper, with multi-line strings (``spec.json``) as literal blocks so that they stay readable."""
+    import yaml
+
+    class BlockDumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+    BlockDumper.add_representer(str, text)
+    # Round-trip through JSON so that tuples and the like become plain lists.
+    return yaml.dump_all(json.loads(json.dumps(list(objects))), Dumper=BlockDumper, sort_keys=False)
