@@ -22,17 +22,12 @@ first (rendered without ``master_uid``), then renders again with its uid and cre
 the kubelet retries the ConfigMap mount of the master until the ConfigMap exists.
 
 Gaps: the runtime as written cannot run in these pods yet (file:line as of this module's writing)
-1. Bind address. The master serves on ``127.0.0.1`` (runtime/master.py:404) and the PS on
-   ``Server``'s default host ``127.0.0.1`` (runtime/ps.py:255, runtime/transport.py:63): nothing
-   outside the pod (Service, other pods, kubelet probes) can connect. Both must bind ``0.0.0.0``
-   in a pod (e.g. a ``--host`` argument) while staying on loopback for the local launcher.
-2. Announced address. Master and PS announce ``127.0.0.1:<port>`` (master.py:408, ps.py:257 via
-   transport.py:45) in ``<job dir>/run/<name>.addr`` (__main__.py:26), a file in the pod's own
-   emptyDir that the launcher cannot read. The announcement is not needed here: ports are fixed
-   (:data:`MASTER_PORT`, :data:`PS_PORT`) and names are stable DNS names, so a launcher computes
-   them (:func:`master_address`, :func:`ps_addresses`) and waits for pod readiness instead. The
-   runtime does not create ``run/`` itself (local.py:130 does), so the manifests mount an emptyDir
-   there or ``announce`` would raise ``FileNotFoundError`` at start.
+1. (fixed) Master and PS take ``--host``: the pods listen on ``0.0.0.0``; locally they stay on
+   loopback. ``announce`` creates ``run/`` itself and names the host for a wildcard bind.
+2. The announcement (``<job dir>/run/<name>.addr``) lies in the pod's own emptyDir, where the
+   launcher cannot read it. It is not needed here: ports are fixed (:data:`MASTER_PORT`,
+   :data:`PS_PORT`) and names are stable DNS names, so a launcher computes them
+   (:func:`master_address`, :func:`ps_addresses`) and waits for pod readiness instead.
 3. PS addresses reach the master only through ``POST /cluster`` from the launcher (local.py:250):
    a Kubernetes launcher must post :func:`ps_addresses` once the PS pods are ready, from a place
    that can reach the ``J-master`` Service (in-cluster, or through the API server's service
@@ -306,7 +301,8 @@ def render_job(
               "tolerations": tolerations}
 
     def runtime_args(role: str, index: int, node: str, port: int) -> list[str]:
-        return [role, "--job-dir", JOB_DIR, "--index", str(index), "--name", node, "--port", str(port)]
+        return [role, "--job-dir", JOB_DIR, "--index", str(index), "--name", node, "--port", str(port),
+                "--host", "0.0.0.0"]
 
     objects: list[dict[str, Any]] = [{
         "apiVersion": "v1", "kind": "ConfigMap",

@@ -17,6 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--count", type=int, default=1, help="number of PS (ps role)")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (master, ps): loopback locally, 0.0.0.0 in a pod")
     parser.add_argument("--master", default=None, help="host:port of the master (worker role)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (worker role)")
     parser.add_argument("--name", default=None)
@@ -27,11 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "master":
         from airflow_dlrover.runtime.master import serve
 
-        serve(spec, args.job_dir, args.port, ready)
+        serve(spec, args.job_dir, args.port, ready, host=args.host)
     elif args.role == "ps":
         from airflow_dlrover.runtime.ps import serve
 
-        serve(spec, args.index, args.count, args.port, ready)
+        serve(spec, args.index, args.count, args.port, ready, host=args.host)
     else:
         from airflow_dlrover.runtime.worker import Worker
 

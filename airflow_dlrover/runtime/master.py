@@ -397,15 +397,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply({"error": f"{type(err).__name__}: {err}"}, 500)
 
 
-def serve(spec: JobSpec, workdir: Path, port: int = 0, ready_file: Path | None = None) -> None:
+def serve(spec: JobSpec, workdir: Path, port: int = 0, ready_file: Path | None = None, host: str = "127.0.0.1") -> None:
     """Run the master until SIGTERM: HTTP API, lease expiry and periodic checkpoints."""
     master = Master(spec, workdir)
     handler = type("Handler", (_Handler,), {"master": master})
-    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     if ready_file is not None:
-        announce(ready_file, ("127.0.0.1", server.server_address[1]))
+        announce(ready_file, (host, server.server_address[1]))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     last_checkpoint = time.monotonic()

@@ -249,10 +249,11 @@ _METHODS = {"lookup", "push", "init_dense", "ledger", "save", "restore", "set_ge
 _DATA_METHODS = {"lookup", "push", "init_dense", "save"}
 
 
-def serve(spec: JobSpec, index: int, count: int, port: int = 0, ready_file: Path | None = None) -> None:
+def serve(spec: JobSpec, index: int, count: int, port: int = 0, ready_file: Path | None = None,
+          host: str = "127.0.0.1") -> None:
     """Run a PS until SIGTERM; writes ``host:port`` to ``ready_file`` once it listens."""
     ps = ParameterServer(spec, index, count)
-    server = Server(ps.handle, spec.key, port=port).start()
+    server = Server(ps.handle, spec.key, host=host, port=port).start()
     if ready_file is not None:
         announce(ready_file, server.address)
     stop = threading.Event()

@@ -43,9 +43,12 @@ def parse_address(text: str) -> tuple[str, int]:
 
 
 def announce(ready_file, address: tuple[str, int]) -> None:
-    """Write ``host:port`` to ``ready_file`` atomically: the launcher waits for it."""
+    """Write ``host:port`` to ``ready_file`` atomically: the launcher waits for it. A node that
+    listens on every interface announces its host name."""
+    host = socket.getfqdn() if address[0] in ("0.0.0.0", "") else address[0]
+    ready_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = ready_file.with_suffix(".tmp")
-    tmp.write_text(f"{address[0]}:{address[1]}")
+    tmp.write_text(f"{host}:{address[1]}")
     os.replace(tmp, ready_file)
 
 

@@ -208,15 +208,16 @@ def test_names_labels_commands_and_dns():
     assert km.master_address("dlrm-daily", "training") == f"dlrm-daily-master.training.svc:{km.MASTER_PORT}"
     assert master_svc["selector"].items() <= pods["dlrm-daily-master"]["metadata"]["labels"].items()
 
-    # The commands local.py runs, with the pod's job dir, fixed ports and the master's DNS name.
+    # The commands local.py runs, with the pod's job dir, fixed ports, every interface and the master's DNS name.
     run = ["python", "-m", "airflow_dlrover.runtime"]
     args = {name: (p["spec"]["containers"][0]["command"], p["spec"]["containers"][0]["args"]) for name, p in pods.items()}
     assert args["dlrm-daily-master"] == (run, ["master", "--job-dir", km.JOB_DIR, "--index", "0", "--name", "master",
-                                               "--port", str(km.MASTER_PORT)])
+                                               "--port", str(km.MASTER_PORT), "--host", "0.0.0.0"])
     assert args["dlrm-daily-ps-1"] == (run, ["ps", "--job-dir", km.JOB_DIR, "--index", "1", "--name", "ps-1",
-                                             "--port", str(km.PS_PORT), "--count", "2"])
+                                             "--port", str(km.PS_PORT), "--host", "0.0.0.0", "--count", "2"])
     assert args["dlrm-daily-worker-2"] == (run, ["worker", "--job-dir", km.JOB_DIR, "--index", "2", "--name", "worker-2",
-                                                 "--port", "0", "--master", f"dlrm-daily-master.training.svc:{km.MASTER_PORT}",
+                                                 "--port", "0", "--host", "0.0.0.0",
+                                                 "--master", f"dlrm-daily-master.training.svc:{km.MASTER_PORT}",
                                                  "--threads", "1"])
     config_map = by_name(objects, "ConfigMap")["dlrm-daily-spec"]
     assert JobSpec.from_json(config_map["data"]["spec.json"]) == spec()
