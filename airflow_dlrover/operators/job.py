@@ -67,9 +67,9 @@ def build_spec(job_id: str, job_args: dict[str, Any] | None):
     from airflow_dlrover.optimizer.types import InvalidInputError
     from airflow_dlrover.runtime.spec import JobSpec
 
-    args = dict(job_args or {})
     if not isinstance(job_args or {}, dict):
         raise InvalidInputError("job_args", job_args, "a mapping of " + ", ".join(JOB_ARGS))
+    args = dict(job_args or {})
     unknown = sorted(set(args) - set(JOB_ARGS))
     if unknown:
         raise InvalidInputError(f"job_args.{unknown[0]}", args[unknown[0]], "one of the keys " + ", ".join(JOB_ARGS))
@@ -78,6 +78,8 @@ def build_spec(job_id: str, job_args: dict[str, Any] | None):
     if data != "synthetic" and not Path(data).is_file():
         raise InvalidInputError("job_args.data", data, "synthetic or the path of an existing Criteo-format file")
     tables = values.pop("tables", 26)
+    if tables < 1:
+        raise InvalidInputError("job_args.tables", tables, "≥ 1")
     table_size = values.pop("table_size", None)
     if table_size is not None:
         values["table_sizes"] = (table_size,) * tables

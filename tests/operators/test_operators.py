@@ -46,11 +46,14 @@ def test_a_bad_quota_is_a_user_error_naming_the_field(airflow_db, quota, field):
 @pytest.mark.parametrize("args, field", [
     ({"data": "/no/such.tsv"}, "job_args.data"), ({"samples": "many"}, "job_args.samples"),
     ({"table_size": 1}, "job_args.table_size"), ({"epochs": 2}, "job_args.epochs"), ({"samples": 1.5}, "job_args.samples"),
+    ({"tables": 0}, "job_args.tables"),
 ])
 def test_bad_job_args_name_the_field(args, field):
     with pytest.raises(InvalidInputError) as err:
         build_spec("j", args)
     assert err.value.field == field
+    with pytest.raises(InvalidInputError, match="^job_args="):
+        build_spec("j", "samples=5")
 
 
 def test_job_args_faults_and_ids():
