@@ -60,7 +60,7 @@ with DAG(
                                    objective="{{ params.objective }}", baseline="{{ params.baseline }}",
                                    inject="{{ params.inject }}", retries=2)
     fine_tune = DLRoverFineTuneOperator(task_id="fine_tune", job=JOB, quota=QUOTA, turn="{{ params.turn }}")
-    guard = DLRoverInstabilitySensor(task_id="guard", job=JOB, turn="{{ params.turn }}", retries=4)
+    guard = DLRoverInstabilitySensor(task_id="guard", job=JOB, quota=QUOTA, turn="{{ params.turn }}", retries=4)
     report = DLRoverReportOperator(task_id="report", job=JOB, trigger_rule="all_done")
 
     profile >> fit >> launch >> [fine_tune, guard] >> report

@@ -145,24 +145,45 @@ def detect_instability(history: list[dict[str, Any]], now_s: float) -> list[dict
     return records
 
 
-def heal(launcher: Any, job_id: str, record: dict[str, Any]) -> dict[str, Any]:
+def heal(launcher: Any, job_id: str, record: dict[str, Any], quota: Any = None) -> dict[str, Any]:
     """Heal one detected event in place: a straggler gets a fresh worker with the planned CPU; a
     worker at OOM risk is relaunched with more memory before the kill; a hot PS gets the proposed
-    CPU quota in place (cgroup, no restart: it keeps its rows). Returns the record with ``healed``."""
-    planned = launcher.read_job(job_id)["config"]
+    CPU quota in place (cgroup, no restart: it keeps its rows). A change that would take the
+    job's PS and workers past ``quota`` (cores or memory) is not made, only recorded. Returns the
+    record with ``healed``."""
+    job = launcher.read_job(job_id)
+    planned = job["config"]
     node, value = record["node"], record["action"].get("value")
-    if record["instability"] == "straggler":
+    kind = record["instability"]
+    change = {"straggler": ("cpu", planned["worker_cpu"]), "hot_ps": ("cpu", value)}.get(kind)
+    if kind == "oom_risk" and node.startswith("worker"):
+        change = ("memory_mb", value)
+    if change is None:
+        return {**record, "healed": "not healable in place: recorded"}
+    over = _past_quota(job, node, *change, quota)
+    if over:
+        return {**record, "healed": f"not healed: {over}"}
+    if kind == "straggler":
         launcher.relaunch(job_id, node, cpu=planned["worker_cpu"])
         healed = f"relaunched with {planned['worker_cpu']:g} CPU"
-    elif record["instability"] == "oom_risk" and node.startswith("worker"):
+    elif kind == "oom_risk":
         launcher.relaunch(job_id, node, memory_mb=value)
         healed = f"relaunched with {value:g} MB"
-    elif record["instability"] == "hot_ps":
+    else:
         launcher.set_cpu(job_id, node, value)
         healed = f"CPU quota raised to {value:g} in place"
-    else:
-        healed = "not healable in place: recorded"
     return {**record, "healed": healed}
+
+
+def _past_quota(job: dict[str, Any], node: str, resource: str, value: float, quota: Any) -> str:
+    """Why giving ``node`` ``value`` of ``resource`` would exceed the quota ('' when it fits)."""
+    if quota is None:
+        return ""
+    active = {n: d for n, d in job["nodes"].items() if d["role"] in ("worker", "ps") and d.get("state") != "stopped"}
+    total = sum((d.get(resource) or 0.0) for n, d in active.items() if n != node) + value
+    limit = quota.cpu if resource == "cpu" else quota.memory_mb
+    unit = "cores" if resource == "cpu" else "MB"
+    return f"{node} at {value:g} would make {total:g} {unit}, past the quota's {limit:g}" if total > limit + 1e-9 else ""
 
 
 def detector_history(history: list[dict[str, Any]], nodes: list[dict[str, Any]], now_s: float) -> list[dict[str, Any]]:

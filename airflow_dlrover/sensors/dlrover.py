@@ -19,7 +19,7 @@ from typing import Any, Sequence
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException, AirflowRescheduleException
 
-from airflow_dlrover.operators.job import DLRoverTaskMixin, duration_s
+from airflow_dlrover.operators.job import DLRoverTaskMixin, duration_s, parse_quota, user_errors
 
 
 class DLRoverNodeFailure(AirflowException):
@@ -31,6 +31,8 @@ class DLRoverInstabilitySensor(DLRoverTaskMixin, BaseSensorOperator):
     retry is one recovery.
 
     :param job: the job's name (templated)
+    :param quota: healing in place never takes the job past it; the connection's default when
+        None, no limit when neither is set (templated)
     :param window: measurement window of the detectors (templated)
     :param turn: hand the worker slot back (reschedule) after this long; set it where tasks run
         one at a time (``airflow dags test``) so that the fine-tune gets its turns (templated)
@@ -38,19 +40,21 @@ class DLRoverInstabilitySensor(DLRoverTaskMixin, BaseSensorOperator):
     :param dlrover_conn_id: the ``dlrover`` connection
     """
 
-    template_fields: Sequence[str] = ("job", "window", "turn")
+    template_fields: Sequence[str] = ("job", "quota", "window", "turn")
     ui_color = "#fde8e8"
 
-    def __init__(self, *, job: str, window: str | float = "3s", turn: str | float | None = None,
-                 deferrable: bool = True, dlrover_conn_id: str = "dlrover_default", **kwargs: Any):
+    def __init__(self, *, job: str, quota: dict[str, Any] | None = None, window: str | float = "3s",
+                 turn: str | float | None = None, deferrable: bool = True, dlrover_conn_id: str = "dlrover_default",
+                 **kwargs: Any):
         super().__init__(**kwargs)
-        self.job, self.window, self.turn, self.deferrable = job, window, turn, deferrable
+        self.job, self.quota, self.window, self.turn, self.deferrable = job, quota, window, turn, deferrable
         self.dlrover_conn_id = dlrover_conn_id
 
     def execute(self, context: Any) -> Any:
         from airflow_dlrover.launchers.base import FAILED_STATES
 
         run, job_id = self.run_ids(context)
+        self._quota()  # a bad quota fails now, not at the first healing
         failed = [s for s in self.launcher.status(job_id) if s.state in FAILED_STATES]
         events = [e.get("event") for e in self.history.records(run, "event")]
         failures_seen = [i for i, e in enumerate(events) if e == "node_failed"]
@@ -67,6 +71,12 @@ class DLRoverInstabilitySensor(DLRoverTaskMixin, BaseSensorOperator):
         if not self.deferrable:
             return super().execute(context)
         self._defer(job_id, self.turn_ends_at())
+
+    def _quota(self) -> Any:
+        if self.quota in (None, "", {}) and self.hook.settings.quota is None:
+            return None
+        with user_errors():
+            return parse_quota(self.quota, self.hook.settings.quota)
 
     def poke(self, context: Any) -> bool:
         """One check (non-deferrable mode): True when the job is done; a failed node raises."""
@@ -100,7 +110,7 @@ class DLRoverInstabilitySensor(DLRoverTaskMixin, BaseSensorOperator):
             self._fail(context, event["nodes"])
         elif event["kind"] == "instability":
             for record in event["events"]:
-                healed = heal(self.launcher, job_id, record)
+                healed = heal(self.launcher, job_id, record, self._quota())
                 self.history.add(run, "event", {"event": "instability", "time": time.time(), **healed})
                 self.log.warning("%s on %s: %s — %s", record["instability"], record["node"], record["reason"],
                                  healed["healed"])

@@ -28,10 +28,9 @@ def test_hot_ps_is_found_with_its_evidence_and_more_cpu():
     assert event.evidence["skew"] == pytest.approx(0.975 / 0.375)
 
 
-def test_balanced_busy_ps_are_not_hot_but_a_lone_saturated_ps_is():
+def test_balanced_busy_ps_are_not_hot_nor_is_a_lone_saturated_ps():
     assert detect_hot_ps(metrics(ps_rows({"ps-0": 1.9, "ps-1": 1.85}))) == []
-    lone = detect_hot_ps(metrics(ps_rows({"ps-0": 1.9})))
-    assert [e.node for e in lone] == ["ps-0"]
+    assert detect_hot_ps(metrics(ps_rows({"ps-0": 1.9}))) == []  # the plan's bottleneck: fine-tune's call
     assert detect_hot_ps(metrics(ps_rows({"ps-0": 1.0}))) == []
 
 
