@@ -126,6 +126,14 @@ def profile_row(config: dict[str, Any], nodes: list[dict[str, Any]], throughput:
     return row
 
 
+def failed_nodes(launcher: Any, job_id: str) -> list[dict[str, Any]]:
+    """The job's failed, OOM-killed or lost nodes, as JSON-able records (events, XCom, history)."""
+    from airflow_dlrover.launchers.base import FAILED_STATES
+
+    return [{"name": s.name, "state": s.state, "reason": s.reason, "memory_mb": s.memory_mb}
+            for s in launcher.status(job_id) if s.state in FAILED_STATES]
+
+
 def all_running(statuses: list[Any]) -> bool:
     return all(s.state == RUNNING for s in statuses if s.state != "stopped")
 

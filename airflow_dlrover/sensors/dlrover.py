@@ -51,18 +51,18 @@ class DLRoverInstabilitySensor(DLRoverTaskMixin, BaseSensorOperator):
         self.dlrover_conn_id = dlrover_conn_id
 
     def execute(self, context: Any) -> Any:
-        from airflow_dlrover.launchers.base import FAILED_STATES
+        from airflow_dlrover.launchers.watch import failed_nodes
 
         run, job_id = self.run_ids(context)
         self._quota()  # a bad quota fails now, not at the first healing
-        failed = [s for s in self.launcher.status(job_id) if s.state in FAILED_STATES]
+        failed = failed_nodes(self.launcher, job_id)
         events = [e.get("event") for e in self.history.records(run, "event")]
         failures_seen = [i for i, e in enumerate(events) if e == "node_failed"]
         recoveries = [i for i, e in enumerate(events) if e == "recovered"]
         if failed and (not failures_seen or (recoveries and recoveries[-1] > failures_seen[-1])):
             # A failure no try has reported yet (it happened while this task was not deferred):
             # this try fails, the retry recovers — recovery is always an Airflow retry.
-            self._fail(context, [_node(s) for s in failed])
+            self._fail(context, failed)
         for event in self.launcher.recover(job_id):
             record = {"event": "recovered", "time": time.time(), "try_number": context["ti"].try_number, **event}
             self.history.add(run, "event", record)
@@ -80,12 +80,12 @@ class DLRoverInstabilitySensor(DLRoverTaskMixin, BaseSensorOperator):
 
     def poke(self, context: Any) -> bool:
         """One check (non-deferrable mode): True when the job is done; a failed node raises."""
-        from airflow_dlrover.launchers.base import FAILED_STATES
+        from airflow_dlrover.launchers.watch import failed_nodes
 
         _, job_id = self.run_ids(context)
-        failed = [s for s in self.launcher.status(job_id) if s.state in FAILED_STATES]
+        failed = failed_nodes(self.launcher, job_id)
         if failed:
-            self._fail(context, [_node(s) for s in failed])
+            self._fail(context, failed)
         return self.launcher.master_call(job_id, "/status")["state"] == "done"
 
     def _defer(self, job_id: str, turn_ends_at: float | None) -> None:
@@ -123,7 +123,3 @@ class DLRoverInstabilitySensor(DLRoverTaskMixin, BaseSensorOperator):
         elif event["kind"] == "timeout":
             raise AirflowException(f"job {job_id} did not finish while guarded")
         self._defer(job_id, event.get("turn_ends_at"))
-
-
-def _node(status: Any) -> dict[str, Any]:
-    return {"name": status.name, "state": status.state, "reason": status.reason, "memory_mb": status.memory_mb}

@@ -20,7 +20,6 @@ classpath and keyword arguments and starts a fresh window when re-created.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from typing import Any, AsyncIterator
 
@@ -75,11 +74,9 @@ class DLRoverJobTrigger(BaseTrigger):
 
     def _step(self, watch: "_Watch", elapsed_s: float) -> dict[str, Any] | None:
         """One poll; the event to fire, if any."""
-        from airflow_dlrover.launchers.base import FAILED_STATES
-        from airflow_dlrover.launchers.watch import detect_instability, detector_history
+        from airflow_dlrover.launchers.watch import detect_instability, detector_history, failed_nodes
 
-        statuses = watch.launcher.status(self.job_id)
-        failed = [dataclasses.asdict(s) for s in statuses if s.state in FAILED_STATES]
+        failed = failed_nodes(watch.launcher, self.job_id)
         if failed and self.purpose == "guard":
             return {"kind": "failed", "nodes": failed}
         try:
