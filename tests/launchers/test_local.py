@@ -158,7 +158,8 @@ def test_fault_syntax_errors_name_the_field():
 
 @needs_cgroups
 def test_slow_worker_is_detected_and_replaced(tmp_path):
-    summary = run_job(LocalLauncher(tmp_path / "jobs"), spec("slow", samples=800_000), CONFIG, tmp_path,
+    # long enough (~40 s) that the detectors see 3 windows of the slowed worker after its warm-up
+    summary = run_job(LocalLauncher(tmp_path / "jobs"), spec("slow", samples=1_600_000), CONFIG, tmp_path,
                       [Fault.parse("slow-worker@3s")])
     assert summary["samples_lost"] == 0
     healed = [e for e in summary["events"] if e.get("instability") == "straggler"]
