@@ -7,6 +7,7 @@
     dlrover-rm demo
     dlrover-rm report JOB [--run ID] [--history-url URL]
     dlrover-rm render --launcher kubernetes PLAN.json [--job-id ID] [--namespace NS] [--image IMG] [--samples N]
+                   [--volume-claim PVC] [--data-volume-claim PVC]
 
 User mistakes print ``error: <field>=<value> is invalid: allowed ...`` and exit with status 2.
 """
@@ -216,7 +217,8 @@ def cmd_render(args: argparse.Namespace) -> None:
         raise InvalidInputError("samples", args.samples, "an integer ≥ 1")
     extra = {} if args.samples is None else {"samples": args.samples}
     spec = JobSpec(job_id=args.job_id, batch_size=config.batch_size, **extra)
-    objects = render_job(spec, config, namespace=args.namespace, image=args.image)
+    objects = render_job(spec, config, namespace=args.namespace, image=args.image, volume_claim=args.volume_claim,
+                         data_volume_claim=args.data_volume_claim)
     print(to_yaml(objects), end="")
 
 
@@ -297,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--namespace", default="default")
     p.add_argument("--image", default="airflow-dlrover:latest", help="the runtime image (see the Dockerfile)")
     p.add_argument("--samples", type=int, default=None, help="samples to train (default: JobSpec's)")
+    p.add_argument("--volume-claim", default="dlrover-jobs", help="ReadWriteMany claim holding the job dirs")
+    p.add_argument("--data-volume-claim", default=None, help="claim of the training data, mounted read-only")
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("demo", help="profile table → fit → plan on the bundled example")

@@ -9,13 +9,14 @@ apply.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from airflow.sdk import BaseHook
 
 from airflow_dlrover.get_provider_info import CONNECTION_FIELDS
+from airflow_dlrover.launchers import KUBERNETES_OPTIONS
 from airflow_dlrover.optimizer.types import InvalidInputError, Quota
 
 log = logging.getLogger(__name__)
@@ -28,9 +29,8 @@ class DLRoverSettings:
     """What a ``dlrover`` connection configures."""
 
     launcher: str = "local"
-    kubernetes_conn_id: str = "kubernetes_default"
-    namespace: str = "default"
-    image: str | None = None
+    #: The Kubernetes launcher's settings (``launchers.KUBERNETES_OPTIONS``), validated when used.
+    kubernetes: dict[str, Any] = field(default_factory=dict)
     jobs_dir: str | None = None
     history_url: str | None = None
     quota: Quota | None = None
@@ -60,9 +60,7 @@ def settings_from_extras(extras: dict[str, Any], conn_id: str = "dlrover_default
             raise InvalidInputError(f"connection {conn_id}: quota_{err.field}", err.value, err.allowed) from None
     return DLRoverSettings(
         launcher=launcher,
-        kubernetes_conn_id=str(value.get("kubernetes_conn_id", "kubernetes_default")),
-        namespace=str(value.get("namespace", "default")),
-        image=value.get("image"),
+        kubernetes={k: v for k, v in value.items() if k in KUBERNETES_OPTIONS},
         jobs_dir=value.get("jobs_dir"),
         history_url=value.get("history_url"),
         quota=quota,
@@ -112,11 +110,17 @@ class DLRoverHook(BaseHook):
 
         return HistoryStore(self.settings.history_url)
 
-    def get_launcher(self):
+    def launcher_options(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The connection's Kubernetes settings with a task's ``kubernetes`` argument over them."""
+        if overrides is not None and not isinstance(overrides, dict):
+            raise InvalidInputError("kubernetes", overrides, "a dict of " + ", ".join(KUBERNETES_OPTIONS))
+        return {**self.settings.kubernetes, **(overrides or {})}
+
+    def get_launcher(self, overrides: dict[str, Any] | None = None):
         """The launcher the connection names (default: local processes under ``jobs_dir``)."""
         from airflow_dlrover.launchers import make_launcher
 
-        return make_launcher(self.settings.launcher, self.settings.jobs_dir)
+        return make_launcher(self.settings.launcher, self.settings.jobs_dir, self.launcher_options(overrides))
 
     def test_connection(self) -> tuple[bool, str]:
         try:

@@ -8,17 +8,22 @@ A launcher places a job's nodes (master, PS, workers) somewhere with the resourc
 
 from __future__ import annotations
 
+import json
+import time
+import urllib.request
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from airflow_dlrover.optimizer.types import Configuration
 from airflow_dlrover.runtime.spec import JobSpec
 
-#: Node states. ``oom_killed`` and ``failed``/``lost`` are recovered by relaunching the node.
-RUNNING, SUCCEEDED, FAILED, OOM_KILLED, LOST, STOPPED = (
-    "running", "succeeded", "failed", "oom_killed", "lost", "stopped"
+#: Node states. ``oom_killed``, ``failed``, ``lost`` and ``unschedulable`` (a pod the cluster could
+#: not place for longer than a threshold) are recovered by relaunching the node; ``pending`` is a
+#: node that is starting.
+RUNNING, SUCCEEDED, FAILED, OOM_KILLED, LOST, STOPPED, PENDING, UNSCHEDULABLE = (
+    "running", "succeeded", "failed", "oom_killed", "lost", "stopped", "pending", "unschedulable"
 )
-FAILED_STATES = (FAILED, OOM_KILLED, LOST)
+FAILED_STATES = (FAILED, OOM_KILLED, LOST, UNSCHEDULABLE)
 
 #: After a real OOM kill the node comes back with this factor more memory (once per OOM).
 OOM_MEMORY_GROWTH = 1.5
@@ -45,3 +50,21 @@ class Launcher(Protocol):
     def metrics(self, job_id: str) -> dict[str, Any]: ...
     def relaunch(self, job_id: str, node: str, cpu: float | None = None, memory_mb: float | None = None) -> NodeStatus: ...
     def stop(self, job_id: str) -> None: ...
+
+
+def call_master(base_url: str, path: str, body: dict[str, Any] | None = None, timeout: float = 120.0) -> Any:
+    """One request to a job master's HTTP API (GET without ``body``, POST with it), retried until
+    ``timeout`` while the master is unreachable; raises ``ConnectionError`` after that."""
+    url = f"{base_url.rstrip('/')}{path}"
+    data = None if body is None else json.dumps(body).encode()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=timeout) as reply:
+                text = reply.read()
+            return text.decode() if path.endswith("prometheus") else json.loads(text)
+        except OSError as err:
+            if time.monotonic() > deadline:
+                raise ConnectionError(f"master unreachable at {url}: {err}") from None
+            time.sleep(0.2)

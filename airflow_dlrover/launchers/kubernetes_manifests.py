@@ -2,8 +2,10 @@
 
 ``render_job(spec, config, image=...)`` returns, for job ``J`` in namespace ``NS``:
 
+* Secret ``J-authkey``: the key of every PS connection (``JobSpec.authkey``), given to each pod as
+  ``DLROVER_AUTHKEY``; the ConfigMap's copy of the spec has it blanked;
 * ConfigMap ``J-spec``: ``spec.json`` (``JobSpec.to_json()``), mounted read-only as
-  ``<job dir>/spec.json`` in every pod (``subPath``: the job dir itself must stay writable);
+  ``<job dir>/spec.json`` in every pod, and ``job.json``, the launcher's record of the job;
 * Pod ``J-master`` and ClusterIP Service ``J-master`` (port :data:`MASTER_PORT`, the HTTP API);
 * headless Service ``J-ps`` and Pods ``J-ps-<i>`` with ``hostname``/``subdomain``: each PS has the
   stable name ``J-ps-<i>.J-ps.NS.svc`` (:func:`ps_addresses`), which survives a relaunch;
@@ -11,62 +13,52 @@
 
 Every pod runs ``python -m airflow_dlrover.runtime ROLE`` with the arguments ``local.py`` passes,
 as uid/gid 1000 with a read-only root filesystem, no capabilities, no privilege escalation and the
-runtime's default seccomp profile; requests equal limits (Guaranteed QoS). The writable paths are
-emptyDirs: the job dir (the master's ``master_state.json``, ``metrics.jsonl``, ``checkpoints/``),
-``<job dir>/run`` (the ``*.addr`` files) and ``/tmp``. ``restartPolicy: Never``: the launcher, not
-the kubelet, relaunches a node (it must tell the master, see ``LocalLauncher.relaunch``).
+runtime's default seccomp profile; requests equal limits (Guaranteed QoS). ``restartPolicy: Never``:
+the launcher, not the kubelet, relaunches a node (it must tell the master first).
 
-With ``master_uid`` every object but the master pod carries an ownerReference to the master pod,
-so deleting the master garbage-collects the job. A launcher therefore creates the master pod
-first (rendered without ``master_uid``), then renders again with its uid and creates the rest;
-the kubelet retries the ConfigMap mount of the master until the ConfigMap exists.
+Storage. The job dir is the sub-directory ``J`` of a ReadWriteMany PersistentVolumeClaim
+(``volume_claim``, default :data:`DEFAULT_VOLUME_CLAIM`, created once per namespace: see
+docs/kubernetes.md) mounted at :data:`JOB_DIR` in every pod. The master creates
+``checkpoints/ckpt-N/`` there and each PS writes and reads ``ps-<i>.npz`` at the same path, and the
+master's ``master_state.json`` outlives the master pod, so a relaunched master resumes. An optional
+``data_volume_claim`` is mounted read-only at :data:`DATA_DIR` in the workers, for ``spec.data``
+files (``job_args.dataset`` then names the path inside the pod). ``<job dir>/run`` (the ``*.addr``
+announcements, not needed here: ports are fixed and names stable) and ``/tmp`` are emptyDirs.
 
-Gaps: the runtime as written cannot run in these pods yet (file:line as of this module's writing)
-1. (fixed) Master and PS take ``--host``: the pods listen on ``0.0.0.0``; locally they stay on
-   loopback. ``announce`` creates ``run/`` itself and names the host for a wildcard bind.
-2. The announcement (``<job dir>/run/<name>.addr``) lies in the pod's own emptyDir, where the
-   launcher cannot read it. It is not needed here: ports are fixed (:data:`MASTER_PORT`,
-   :data:`PS_PORT`) and names are stable DNS names, so a launcher computes them
-   (:func:`master_address`, :func:`ps_addresses`) and waits for pod readiness instead.
-3. PS addresses reach the master only through ``POST /cluster`` from the launcher (local.py:250):
-   a Kubernetes launcher must post :func:`ps_addresses` once the PS pods are ready, from a place
-   that can reach the ``J-master`` Service (in-cluster, or through the API server's service
-   proxy). The worker learns the master from ``--master`` (__main__.py:20), given here.
-4. Checkpoints cross file systems. The master tells each PS to ``save`` to
-   ``<master job dir>/checkpoints/ckpt-N/ps-<i>.npz`` (master.py:311-312) after creating that
-   folder in its own pod; the PS writes (ps.py:215) and later reads (ps.py:231) that path in *its*
-   pod, where the folder does not exist: checkpoint and restore fail. They need a shared
-   ReadWriteMany volume at the job dir, or checkpoints that travel over the transport.
-5. Master restart. ``master_state.json`` (master.py:63) lives in the master pod's emptyDir, which
-   dies with the pod: a relaunched master (a new pod under ``restartPolicy: Never``) starts from
-   zero and the ownerReferences make its deletion delete the whole job. Persisting it needs a
-   volume that outlives the pod (PVC) and an owner other than the master pod.
-6. Secrets. ``spec.json`` carries ``authkey`` (spec.py:37), the key of every PS connection, and
-   the ConfigMap makes it readable to anyone who may read ConfigMaps in the namespace; the runtime
-   reads it only from ``spec.json`` (__main__.py:25). It belongs in a Secret. The master's HTTP
-   API (``/command``, ``/faults``, ``/restore``) has no authentication at all: restrict it to the
-   job's pods and the launcher with a NetworkPolicy.
-7. Data. ``spec.data`` other than ``"synthetic"`` is a path read by the worker (runtime/data.py:438)
-   and by the launcher's evaluation (launchers/run.py:157, which also connects to the PS
-   addresses from the Airflow process): no volume brings that file into the worker pods.
+Ownership. With ``master_uid`` every object but the master pod carries an ownerReference to the
+master pod, so deleting the master garbage-collects the job (the PVC is shared and not owned).
+A launcher creates the master pod first (rendered without ``master_uid``), then renders again with
+its uid and creates the rest; the kubelet retries the master's Secret and ConfigMap mounts until
+they exist. To relaunch the master, the launcher deletes it with ``propagationPolicy: Orphan`` and
+re-owns the job's objects to the new master.
+
+Not solved here: the master's HTTP API (``/command``, ``/faults``, ``/restore``) has no
+authentication; restrict it to the job's pods and the launcher with a NetworkPolicy
+(docs/kubernetes.md).
 """
+
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from airflow_dlrover.launchers.local import MASTER_CPU, MASTER_MEMORY_MB, _threads
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError
+from airflow_dlrover.runtime.__main__ import AUTHKEY_ENV
 from airflow_dlrover.runtime.spec import JobSpec
 
 # -- tuning constants (one line of reason each) ---------------------------------------------------
 MASTER_PORT = 8080  # the master's HTTP API (fixed in a pod, unlike local.py's free port: a Service needs it)
 PS_PORT = 7070  # each PS's transport port (fixed: the DNS name + port is the address the master is given)
 JOB_DIR = "/var/lib/dlrover/job"  # the job dir in every pod: same path everywhere, so checkpoint paths agree
+DATA_DIR = "/var/lib/dlrover/data"  # where data_volume_claim is mounted (read-only) in the workers
+DEFAULT_VOLUME_CLAIM = "dlrover-jobs"  # the RWX claim holding every job's dir (one sub-directory per job)
 #: Memory request/limit of a PS or worker whose plan has no memory (0/None = no memory model).
 #: A steady worker measures ~200 MB RSS with torch (optimizer/constants.py, OOM_MIN_RISE_MB note),
 #: the default PS tables ~70 MB: 1 GiB leaves room, and an OOM kill grows it by OOM_MEMORY_GROWTH.
@@ -109,6 +101,14 @@ def worker_name(job_id: str, index: int) -> str:
 def master_address(job_id: str, namespace: str = "default") -> str:
     """``host:port`` of the master's HTTP API through its Service (what ``--master`` gets)."""
     return f"{master_name(job_id)}.{namespace}.svc:{MASTER_PORT}"
+
+
+def spec_config_map_name(job_id: str) -> str:
+    return f"{job_id}-spec"
+
+
+def authkey_secret_name(job_id: str) -> str:
+    return f"{job_id}-authkey"
 
 
 def ps_addresses(job_id: str, count: int, namespace: str = "default") -> list[str]:
@@ -204,23 +204,65 @@ def _metadata(name: str, namespace: str, labels: dict[str, str], owner: list[dic
     return meta
 
 
-def _pod(
-    job_id: str, namespace: str, role: str, index: int, *, image: str, args: list[str], cpu: float,
-    memory_mb: float | None, gpu: int, port: int | None, owner: list[dict[str, Any]] | None,
-    service_account: str | None, node_selector: Mapping[str, str] | None, tolerations: Sequence[Mapping] | None,
+@dataclass(frozen=True)
+class Placement:
+    """Where and how the job's pods run: everything but the plan. Validated on creation."""
+
+    namespace: str = "default"
+    image: str = ""
+    volume_claim: str = DEFAULT_VOLUME_CLAIM
+    data_volume_claim: str | None = None
+    service_account: str | None = None
+    node_selector: Mapping[str, str] | None = None
+    tolerations: Sequence[Mapping[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        _check_options(self.namespace, self.image, self.service_account, self.node_selector, self.tolerations)
+        for field_name in ("volume_claim", "data_volume_claim"):
+            value = getattr(self, field_name)
+            if (value is not None or field_name == "volume_claim") and (
+                not isinstance(value, str) or len(value) > 253 or not _DNS_SUBDOMAIN.fullmatch(value)
+            ):
+                allowed = "the name of a ReadWriteMany PersistentVolumeClaim in the namespace"
+                raise InvalidInputError(field_name, value, allowed + (", or None" if field_name != "volume_claim" else ""))
+
+
+def owner_references(master_uid: str | None, job_id: str) -> list[dict[str, Any]] | None:
+    """The ownerReference to the master pod that makes its deletion delete the job."""
+    if master_uid is None:
+        return None
+    if not isinstance(master_uid, str) or not master_uid:
+        raise InvalidInputError("master_uid", master_uid, "the uid of the created master pod, or None")
+    return [{"apiVersion": "v1", "kind": "Pod", "name": master_name(job_id), "uid": master_uid}]
+
+
+def node_pod(
+    job_id: str, role: str, index: int, *, cpu: float, memory_mb: float | None, gpu: int = 0, ps_count: int = 1,
+    placement: Placement, master_uid: str | None = None,
 ) -> dict[str, Any]:
+    """The pod of one node (``role`` master | ps | worker) with the resources given: what
+    :func:`render_job` renders for each node, and what a launcher creates to add or relaunch one."""
+    namespace = placement.namespace
     names = {"master": master_name(job_id), "ps": ps_name(job_id, index), "worker": worker_name(job_id, index)}
     name = names[role]
+    port = {"master": MASTER_PORT, "ps": PS_PORT}.get(role, 0)
     threads = _threads(cpu)
+    args = [role, "--job-dir", JOB_DIR, "--index", str(index), "--name", name.removeprefix(f"{job_id}-"),
+            "--port", str(port), "--host", "0.0.0.0"]
+    if role == "ps":
+        args += ["--count", str(ps_count)]
+    if role == "worker":
+        args += ["--master", master_address(job_id, namespace), "--threads", str(threads)]
     container: dict[str, Any] = {
         "name": role,
-        "image": image,
+        "image": placement.image,
         "command": ["python", "-m", "airflow_dlrover.runtime"],
         "args": args,
         "env": [
             {"name": "OMP_NUM_THREADS", "value": str(threads)},
             {"name": "DLROVER_WORKER_GPU", "value": str(gpu)},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
+            {"name": AUTHKEY_ENV, "valueFrom": {"secretKeyRef": {"name": authkey_secret_name(job_id), "key": "authkey"}}},
         ],
         "resources": _resources(cpu, memory_mb, gpu),
         "securityContext": {
@@ -231,12 +273,23 @@ def _pod(
             "privileged": False,
         },
         "volumeMounts": [
-            {"name": "job", "mountPath": JOB_DIR},
+            {"name": "job", "mountPath": JOB_DIR, "subPath": job_id},
             {"name": "spec", "mountPath": f"{JOB_DIR}/spec.json", "subPath": "spec.json", "readOnly": True},
             {"name": "run", "mountPath": f"{JOB_DIR}/run"},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
+    volumes: list[dict[str, Any]] = [
+        {"name": "job", "persistentVolumeClaim": {"claimName": placement.volume_claim}},
+        {"name": "spec", "configMap": {"name": spec_config_map_name(job_id),
+                                       "items": [{"key": "spec.json", "path": "spec.json"}]}},
+        {"name": "run", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    if role == "worker" and placement.data_volume_claim:
+        container["volumeMounts"].append({"name": "data", "mountPath": DATA_DIR, "readOnly": True})
+        volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": placement.data_volume_claim,
+                                                                  "readOnly": True}})
     if role == "master":
         container["ports"] = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
         container["readinessProbe"] = {"httpGet": {"path": "/status", "port": "http"},
@@ -253,23 +306,18 @@ def _pod(
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container],
-        "volumes": [
-            {"name": "job", "emptyDir": {}},
-            {"name": "spec",
-             "configMap": {"name": f"{job_id}-spec", "items": [{"key": "spec.json", "path": "spec.json"}]}},
-            {"name": "run", "emptyDir": {}},
-            {"name": "tmp", "emptyDir": {}},
-        ],
+        "volumes": volumes,
     }
     if role == "ps":
         spec["hostname"] = name
         spec["subdomain"] = ps_service_name(job_id)
-    if service_account:
-        spec["serviceAccountName"] = service_account
-    if node_selector:
-        spec["nodeSelector"] = dict(node_selector)
-    if tolerations:
-        spec["tolerations"] = [dict(t) for t in tolerations]
+    if placement.service_account:
+        spec["serviceAccountName"] = placement.service_account
+    if placement.node_selector:
+        spec["nodeSelector"] = dict(placement.node_selector)
+    if placement.tolerations:
+        spec["tolerations"] = [dict(t) for t in placement.tolerations]
+    owner = None if role == "master" else owner_references(master_uid, job_id)
     metadata = _metadata(name, namespace, _labels(job_id, role, index), owner)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
@@ -280,69 +328,69 @@ def render_job(
     *,
     namespace: str = "default",
     image: str,
+    volume_claim: str = DEFAULT_VOLUME_CLAIM,
+    data_volume_claim: str | None = None,
     service_account: str | None = None,
     node_selector: Mapping[str, str] | None = None,
     tolerations: Sequence[Mapping[str, Any]] | None = None,
     master_uid: str | None = None,
+    record: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """The job's objects in creation order: ConfigMap, master Pod, master Service, PS Service, PS
-    Pods, worker Pods (see the module docstring). Raises :class:`InvalidInputError` naming the field."""
+    """The job's objects in creation order: master Pod, Secret, ConfigMap, master Service, PS
+    Service, PS Pods, worker Pods (see the module docstring); ``record`` is the launcher's
+    ``job.json``. Raises :class:`InvalidInputError` naming the field."""
     if not isinstance(config, Configuration):
         raise InvalidInputError("config", type(config).__name__, "a Configuration")
     job = spec.job_id
     _check_job_id(job, config)
-    _check_options(namespace, image, service_account, node_selector, tolerations)
-    owner = None
-    if master_uid is not None:
-        if not isinstance(master_uid, str) or not master_uid:
-            raise InvalidInputError("master_uid", master_uid, "the uid of the created master pod, or None")
-        owner = [{"apiVersion": "v1", "kind": "Pod", "name": master_name(job), "uid": master_uid}]
-    common = {"image": image, "service_account": service_account, "node_selector": node_selector,
-              "tolerations": tolerations}
-
-    def runtime_args(role: str, index: int, node: str, port: int) -> list[str]:
-        return [role, "--job-dir", JOB_DIR, "--index", str(index), "--name", node, "--port", str(port),
-                "--host", "0.0.0.0"]
-
-    objects: list[dict[str, Any]] = [{
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": _metadata(f"{job}-spec", namespace, _labels(job, "master", 0), owner),
-        "data": {"spec.json": spec.to_json()},
-    }]
-    objects.append(_pod(job, namespace, "master", 0, args=runtime_args("master", 0, "master", MASTER_PORT),
-                        cpu=MASTER_CPU, memory_mb=MASTER_MEMORY_MB, gpu=0, port=MASTER_PORT, owner=None, **common))
-    objects.append({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": _metadata(master_name(job), namespace, _labels(job, "master", 0), owner),
-        "spec": {"type": "ClusterIP", "selector": _selector(job, "master"),
-                 "ports": [{"name": "http", "port": MASTER_PORT, "targetPort": "http", "protocol": "TCP"}]},
-    })
-    objects.append({
-        "apiVersion": "v1", "kind": "Service",
-        # It serves every PS: index "all".
-        "metadata": _metadata(ps_service_name(job), namespace, _labels(job, "ps", "all"), owner),
-        "spec": {"clusterIP": "None", "selector": _selector(job, "ps"),
-                 # DNS names exist before readiness: the master connects while the PS start.
-                 "publishNotReadyAddresses": True,
-                 "ports": [{"name": "rpc", "port": PS_PORT, "targetPort": "rpc", "protocol": "TCP"}]},
-    })
+    placement = Placement(namespace, image, volume_claim, data_volume_claim, service_account, node_selector,
+                          tolerations)
+    owner = owner_references(master_uid, job)
+    objects = [node_pod(job, "master", 0, cpu=MASTER_CPU, memory_mb=MASTER_MEMORY_MB, placement=placement)]
+    objects += job_objects(spec, placement, owner, record)
     for index in range(config.ps):
-        args = runtime_args("ps", index, f"ps-{index}", PS_PORT) + ["--count", str(config.ps)]
-        objects.append(_pod(job, namespace, "ps", index, args=args, cpu=config.ps_cpu,
-                            memory_mb=config.ps_memory_mb, gpu=0, port=PS_PORT, owner=owner, **common))
+        objects.append(node_pod(job, "ps", index, cpu=config.ps_cpu, memory_mb=config.ps_memory_mb,
+                                ps_count=config.ps, placement=placement, master_uid=master_uid))
     for index in range(config.workers):
-        args = runtime_args("worker", index, f"worker-{index}", 0)
-        args += ["--master", master_address(job, namespace), "--threads", str(_threads(config.worker_cpu))]
-        objects.append(_pod(job, namespace, "worker", index, args=args, cpu=config.worker_cpu,
-                            memory_mb=config.worker_memory_mb, gpu=config.worker_gpu, port=None, owner=owner, **common))
+        objects.append(node_pod(job, "worker", index, cpu=config.worker_cpu, memory_mb=config.worker_memory_mb,
+                                gpu=config.worker_gpu, placement=placement, master_uid=master_uid))
     return objects
 
 
+def job_objects(spec: JobSpec, placement: Placement, owner: list[dict[str, Any]] | None,
+                record: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The job's Secret, ConfigMap and Services (everything but its pods)."""
+    job, namespace = spec.job_id, placement.namespace
+    data = {"spec.json": dataclasses.replace(spec, authkey="").to_json()}
+    if record is not None:
+        data["job.json"] = json.dumps(record, sort_keys=True)
+    return [
+        {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+         "metadata": _metadata(authkey_secret_name(job), namespace, _labels(job, "master", 0), owner),
+         "stringData": {"authkey": spec.authkey}},
+        {"apiVersion": "v1", "kind": "ConfigMap",
+         "metadata": _metadata(spec_config_map_name(job), namespace, _labels(job, "master", 0), owner), "data": data},
+        {"apiVersion": "v1", "kind": "Service",
+         "metadata": _metadata(master_name(job), namespace, _labels(job, "master", 0), owner),
+         "spec": {"type": "ClusterIP", "selector": _selector(job, "master"),
+                  "ports": [{"name": "http", "port": MASTER_PORT, "targetPort": "http", "protocol": "TCP"}]}},
+        {"apiVersion": "v1", "kind": "Service",
+         # It serves every PS: index "all".
+         "metadata": _metadata(ps_service_name(job), namespace, _labels(job, "ps", "all"), owner),
+         "spec": {"clusterIP": "None", "selector": _selector(job, "ps"),
+                  # DNS names exist before readiness: the master connects while the PS start.
+                  "publishNotReadyAddresses": True,
+                  "ports": [{"name": "rpc", "port": PS_PORT, "targetPort": "rpc", "protocol": "TCP"}]}},
+    ]
+
+
 def spec_of(objects: Sequence[Mapping[str, Any]]) -> JobSpec:
-    """The JobSpec carried by rendered objects (their ConfigMap)."""
+    """The JobSpec carried by rendered objects (their ConfigMap, with the Secret's authkey)."""
+    keys = [o["stringData"]["authkey"] for o in objects if o.get("kind") == "Secret" and "stringData" in o]
     for obj in objects:
         if obj.get("kind") == "ConfigMap" and "spec.json" in (obj.get("data") or {}):
-            return JobSpec.from_json(obj["data"]["spec.json"])
+            spec = JobSpec.from_json(obj["data"]["spec.json"])
+            return dataclasses.replace(spec, authkey=keys[0]) if keys else spec
     raise InvalidInputError("manifests", "no ConfigMap", "rendered manifests with a spec.json ConfigMap")
 
 

@@ -24,14 +24,13 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from airflow_dlrover.launchers.base import (
-    FAILED, FAILED_STATES, LOST, OOM_KILLED, OOM_MEMORY_GROWTH, RUNNING, STOPPED, SUCCEEDED, NodeStatus,
+    FAILED, FAILED_STATES, LOST, OOM_KILLED, OOM_MEMORY_GROWTH, RUNNING, STOPPED, SUCCEEDED, NodeStatus, call_master,
 )
 from airflow_dlrover.launchers.cgroups import CgroupManager, Limits
 from airflow_dlrover.optimizer.types import Configuration
@@ -100,19 +99,14 @@ class LocalLauncher:
 
     # -- master API ----------------------------------------------------------------------------
     def master_call(self, job_id: str, path: str, body: dict[str, Any] | None = None, timeout: float = 120.0) -> Any:
-        url = f"http://{self.master_address(job_id)}{path}"
-        data = None if body is None else json.dumps(body).encode()
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(request, timeout=timeout) as reply:
-                    text = reply.read()
-                return text.decode() if path.endswith("prometheus") else json.loads(text)
-            except OSError as err:
-                if time.monotonic() > deadline:
-                    raise ConnectionError(f"master of {job_id} unreachable at {url}: {err}") from None
-                time.sleep(0.2)
+        try:
+            return call_master(f"http://{self.master_address(job_id)}", path, body, timeout)
+        except ConnectionError as err:
+            raise ConnectionError(f"master of {job_id}: {err}") from None
+
+    def exists(self, job_id: str) -> bool:
+        """Whether the job was launched (its record exists): a retry adopts it."""
+        return (self.job_dir(job_id) / "job.json").exists()
 
     # -- processes -----------------------------------------------------------------------------
     def _command(self, job_id: str, node: dict[str, Any], master: str | None) -> list[str]:

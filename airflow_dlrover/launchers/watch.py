@@ -106,11 +106,19 @@ def node_rows(job: dict[str, Any], metrics: dict[str, Any], before: dict[str, An
         report = metrics["nodes"].get(name, {})
         rows.append({
             "time_s": now_s, "node": name, "role": u["role"], "age_s": time.time() - started.get(name, 0),
-            "cpu_used": (u["cpu_seconds"] - before[name]["cpu_seconds"]) / max(seconds, 1e-9), "cpu_limit": u["cpu"],
+            "cpu_used": _cpu_used(u, before[name], seconds), "cpu_limit": u["cpu"],
             "memory_used_mb": u["memory_mb"], "memory_limit_mb": u["memory_limit_mb"],
             "throughput": report.get("samples_per_s") if u["role"] == "worker" else None,
         })
     return rows
+
+
+def _cpu_used(usage: dict[str, Any], before: dict[str, Any], seconds: float) -> float:
+    """Cores used over the window: Δ CPU seconds of the node's cgroup (local), or the metrics API's
+    rate (Kubernetes: metrics-server averages over its own ~15 s window)."""
+    if "cpu_rate" in usage:
+        return float(usage["cpu_rate"])
+    return (usage["cpu_seconds"] - before["cpu_seconds"]) / max(seconds, 1e-9)
 
 
 def profile_row(config: dict[str, Any], nodes: list[dict[str, Any]], throughput: float,
@@ -126,12 +134,13 @@ def profile_row(config: dict[str, Any], nodes: list[dict[str, Any]], throughput:
     return row
 
 
-def failed_nodes(launcher: Any, job_id: str) -> list[dict[str, Any]]:
-    """The job's failed, OOM-killed or lost nodes, as JSON-able records (events, XCom, history)."""
+def failed_nodes(statuses: list[Any]) -> list[dict[str, Any]]:
+    """The failed, OOM-killed, lost or unschedulable nodes among a job's ``launcher.status()``, as
+    JSON-able records (events, XCom, history)."""
     from airflow_dlrover.launchers.base import FAILED_STATES
 
     return [{"name": s.name, "state": s.state, "reason": s.reason, "memory_mb": s.memory_mb}
-            for s in launcher.status(job_id) if s.state in FAILED_STATES]
+            for s in statuses if s.state in FAILED_STATES]
 
 
 def all_running(statuses: list[Any]) -> bool:

@@ -38,19 +38,23 @@ class DLRoverProfileOperator(DLRoverTaskMixin, BaseOperator):
     :param command: bring-your-own trainer command (local launcher) (templated)
     :param metrics_file: file (in the probe's working folder) where the trainer writes its throughput (templated)
     :param log_regex: regex on the trainer's output whose first group is its throughput (templated)
+    :param kubernetes: Kubernetes launcher settings over the connection's (namespace, image,
+        service_account, node_selector, tolerations, ...: ``launchers.KUBERNETES_OPTIONS``) (templated)
     :param dlrover_conn_id: the ``dlrover`` connection
     """
 
-    template_fields: Sequence[str] = ("job", "job_args", "quota", "probe_window", "command", "metrics_file", "log_regex")
+    template_fields: Sequence[str] = ("job", "job_args", "quota", "probe_window", "command", "metrics_file", "log_regex", "kubernetes")
     ui_color = "#e8f4fd"
 
     def __init__(self, *, job: str, job_args: dict[str, Any] | None = None, quota: dict[str, Any] | None = None,
                  probe_window: str | float = "20s", command: str | None = None, metrics_file: str | None = None,
-                 log_regex: str | None = None, dlrover_conn_id: str = "dlrover_default", **kwargs: Any):
+                 log_regex: str | None = None, kubernetes: dict[str, Any] | None = None,
+                 dlrover_conn_id: str = "dlrover_default", **kwargs: Any):
         super().__init__(**kwargs)
         self.job, self.job_args, self.quota, self.probe_window = job, job_args, quota, probe_window
         self.command, self.metrics_file, self.log_regex = command, metrics_file, log_regex
         self.dlrover_conn_id = dlrover_conn_id
+        self.kubernetes = kubernetes
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_dlrover.launchers.profiling import profile_command, profile_job
@@ -93,15 +97,19 @@ class DLRoverFitOperator(DLRoverTaskMixin, BaseOperator):
     job's previous model; the model goes to the history store, a summary to XCom.
 
     :param job: the job's name (templated)
+    :param kubernetes: Kubernetes launcher settings over the connection's (namespace, image,
+        service_account, node_selector, tolerations, ...: ``launchers.KUBERNETES_OPTIONS``) (templated)
     :param dlrover_conn_id: the ``dlrover`` connection
     """
 
-    template_fields: Sequence[str] = ("job",)
+    template_fields: Sequence[str] = ("job", "kubernetes")
     ui_color = "#e8f4fd"
 
-    def __init__(self, *, job: str, dlrover_conn_id: str = "dlrover_default", **kwargs: Any):
+    def __init__(self, *, job: str, kubernetes: dict[str, Any] | None = None,
+                 dlrover_conn_id: str = "dlrover_default", **kwargs: Any):
         super().__init__(**kwargs)
         self.job, self.dlrover_conn_id = job, dlrover_conn_id
+        self.kubernetes = kubernetes
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_dlrover.optimizer.job_model import fit_job_model
@@ -146,19 +154,23 @@ class DLRoverLaunchOperator(DLRoverTaskMixin, BaseOperator):
     :param inject: demo faults, e.g. ``kill-worker@30s`` (from the launch) (templated)
     :param plan_only: record and return the plan without launching (for a trainer of your own,
         profiled with ``command``: its task reads the plan from this task's XCom)
+    :param kubernetes: Kubernetes launcher settings over the connection's (namespace, image,
+        service_account, node_selector, tolerations, ...: ``launchers.KUBERNETES_OPTIONS``) (templated)
     :param dlrover_conn_id: the ``dlrover`` connection
     """
 
-    template_fields: Sequence[str] = ("job", "job_args", "quota", "objective", "deadline", "baseline", "inject")
+    template_fields: Sequence[str] = ("job", "job_args", "quota", "objective", "deadline", "baseline", "inject", "kubernetes")
     ui_color = "#d9f2e6"
 
     def __init__(self, *, job: str, job_args: dict[str, Any] | None = None, quota: dict[str, Any] | None = None,
                  objective: str = "throughput", deadline: str | None = None, baseline: dict[str, Any] | None = None,
                  inject: str | list[str] | None = None, plan_only: bool = False,
+                 kubernetes: dict[str, Any] | None = None,
                  dlrover_conn_id: str = "dlrover_default", **kwargs: Any):
         super().__init__(**kwargs)
         self.job, self.job_args, self.quota, self.objective, self.deadline = job, job_args, quota, objective, deadline
         self.baseline, self.inject, self.plan_only, self.dlrover_conn_id = baseline, inject, plan_only, dlrover_conn_id
+        self.kubernetes = kubernetes
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_dlrover.optimizer.planner import plan
@@ -190,7 +202,7 @@ class DLRoverLaunchOperator(DLRoverTaskMixin, BaseOperator):
                    "predicted_throughput": round(chosen.predicted_throughput, 1), "reason": chosen.reason}
         if self.plan_only:
             return summary
-        adopted = (self.launcher.job_dir(job_id) / "job.json").exists()
+        adopted = self.launcher.exists(job_id)
         self.launcher.launch(spec, chosen.config)  # adopts a running job
         current = Configuration(**self.launcher.read_job(job_id)["config"])
         resize = None
@@ -219,18 +231,22 @@ class DLRoverFineTuneOperator(DLRoverTaskMixin, BaseOperator):
     :param windows: windows per decision (templated)
     :param turn: hand the worker slot back (reschedule) after this long; set it where tasks run
         one at a time (``airflow dags test``) so that the instability guard gets its turns (templated)
+    :param kubernetes: Kubernetes launcher settings over the connection's (namespace, image,
+        service_account, node_selector, tolerations, ...: ``launchers.KUBERNETES_OPTIONS``) (templated)
     :param dlrover_conn_id: the ``dlrover`` connection
     """
 
-    template_fields: Sequence[str] = ("job", "quota", "window", "windows", "turn")
+    template_fields: Sequence[str] = ("job", "quota", "window", "windows", "turn", "kubernetes")
     ui_color = "#fff4d6"
 
     def __init__(self, *, job: str, quota: dict[str, Any] | None = None, window: str | float = "3s",
-                 windows: int | str = 3, turn: str | float | None = None, dlrover_conn_id: str = "dlrover_default",
+                 windows: int | str = 3, turn: str | float | None = None, kubernetes: dict[str, Any] | None = None,
+                 dlrover_conn_id: str = "dlrover_default",
                  **kwargs: Any):
         super().__init__(**kwargs)
         self.job, self.quota, self.window, self.windows, self.turn = job, quota, window, windows, turn
         self.dlrover_conn_id = dlrover_conn_id
+        self.kubernetes = kubernetes
 
     def execute(self, context: Any) -> None:
         from airflow_dlrover.optimizer.types import InvalidInputError
@@ -318,15 +334,19 @@ class DLRoverReportOperator(DLRoverTaskMixin, BaseOperator):
     also stops the job of a failed run, and then fails.
 
     :param job: the job's name (templated)
+    :param kubernetes: Kubernetes launcher settings over the connection's (namespace, image,
+        service_account, node_selector, tolerations, ...: ``launchers.KUBERNETES_OPTIONS``) (templated)
     :param dlrover_conn_id: the ``dlrover`` connection
     """
 
-    template_fields: Sequence[str] = ("job",)
+    template_fields: Sequence[str] = ("job", "kubernetes")
     ui_color = "#eeeeee"
 
-    def __init__(self, *, job: str, dlrover_conn_id: str = "dlrover_default", **kwargs: Any):
+    def __init__(self, *, job: str, kubernetes: dict[str, Any] | None = None,
+                 dlrover_conn_id: str = "dlrover_default", **kwargs: Any):
         super().__init__(**kwargs)
         self.job, self.dlrover_conn_id = job, dlrover_conn_id
+        self.kubernetes = kubernetes
 
     def execute(self, context: Any) -> dict[str, Any]:
         import json
@@ -337,7 +357,7 @@ class DLRoverReportOperator(DLRoverTaskMixin, BaseOperator):
         from airflow_dlrover.launchers.run import job_summary
 
         run, job_id = self.run_ids(context)
-        if not (self.launcher.job_dir(job_id) / "job.json").exists():
+        if not self.launcher.exists(job_id):
             self.history.finish_run(run, "failed", {"error": "the job was never launched"})
             raise AirflowFailException(f"job {job_id} was never launched: see the upstream tasks")
         try:

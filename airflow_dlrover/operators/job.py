@@ -153,7 +153,7 @@ class DLRoverTaskMixin:
     @cached_property
     def launcher(self):
         with user_errors():
-            return self.hook.get_launcher()
+            return self.hook.get_launcher(getattr(self, "kubernetes", None))
 
     def run_ids(self, context: Any) -> tuple[int, str]:
         """(history run id, launcher job id) of this DAG run."""
@@ -163,7 +163,16 @@ class DLRoverTaskMixin:
             with user_errors():
                 raise InvalidInputError("job", self.job, "a name of letters, digits, '_', '.', '-'")
         run_id = context["run_id"]
-        return self.history.start_run(self.job, run_id), launcher_job_id(self.job, run_id)
+        self._dlrover_job_id = launcher_job_id(self.job, run_id)
+        return self.history.start_run(self.job, run_id), self._dlrover_job_id
+
+    def on_kill(self) -> None:
+        """A killed task (marked failed, cleared, timed out) deletes its run's job: no orphan
+        pods or processes. The report task stops the job on every other ending."""
+        job_id = getattr(self, "_dlrover_job_id", None)
+        if job_id and self.launcher.exists(job_id):
+            self.log.warning("task killed: stopping job %s", job_id)
+            self.launcher.stop(job_id)
 
     def turn_ends_at(self) -> float | None:
         """When the task's turn ends (``turn``): it spans its re-deferrals, not each one."""
@@ -174,7 +183,9 @@ class DLRoverTaskMixin:
 
     def trigger_kwargs(self) -> dict[str, Any]:
         settings = self.hook.settings
-        return {"launcher": settings.launcher, "jobs_dir": settings.jobs_dir}
+        with user_errors():
+            options = self.hook.launcher_options(getattr(self, "kubernetes", None))
+        return {"launcher": settings.launcher, "jobs_dir": settings.jobs_dir, "launcher_options": options}
 
 
 def positive_int(field: str, value: Any) -> int:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import os
 import sys
 from pathlib import Path
 
 from airflow_dlrover.runtime.spec import JobSpec
+
+AUTHKEY_ENV = "DLROVER_AUTHKEY"  # set from the job's Secret in a pod (launchers/kubernetes_manifests.py)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.role}-{args.index} %(levelname)s %(message)s")
     spec = JobSpec.load(args.job_dir / "spec.json")
+    if os.environ.get(AUTHKEY_ENV):  # in a pod the key comes from a Secret, not the ConfigMap's spec.json
+        spec = dataclasses.replace(spec, authkey=os.environ[AUTHKEY_ENV])
+    if not spec.authkey:
+        parser.error(f"spec.json has no authkey and ${AUTHKEY_ENV} is unset: the PS connections need a key")
     ready = args.job_dir / "run" / f"{args.name or args.role}.addr"
     if args.role == "master":
         from airflow_dlrover.runtime.master import serve

@@ -37,25 +37,29 @@ class DLRoverInstabilitySensor(DLRoverTaskMixin, BaseSensorOperator):
     :param turn: hand the worker slot back (reschedule) after this long; set it where tasks run
         one at a time (``airflow dags test``) so that the fine-tune gets its turns (templated)
     :param deferrable: watch from the triggerer (default); False pokes from the worker
+    :param kubernetes: Kubernetes launcher settings over the connection's (namespace, image,
+        service_account, node_selector, tolerations, ...: ``launchers.KUBERNETES_OPTIONS``) (templated)
     :param dlrover_conn_id: the ``dlrover`` connection
     """
 
-    template_fields: Sequence[str] = ("job", "quota", "window", "turn")
+    template_fields: Sequence[str] = ("job", "quota", "window", "turn", "kubernetes")
     ui_color = "#fde8e8"
 
     def __init__(self, *, job: str, quota: dict[str, Any] | None = None, window: str | float = "3s",
-                 turn: str | float | None = None, deferrable: bool = True, dlrover_conn_id: str = "dlrover_default",
+                 turn: str | float | None = None, deferrable: bool = True, kubernetes: dict[str, Any] | None = None,
+                 dlrover_conn_id: str = "dlrover_default",
                  **kwargs: Any):
         super().__init__(**kwargs)
         self.job, self.quota, self.window, self.turn, self.deferrable = job, quota, window, turn, deferrable
         self.dlrover_conn_id = dlrover_conn_id
+        self.kubernetes = kubernetes
 
     def execute(self, context: Any) -> Any:
         from airflow_dlrover.launchers.watch import failed_nodes
 
         run, job_id = self.run_ids(context)
         self._quota()  # a bad quota fails now, not at the first healing
-        failed = failed_nodes(self.launcher, job_id)
+        failed = failed_nodes(self.launcher.status(job_id))
         events = [e.get("event") for e in self.history.records(run, "event")]
         failures_seen = [i for i, e in enumerate(events) if e == "node_failed"]
         recoveries = [i for i, e in enumerate(events) if e == "recovered"]
@@ -83,7 +87,7 @@ class DLRoverInstabilitySensor(DLRoverTaskMixin, BaseSensorOperator):
         from airflow_dlrover.launchers.watch import failed_nodes
 
         _, job_id = self.run_ids(context)
-        failed = failed_nodes(self.launcher, job_id)
+        failed = failed_nodes(self.launcher.status(job_id))
         if failed:
             self._fail(context, failed)
         return self.launcher.master_call(job_id, "/status")["state"] == "done"

@@ -31,8 +31,9 @@ PURPOSES = ("finetune", "guard")
 class DLRoverJobTrigger(BaseTrigger):
     """:param job_id: the launcher's job id
     :param purpose: ``finetune`` or ``guard`` (see the module docstring)
-    :param launcher: ``local`` (the connection's launcher kind)
+    :param launcher: ``local`` or ``kubernetes`` (the connection's launcher kind)
     :param jobs_dir: the local launcher's jobs folder
+    :param launcher_options: the Kubernetes launcher's settings (``launchers.KUBERNETES_OPTIONS``)
     :param window_s: seconds per measurement window
     :param windows: clean windows per ``windows`` event (``finetune``)
     :param turn_ends_at: fire ``turn`` at this time, epoch seconds (None: never)
@@ -41,12 +42,13 @@ class DLRoverJobTrigger(BaseTrigger):
     """
 
     def __init__(self, job_id: str, purpose: str, launcher: str = "local", jobs_dir: str | None = None,
-                 window_s: float = 3.0, windows: int = 3, turn_ends_at: float | None = None, poll_s: float = 0.5,
+                 launcher_options: dict[str, Any] | None = None, window_s: float = 3.0, windows: int = 3, turn_ends_at: float | None = None, poll_s: float = 0.5,
                  timeout_s: float = 24 * 3600.0):
         super().__init__()
         if purpose not in PURPOSES:
             raise ValueError(f"purpose={purpose!r} is invalid: allowed {', '.join(PURPOSES)}")
         self.job_id, self.purpose, self.launcher, self.jobs_dir = job_id, purpose, launcher, jobs_dir
+        self.launcher_options = dict(launcher_options or {})
         self.window_s, self.windows, self.turn_ends_at = float(window_s), int(windows), turn_ends_at
         self.poll_s, self.timeout_s = float(poll_s), float(timeout_s)
 
@@ -54,6 +56,7 @@ class DLRoverJobTrigger(BaseTrigger):
         return (
             f"{type(self).__module__}.{type(self).__qualname__}",
             {"job_id": self.job_id, "purpose": self.purpose, "launcher": self.launcher, "jobs_dir": self.jobs_dir,
+             "launcher_options": self.launcher_options,
              "window_s": self.window_s, "windows": self.windows, "turn_ends_at": self.turn_ends_at, "poll_s": self.poll_s,
              "timeout_s": self.timeout_s},
         )
@@ -61,22 +64,26 @@ class DLRoverJobTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from airflow_dlrover.launchers import make_launcher
 
-        launcher = await asyncio.to_thread(make_launcher, self.launcher, self.jobs_dir)
+        launcher = await asyncio.to_thread(make_launcher, self.launcher, self.jobs_dir, self.launcher_options)
         watch = await asyncio.to_thread(_Watch, launcher, self.job_id)
         started = time.monotonic()
         while True:
-            event = await asyncio.to_thread(self._step, watch, time.monotonic() - started)
+            if hasattr(launcher, "astatus"):  # Kubernetes: AsyncKubernetesHook, on this loop
+                statuses = await launcher.astatus(self.job_id)
+            else:
+                statuses = await asyncio.to_thread(launcher.status, self.job_id)
+            event = await asyncio.to_thread(self._step, watch, statuses, time.monotonic() - started)
             if event is not None:
                 self.log.info("job %s: %s", self.job_id, event["kind"])
                 yield TriggerEvent({"job_id": self.job_id, "turn_ends_at": self.turn_ends_at, **event})
                 return
             await asyncio.sleep(self.poll_s)
 
-    def _step(self, watch: "_Watch", elapsed_s: float) -> dict[str, Any] | None:
-        """One poll; the event to fire, if any."""
+    def _step(self, watch: "_Watch", statuses: list[Any], elapsed_s: float) -> dict[str, Any] | None:
+        """One poll, given the job's node statuses; the event to fire, if any."""
         from airflow_dlrover.launchers.watch import detect_instability, detector_history, failed_nodes
 
-        failed = failed_nodes(watch.launcher, self.job_id)
+        failed = failed_nodes(statuses)
         if failed and self.purpose == "guard":
             return {"kind": "failed", "nodes": failed}
         try:

@@ -18,7 +18,7 @@ def test_connection_extras_configure_launcher_history_and_quota(monkeypatch):
     })
     settings = DLRoverHook("my_dlrover").settings
     assert settings == DLRoverSettings(
-        launcher="kubernetes", kubernetes_conn_id="k8s", namespace="recsys", image="reg/dlrover:1",
+        launcher="kubernetes", kubernetes={"kubernetes_conn_id": "k8s", "namespace": "recsys", "image": "reg/dlrover:1"},
         history_url="postgresql://h/db", quota=Quota(64.0, 256 * 1024.0, 0, 40),
     )
 

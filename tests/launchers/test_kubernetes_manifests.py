@@ -1,6 +1,7 @@
 """The Kubernetes manifests of a job: offline schema validation (strict), names, labels, DNS,
 resources and security of every container, and the ``dlrover-rm render`` command."""
 
+import dataclasses
 import json
 
 import kubernetes_validate
@@ -124,14 +125,23 @@ def test_every_container_has_resources_and_cannot_gain_root(variant):
         name = pod["metadata"]["name"]
         assert hardening_problems(pod) == []
         assert pod["spec"]["securityContext"]["fsGroup"] == 1000 and pod["spec"]["restartPolicy"] == "Never"
-        # Every path the runtime writes is a writable volume: job dir, run/ (address files), /tmp.
+        # Every path the runtime writes is writable: the job dir is the job's sub-directory of the
+        # shared RWX claim (checkpoints cross pods, the master's state outlives its pod); run/ and /tmp are emptyDirs.
         mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
         volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
-        for path in (km.JOB_DIR, f"{km.JOB_DIR}/run", "/tmp"):
+        job_mount = mounts[km.JOB_DIR]
+        assert volumes[job_mount["name"]] == {"name": "job", "persistentVolumeClaim": {"claimName": "dlrover-jobs"}}
+        assert job_mount["subPath"] == "dlrm-daily" and not job_mount.get("readOnly")
+        for path in (f"{km.JOB_DIR}/run", "/tmp"):
             assert "emptyDir" in volumes[mounts[path]["name"]] and not mounts[path].get("readOnly"), (name, path)
         spec_mount = mounts[f"{km.JOB_DIR}/spec.json"]
         assert spec_mount["readOnly"] and spec_mount["subPath"] == "spec.json"
         assert volumes[spec_mount["name"]]["configMap"]["name"] == "dlrm-daily-spec"
+        # The PS connection key comes from the Secret, never from the ConfigMap.
+        key = next(e for e in container["env"] if e["name"] == "DLROVER_AUTHKEY")
+        assert key == {"name": "DLROVER_AUTHKEY",
+                       "valueFrom": {"secretKeyRef": {"name": "dlrm-daily-authkey", "key": "authkey"}}}
+        assert km.DATA_DIR not in mounts  # no data claim given
 
 
 @pytest.mark.parametrize(
@@ -171,7 +181,8 @@ def test_resources_follow_the_plan_with_a_floor_for_unknown_memory():
 def test_names_labels_commands_and_dns():
     objects = render(CPU_PLAN, master_uid=UID)
     assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
-        ("ConfigMap", "dlrm-daily-spec"), ("Pod", "dlrm-daily-master"), ("Service", "dlrm-daily-master"),
+        ("Pod", "dlrm-daily-master"), ("Secret", "dlrm-daily-authkey"), ("ConfigMap", "dlrm-daily-spec"),
+        ("Service", "dlrm-daily-master"),
         ("Service", "dlrm-daily-ps"), ("Pod", "dlrm-daily-ps-0"), ("Pod", "dlrm-daily-ps-1"),
         ("Pod", "dlrm-daily-worker-0"), ("Pod", "dlrm-daily-worker-1"), ("Pod", "dlrm-daily-worker-2"),
     ]
@@ -220,7 +231,23 @@ def test_names_labels_commands_and_dns():
                                                  "--master", f"dlrm-daily-master.training.svc:{km.MASTER_PORT}",
                                                  "--threads", "1"])
     config_map = by_name(objects, "ConfigMap")["dlrm-daily-spec"]
-    assert JobSpec.from_json(config_map["data"]["spec.json"]) == spec()
+    assert JobSpec.from_json(config_map["data"]["spec.json"]) == dataclasses.replace(spec(), authkey="")
+    assert by_name(objects, "Secret")["dlrm-daily-authkey"]["stringData"] == {"authkey": "0" * 32}
+    assert km.spec_of(objects) == spec()
+
+
+def test_data_claim_reaches_the_workers_read_only():
+    objects = render(CPU_PLAN, data_volume_claim="criteo-days", volume_claim="team-jobs")
+    for name, pod in by_name(objects, "Pod").items():
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        mounts = {m["mountPath"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
+        assert volumes["job"]["persistentVolumeClaim"] == {"claimName": "team-jobs"}
+        if "worker" in name:
+            assert mounts[km.DATA_DIR] == {"name": "data", "mountPath": km.DATA_DIR, "readOnly": True}
+            assert volumes["data"]["persistentVolumeClaim"] == {"claimName": "criteo-days", "readOnly": True}
+        else:
+            assert km.DATA_DIR not in mounts and "data" not in volumes
+        kubernetes_validate.validate(pod, VERSION, strict=True)
 
 
 def test_placement_options_reach_every_pod():
@@ -253,7 +280,9 @@ def test_job_id_length_depends_on_the_plan():
     "kwargs, field",
     [({"namespace": "Training"}, "namespace"), ({"image": ""}, "image"), ({"image": "a b"}, "image"),
      ({"service_account": "Bad_SA"}, "service_account"), ({"node_selector": {"pool": 1}}, "node_selector"),
-     ({"tolerations": {"key": "x"}}, "tolerations"), ({"master_uid": ""}, "master_uid")],
+     ({"tolerations": {"key": "x"}}, "tolerations"), ({"master_uid": ""}, "master_uid"),
+     ({"volume_claim": None}, "volume_claim"), ({"volume_claim": "Jobs_PVC"}, "volume_claim"),
+     ({"data_volume_claim": "a/b"}, "data_volume_claim")],
 )
 def test_bad_options_name_the_field(kwargs, field):
     with pytest.raises(InvalidInputError) as err:
