@@ -116,7 +116,9 @@ def pod_state(pod: Any, pending_timeout_s: float = PENDING_TIMEOUT_S, now: float
 
 
 def _ready(pod: Any) -> bool:
-    conditions = (pod.status.conditions if pod is not None and pod.status else None) or []
+    if pod is None or pod.status is None:
+        return False
+    conditions = pod.status.conditions or []
     return pod.status.phase == "Running" and any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 

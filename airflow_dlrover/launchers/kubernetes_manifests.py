@@ -40,6 +40,7 @@ authentication; restrict it to the job's pods and the launcher with a NetworkPol
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import math
@@ -367,7 +368,8 @@ def job_objects(spec: JobSpec, placement: Placement, owner: list[dict[str, Any]]
     return [
         {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
          "metadata": _metadata(authkey_secret_name(job), namespace, _labels(job, "master", 0), owner),
-         "stringData": {"authkey": spec.authkey}},
+         # data (base64), not stringData: what the API server stores, so a read returns it as written.
+         "data": {"authkey": base64.b64encode(spec.authkey.encode()).decode()}},
         {"apiVersion": "v1", "kind": "ConfigMap",
          "metadata": _metadata(spec_config_map_name(job), namespace, _labels(job, "master", 0), owner), "data": data},
         {"apiVersion": "v1", "kind": "Service",
@@ -386,7 +388,8 @@ def job_objects(spec: JobSpec, placement: Placement, owner: list[dict[str, Any]]
 
 def spec_of(objects: Sequence[Mapping[str, Any]]) -> JobSpec:
     """The JobSpec carried by rendered objects (their ConfigMap, with the Secret's authkey)."""
-    keys = [o["stringData"]["authkey"] for o in objects if o.get("kind") == "Secret" and "stringData" in o]
+    keys = [base64.b64decode(o["data"]["authkey"]).decode() for o in objects
+            if o.get("kind") == "Secret" and "authkey" in (o.get("data") or {})]
     for obj in objects:
         if obj.get("kind") == "ConfigMap" and "spec.json" in (obj.get("data") or {}):
             spec = JobSpec.from_json(obj["data"]["spec.json"])

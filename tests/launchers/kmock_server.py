@@ -1,11 +1,21 @@
-"""Run kmock's KubernetesEmulator in a background thread so that SYNC clients
-(official `kubernetes` client, KubernetesHook) can talk to it without blocking
-the server's event loop.
+"""The closest real things to a cluster that run here (docs/dev/kmock-recipe.md):
 
-Usage:
+* :class:`KmockThread`: kmock's Kubernetes REST API emulator served on loopback from a thread, so
+  that sync clients (the official ``kubernetes`` client, ``KubernetesHook``) do not block its loop;
+  :class:`LabelSelectingEmulator` fills kmock 0.8's gaps (label selectors, ``watch=True``, uid /
+  namespace / creationTimestamp on create, delete-collection);
+* :class:`Kubelet`: the test's scheduler and kubelet: new pods become Running and Ready, or stay
+  Pending as Unschedulable; the test kills them (OOMKilled, Evicted, node lost) through the pods'
+  status subresource, as a kubelet would;
+* :class:`RecordingMaster`: the job master's HTTP API as the launcher sees it (no training runs in
+  these pods): it records each call and, on ``/drain``, makes the worker's pod exit 0 as the real
+  worker does.
+
+Usage::
+
     with KmockThread() as km:
         print(km.url)            # e.g. http://127.0.0.1:41234
-        km.emulator.objects      # kmock's in-memory object store (thread-unsafe; read-mostly)
+        km.emulator             # kmock's emulator; iterate it for the recorded requests
 """
 from __future__ import annotations
 
@@ -15,7 +25,10 @@ import uuid
 import re
 import threading
 
+import json
 import logging
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import kmock
 
@@ -174,3 +187,142 @@ class KmockThread:
             self._loop.call_soon_threadsafe(self._stop.set)
         if self._thread:
             self._thread.join(10)
+
+
+def kubeconfig(url: str, namespace: str = "default") -> dict:
+    """A kubeconfig for the emulator (plain http, no credentials)."""
+    return {"apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "kmock", "cluster": {"server": url}}],
+            "users": [{"name": "anon", "user": {}}],
+            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "anon", "namespace": namespace}}],
+            "current-context": "kmock"}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Kubelet:
+    """Schedules and "runs" the pods of ``namespace``: every pod without a status becomes Running
+    and Ready, unless its name is in ``unschedulable`` (then it stays Pending with
+    ``PodScheduled=False/Unschedulable``, transitioned ``pending_for_s`` ago)."""
+
+    SELECTOR = "app.kubernetes.io/managed-by=airflow-dlrover"  # every pod a launcher creates
+
+    def __init__(self, v1, namespace: str, poll_s: float = 0.05):
+        self.v1, self.namespace, self.poll_s = v1, namespace, poll_s
+        self.unschedulable: dict[str, float] = {}  # pod name → seconds it has been unschedulable
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kubelet", daemon=True)
+
+    def __enter__(self) -> "Kubelet":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        while not self._stop.wait(self.poll_s):
+            try:
+                pods = self.v1.list_namespaced_pod(self.namespace, label_selector=self.SELECTOR).items
+            except Exception:  # the server is shutting down
+                continue
+            for pod in pods:
+                if pod.status is not None and pod.status.phase:
+                    continue
+                try:
+                    self.patch(pod.metadata.name, self._initial(pod))
+                except ApiException:  # deleted meanwhile
+                    pass
+
+    def _initial(self, pod) -> dict:
+        name = pod.metadata.name
+        if name in self.unschedulable:
+            since = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=self.unschedulable[name])
+            return {"phase": "Pending", "conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "lastTransitionTime": since.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "message": "0/3 nodes are available: 3 Insufficient cpu."}]}
+        return {"phase": "Running", "podIP": "10.0.0.7", "startTime": _now(),
+                "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+                "containerStatuses": [self._container(pod, {"running": {"startedAt": _now()}}, ready=True)]}
+
+    @staticmethod
+    def _container(pod, state: dict, ready: bool = False) -> dict:
+        container = pod.spec.containers[0]
+        return {"name": container.name, "image": container.image, "imageID": "", "ready": ready,
+                "restartCount": 0, "state": state}
+
+    def patch(self, name: str, status: dict) -> None:
+        self.v1.patch_namespaced_pod_status(name, self.namespace, {"status": status})
+
+    def terminate(self, name: str, exit_code: int, reason: str) -> None:
+        """The pod's container ends (``restartPolicy: Never``: the pod fails or succeeds)."""
+        pod = self.v1.read_namespaced_pod(name, self.namespace)
+        terminated = {"terminated": {"exitCode": exit_code, "reason": reason, "finishedAt": _now()}}
+        self.patch(name, {"phase": "Succeeded" if exit_code == 0 else "Failed",
+                          "conditions": [{"type": "Ready", "status": "False"}],
+                          "containerStatuses": [self._container(pod, terminated)]})
+
+    def wait_running(self, names: list[str], timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            phases = {p.metadata.name: (p.status.phase if p.status else None)
+                      for p in self.v1.list_namespaced_pod(self.namespace).items}
+            if all(phases.get(n) == "Running" for n in names):
+                return
+            time.sleep(self.poll_s)
+        raise TimeoutError(f"pods {names} not running: {phases}")
+
+
+class RecordingMaster:
+    """The job master's HTTP API, recording ``(method, path, body)``; ``on_drain(node)`` is called
+    for ``POST /drain`` (the test makes the worker's pod exit 0)."""
+
+    def __init__(self, on_drain=None):
+        self.calls: list[tuple[str, str, dict | None]] = []
+        self.on_drain = on_drain
+        master = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _reply(self, body) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                master.calls.append(("GET", self.path, None))
+                replies = {"/status": {"state": "running", "samples_done": 0, "ps": [], "generation": 0},
+                           "/metrics": {"throughput": 0.0, "nodes": {}, "status": None}}
+                self._reply(replies.get(self.path, {}))
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                master.calls.append(("POST", self.path, body))
+                if self.path == "/drain" and master.on_drain:
+                    master.on_drain(body["node"])
+                self._reply({"ok": True})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def posts(self) -> list[tuple[str, dict]]:
+        return [(path, body) for method, path, body in self.calls if method == "POST"]
+
+    def __enter__(self) -> "RecordingMaster":
+        threading.Thread(target=self.server.serve_forever, name="master", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()

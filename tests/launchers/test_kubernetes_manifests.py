@@ -1,6 +1,7 @@
 """The Kubernetes manifests of a job: offline schema validation (strict), names, labels, DNS,
 resources and security of every container, and the ``dlrover-rm render`` command."""
 
+import base64
 import dataclasses
 import json
 
@@ -232,7 +233,7 @@ def test_names_labels_commands_and_dns():
                                                  "--threads", "1"])
     config_map = by_name(objects, "ConfigMap")["dlrm-daily-spec"]
     assert JobSpec.from_json(config_map["data"]["spec.json"]) == dataclasses.replace(spec(), authkey="")
-    assert by_name(objects, "Secret")["dlrm-daily-authkey"]["stringData"] == {"authkey": "0" * 32}
+    assert by_name(objects, "Secret")["dlrm-daily-authkey"]["data"] == {"authkey": base64.b64encode(b"0" * 32).decode()}
     assert km.spec_of(objects) == spec()
 
 
