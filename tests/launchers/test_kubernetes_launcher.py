@@ -395,3 +395,19 @@ def test_launcher_needs_a_placement():
     with pytest.raises(InvalidInputError) as err:
         KubernetesLauncher({"image": "x"})
     assert err.value.field == "placement"
+
+
+def test_a_killed_task_deletes_its_job(cluster, monkeypatch, tmp_path):
+    from airflow_dlrover.operators.dlrover import DLRoverFineTuneOperator
+
+    launcher, kubelet, master, v1 = cluster
+    monkeypatch.setenv("AIRFLOW_CONN_DLROVER_DEFAULT", json.dumps({"conn_type": "dlrover", "extra": {
+        "launcher": "kubernetes", "namespace": NS, "image": "reg/dlrover:0.1", "jobs_dir": str(tmp_path)}}))
+    launcher.launch(spec(), PLAN)
+    task = DLRoverFineTuneOperator(task_id="fine_tune", job="ctr", kubernetes={"master_url": master.url})
+    assert task.launcher.master_url == master.url and task.launcher.namespace == NS  # task over connection
+    task.on_kill()  # not started yet: it knows no job and deletes nothing
+    assert len(pods(v1)) == 5
+    task._dlrover_job_id = JOB  # what run_ids() sets when the task runs
+    task.on_kill()
+    assert pods(v1) == {} and not launcher.exists(JOB)
