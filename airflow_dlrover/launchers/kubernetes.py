@@ -325,7 +325,7 @@ class KubernetesLauncher:
         pod runs (an Airflow retry); after a failed launch, clean up and start again from the
         job's checkpoint (its dir on the volume survives)."""
         job_id = spec.job_id
-        km._check_job_id(job_id, config)
+        km.check_job_id(job_id, config)
         resuming = self.exists(job_id)
         if resuming:
             record = self.read_job(job_id)
@@ -471,7 +471,7 @@ class KubernetesLauncher:
 
     def _resize_in_place(self, node: dict[str, Any]) -> None:
         """New requests = limits through the ``resize`` subresource (the pod keeps running)."""
-        resources = km._resources(node["cpu"], node["memory_mb"], node.get("gpu", 0))
+        resources = km.container_resources(node["cpu"], node["memory_mb"], node.get("gpu", 0))
         body = {"spec": {"containers": [{"name": node["role"], "resources": resources}]}}
         self.core.patch_namespaced_pod_resize(node["pod"], self.namespace, body)
 

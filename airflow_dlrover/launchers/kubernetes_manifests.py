@@ -118,7 +118,8 @@ def ps_addresses(job_id: str, count: int, namespace: str = "default") -> list[st
 
 
 # -- validation -----------------------------------------------------------------------------------
-def _check_job_id(job_id: Any, config: Configuration) -> None:
+def check_job_id(job_id: Any, config: Configuration) -> None:
+    """The job id names every object: an RFC 1035 label, short enough for the plan's longest pod name."""
     if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
         raise InvalidInputError(
             "job_id", job_id, "a DNS-1123 label starting with a letter: lowercase letters, digits and '-'"
@@ -179,7 +180,8 @@ def memory_quantity(mb: float | None) -> str:
     return f"{math.ceil(mb) if mb else MEMORY_FLOOR_MB}Mi"
 
 
-def _resources(cpu: float, memory_mb: float | None, gpu: int = 0) -> dict[str, Any]:
+def container_resources(cpu: float, memory_mb: float | None, gpu: int = 0) -> dict[str, Any]:
+    """Requests = limits (Guaranteed QoS: the plan's resources are what the node gets, no more)."""
     amounts: dict[str, Any] = {"cpu": cpu_quantity(cpu), "memory": memory_quantity(memory_mb)}
     if gpu:
         amounts[GPU_RESOURCE] = str(int(gpu))
@@ -265,7 +267,7 @@ def node_pod(
             {"name": "PYTHONUNBUFFERED", "value": "1"},
             {"name": AUTHKEY_ENV, "valueFrom": {"secretKeyRef": {"name": authkey_secret_name(job_id), "key": "authkey"}}},
         ],
-        "resources": _resources(cpu, memory_mb, gpu),
+        "resources": container_resources(cpu, memory_mb, gpu),
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
@@ -343,7 +345,7 @@ def render_job(
     if not isinstance(config, Configuration):
         raise InvalidInputError("config", type(config).__name__, "a Configuration")
     job = spec.job_id
-    _check_job_id(job, config)
+    check_job_id(job, config)
     placement = Placement(namespace, image, volume_claim, data_volume_claim, service_account, node_selector,
                           tolerations)
     owner = owner_references(master_uid, job)

@@ -411,3 +411,29 @@ def test_a_killed_task_deletes_its_job(cluster, monkeypatch, tmp_path):
     task._dlrover_job_id = JOB  # what run_ids() sets when the task runs
     task.on_kill()
     assert pods(v1) == {} and not launcher.exists(JOB)
+
+
+def test_metrics_read_pod_usage_from_the_metrics_api(server, cluster):
+    launcher, kubelet, master, v1 = cluster
+    launcher.launch(spec(), PLAN)
+    assert launcher.metrics(JOB)["usage"] == {}  # no pod metrics yet: the job runs, utilisation is not measured
+    resource = "metrics.k8s.io/v1beta1/pods"
+    server.call(lambda: setattr(server.emulator.resources[resource], "kind", "PodMetrics"))
+    try:  # the test plays metrics-server
+        custom = client.CustomObjectsApi(v1.api_client)
+        for name, cpu, memory in ((f"{JOB}-worker-0", "1234567890n", "300Mi"), (f"{JOB}-ps-1", "250m", "512000Ki"),
+                                  ("unrelated-pod", "1", "1Gi")):
+            custom.create_namespaced_custom_object("metrics.k8s.io", "v1beta1", NS, "pods", {
+                "apiVersion": "metrics.k8s.io/v1beta1", "kind": "PodMetrics",
+                "metadata": {"name": name, "namespace": NS, "labels": {"dlrover.io/job": JOB if "unrelated" not in name else "x"}},
+                "timestamp": "2026-11-30T12:00:00Z", "window": "15s",
+                "containers": [{"name": "main", "usage": {"cpu": cpu, "memory": memory}}]})
+        usage = launcher.metrics(JOB)["usage"]
+    finally:
+        server.call(lambda: server.emulator.resources.pop(resource))
+    assert usage == {
+        "worker-0": {"role": "worker", "cpu_rate": pytest.approx(1.23456789), "memory_mb": 300.0, "memory_peak_mb": None,
+                     "cpu": 1.5, "memory_limit_mb": 1024},
+        "ps-1": {"role": "ps", "cpu_rate": 0.25, "memory_mb": 500.0, "memory_peak_mb": None, "cpu": 0.5,
+                 "memory_limit_mb": 768},
+    }
