@@ -97,8 +97,9 @@ def jobs(store: Any) -> list[dict[str, Any]]:
         if brief["measured_throughput"] is None or brief["utilisation"] is None:  # still running
             finetune = store.samples(name, run_id=last["id"], stage="finetune")
             if not finetune.empty:
-                brief["measured_throughput"] = float(finetune["throughput"].median())
-                brief["utilisation"] = clean(utilisation(finetune))
+                if brief["measured_throughput"] is None:
+                    brief["measured_throughput"] = float(finetune["throughput"].median())
+                brief["utilisation"] = brief["utilisation"] or clean(utilisation(finetune))
         out.append({"job": name, "runs": len(runs), "last_run": brief})
     return out
 
