@@ -18,9 +18,13 @@ ROOT = Path(__file__).parents[2]
 #: Loads the plugins as Airflow does, where no installed ``airflow-dlrover`` declares the entry point
 #: (the files were copied) — unless ``probe`` puts one on the path (the package is installed).
 LOAD = r"""
-import json, sys
-import importlib.metadata, importlib_metadata
-for module in (importlib.metadata, importlib_metadata):
+import importlib, json
+modules = [importlib.import_module("importlib.metadata")]
+try:  # Airflow reads entry points through the backport on Python < 3.12
+    modules.append(importlib.import_module("importlib_metadata"))
+except ImportError:
+    pass
+for module in modules:
     def distributions(_all=module.distributions, **kwargs):
         return [d for d in _all(**kwargs) if (d.metadata["Name"] or "").lower().replace("_", "-") != "airflow-dlrover"]
     module.distributions = distributions
