@@ -12,8 +12,6 @@ from typing import Any
 
 def build_report(history: Any, run: int, job: dict[str, Any] | None, status: dict[str, Any]) -> dict[str, Any]:
     """The run's story from the history store and the finished job's summary."""
-    import numpy as np
-
     plans = history.records(run, "plan")
     events = history.records(run, "event")
     decisions = history.records(run, "decision")
@@ -26,11 +24,6 @@ def build_report(history: Any, run: int, job: dict[str, Any] | None, status: dic
     started = run_row["started"].timestamp()
     profile_s = profiled[-1]["profile_s"] if profiled else 0.0
     plan = plans[-1] if plans else {}
-
-    def utilisation(used: str, allocated: str) -> float | None:
-        if finetune.empty or finetune[used].isna().all():
-            return None
-        return float(np.nanmedian(finetune[used] / finetune[allocated]))
 
     report = {
         "status": "succeeded" if job and job["samples_lost"] == 0 and job["samples_trained"] >= job["samples_expected"]
@@ -46,12 +39,7 @@ def build_report(history: Any, run: int, job: dict[str, Any] | None, status: dic
         "predicted_throughput": plan.get("predicted_throughput"),
         "baseline": plan.get("baseline"),
         "measured_throughput": float(finetune["throughput"].median()) if not finetune.empty else None,
-        "utilisation": {
-            "worker_cpu": utilisation("worker_cpu_used", "worker_cpu"),
-            "ps_cpu": utilisation("ps_cpu_used", "ps_cpu"),
-            "worker_memory": utilisation("worker_memory_used_mb", "worker_memory_mb"),
-            "ps_memory": utilisation("ps_memory_used_mb", "ps_memory_mb"),
-        },
+        "utilisation": utilisation(finetune),
         "decisions": [{k: d.get(k) for k in ("action", "reason")} for d in decisions],
         "resizes": sum(d["action"] != "keep" for d in decisions),
         "recoveries": [e for e in events if e.get("event") == "recovered"],
@@ -64,6 +52,26 @@ def build_report(history: Any, run: int, job: dict[str, Any] | None, status: dic
     if job is None:
         report["error"] = f"the job ended in state {status['state']!r}"
     return report
+
+
+#: used column, allocated column of each utilisation figure (per node: means over a role's nodes)
+UTILISATION = {
+    "worker_cpu": ("worker_cpu_used", "worker_cpu"),
+    "ps_cpu": ("ps_cpu_used", "ps_cpu"),
+    "worker_memory": ("worker_memory_used_mb", "worker_memory_mb"),
+    "ps_memory": ("ps_memory_used_mb", "ps_memory_mb"),
+}
+
+
+def utilisation(samples: Any) -> dict[str, float | None]:
+    """Median used / allocated of a sample table, per resource (None where never measured)."""
+    import numpy as np
+
+    out: dict[str, float | None] = {}
+    for name, (used, allocated) in UTILISATION.items():
+        measured = not samples.empty and samples[used].notna().any()
+        out[name] = float(np.nanmedian(samples[used].astype(float) / samples[allocated])) if measured else None
+    return out
 
 
 def format_report(report: dict[str, Any]) -> list[str]:

@@ -189,14 +189,39 @@ class HistoryStore:
             query = select(Record).where(Record.run_id == run_id, Record.kind == kind).order_by(Record.id)
             return [r.document for r in session.scalars(query)]
 
-    def run(self, run_id: int) -> dict[str, Any]:
+    def run(self, run_id: int) -> dict[str, Any] | None:
+        """One run (with its job's name and UTC times), None when there is no such run."""
         with Session(self.engine) as session:
-            r = session.get(Run, run_id)
-            started = r.started if r.started.tzinfo else r.started.replace(tzinfo=timezone.utc)
-            return {"id": r.id, "run_key": r.run_key, "status": r.status, "started": started, "summary": r.summary}
+            row = session.execute(select(Run, Job.name).join(Job, Run.job_id == Job.id).where(Run.id == run_id)).first()
+            return _run_row(*row) if row else None
 
-    def runs(self, job: str) -> list[dict[str, Any]]:
-        query = select(Run).join(Job, Run.job_id == Job.id).where(Job.name == job).order_by(Run.id)
+    def runs(self, job: str | None = None, *, run_key: str | None = None) -> list[dict[str, Any]]:
+        """The runs of ``job`` (every job when None), optionally those of one ``run_key``, oldest first."""
+        query = select(Run, Job.name).join(Job, Run.job_id == Job.id)
+        if job is not None:
+            query = query.where(Job.name == job)
+        if run_key is not None:
+            query = query.where(Run.run_key == run_key)
         with Session(self.engine) as session:
-            return [{"id": r.id, "run_key": r.run_key, "status": r.status, "started": r.started,
-                     "finished": r.finished, "summary": r.summary} for r in session.scalars(query)]
+            return [_run_row(r, name) for r, name in session.execute(query.order_by(Run.id))]
+
+    def jobs(self) -> list[str]:
+        """The names of the jobs with a run, alphabetically."""
+        with Session(self.engine) as session:
+            return list(session.scalars(select(Job.name).order_by(Job.name)))
+
+    def models_of_run(self, run_id: int) -> list[dict[str, Any]]:
+        """The models fitted in one run (the fit task's first, then each fine-tune refit)."""
+        with Session(self.engine) as session:
+            query = select(Model).where(Model.run_id == run_id).order_by(Model.id)
+            return [{"id": m.id, "created": _utc(m.created), "document": m.document} for m in session.scalars(query)]
+
+
+def _utc(moment: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; they were written in UTC."""
+    return moment.replace(tzinfo=timezone.utc) if moment is not None and moment.tzinfo is None else moment
+
+
+def _run_row(r: Run, job: str) -> dict[str, Any]:
+    return {"id": r.id, "job": job, "run_key": r.run_key, "status": r.status, "started": _utc(r.started),
+            "finished": _utc(r.finished), "summary": r.summary}

@@ -54,3 +54,19 @@ def test_plans_decisions_and_events(store):
     assert [d["action"] for d in store.records(run, "decision")] == ["keep", "resize"]
     with pytest.raises(ValueError, match="kind='note' is invalid"):
         store.add(run, "note", {})
+
+
+def test_jobs_runs_by_key_and_models_of_a_run(store):
+    first = store.start_run("ctr", "manual__1")
+    store.start_run("video", "manual__1")
+    store.start_run("ctr", "manual__2")
+    assert store.jobs() == ["ctr", "video"]
+    assert [(r["job"], r["run_key"]) for r in store.runs(run_key="manual__1")] == [("ctr", "manual__1"), ("video", "manual__1")]
+    assert store.run(first)["job"] == "ctr" and store.run(first)["started"].tzinfo is not None
+    assert store.run(999) is None
+    fitted = fit_job_model(model_samples(), leave_one_out=False)
+    store.save_model(first, fitted)
+    store.save_model(first, fitted)
+    [a, b] = store.models_of_run(first)
+    assert a["id"] < b["id"] and a["document"] == fitted.to_dict()
+    assert store.models_of_run(store.start_run("ctr", "manual__2")) == []

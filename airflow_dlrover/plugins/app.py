@@ -1,0 +1,234 @@
+"""The ``/dlrover`` FastAPI app: a JSON API over the history store, and the HTML views that draw it.
+
+Every data route and every page requires an authenticated Airflow user (the API server's
+``requires_authenticated()``: a bearer token, or the UI's ``_token`` cookie); a page opened
+without one redirects to the auth manager's login. Only the OpenAPI document
+(``/dlrover/openapi.json``) and the static files (the vendored Chart.js, our script and style)
+are public. The history store is the one the ``dlrover_default`` connection names (SQLite under
+``AIRFLOW_HOME`` by default), as for the operators.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from starlette.exceptions import HTTPException
+
+from airflow_dlrover.optimizer.types import InvalidInputError
+from airflow_dlrover.plugins import queries
+from airflow_dlrover.plugins.queries import NotFound
+
+HERE = Path(__file__).parent
+#: Which section of the run view a task's page opens on, by the task's operator (see ``task_section``).
+SECTIONS = {
+    "DLRoverProfileOperator": "curves", "DLRoverFitOperator": "curves", "DLRoverLaunchOperator": "plan",
+    "DLRoverFineTuneOperator": "throughput", "DLRoverInstabilitySensor": "instability",
+    "DLRoverReportOperator": "summary",
+}
+
+
+@lru_cache(maxsize=8)
+def _store(url: str | None):
+    from airflow_dlrover.history.store import HistoryStore
+
+    return HistoryStore(url)
+
+
+def get_store():
+    """The history store of the ``dlrover_default`` connection (one engine per URL)."""
+    from airflow_dlrover.hooks.dlrover import DLRoverHook
+
+    return _store(DLRoverHook().settings.history_url)
+
+
+def _authenticated():
+    from airflow.api_fastapi.core_api.security import requires_authenticated
+
+    return Depends(requires_authenticated())
+
+
+def _error(status: int, err: NotFound | InvalidInputError) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"detail": {
+        "field": err.field, "value": queries.clean(err.value), "allowed": err.allowed, "message": str(err)}})
+
+
+def _call(function, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return function(*args, **kwargs)
+    except NotFound as err:
+        raise _Failure(404, err) from None
+    except InvalidInputError as err:
+        raise _Failure(422, err) from None
+
+
+class _Failure(Exception):
+    def __init__(self, status: int, err: NotFound | InvalidInputError):
+        self.status, self.err = status, err
+
+
+def api_router() -> APIRouter:
+    """``/dlrover/api``: jobs, runs, samples, models, curves, plans, decisions, events, what-if."""
+    api = APIRouter(prefix="/api", dependencies=[_authenticated()], tags=["DLRover"])
+    errors = {404: {"description": "Unknown job or run (the message names it and what exists)"},
+              422: {"description": "Bad input (the message names the field, the value and what is allowed)"},
+              401: {"description": "Not authenticated"}}
+
+    @api.get("/jobs", summary="Jobs, each with its last run's plan, throughput, utilisation and status")
+    def jobs(store=Depends(get_store)) -> list[dict[str, Any]]:
+        return queries.jobs(store)
+
+    @api.get("/jobs/{job}/runs", summary="The runs of a job, oldest first", responses=errors)
+    def runs(job: str, store=Depends(get_store)) -> list[dict[str, Any]]:
+        return _call(queries.runs, store, job)
+
+    @api.get("/jobs/{job}/what-if", summary="Plan the job under another quota and objective", responses=errors)
+    def what_if(job: str, cpu: str = Query(..., description="cores, e.g. 8"),
+                memory: str = Query(..., description="e.g. 16Gi, 512Mi, 64GB"), gpu: str = "0",
+                max_nodes: str | None = None, objective: Literal["throughput", "deadline", "efficiency"] = "throughput",
+                samples: str | None = Query(None, description="samples to train (deadline objective; PS growth)"),
+                deadline: str | None = Query(None, description="e.g. 2h, 45m (deadline objective)"),
+                store=Depends(get_store)) -> dict[str, Any]:
+        return _call(queries.what_if, store, job, cpu=cpu, memory=memory, gpu=gpu, max_nodes=max_nodes,
+                     objective=objective, samples=samples, deadline=deadline)
+
+    @api.get("/dag-runs/{dag_id}/{run_id}", summary="The history runs an Airflow DAG run recorded")
+    def dag_run(dag_id: str, run_id: str, store=Depends(get_store)) -> list[dict[str, Any]]:
+        return queries.runs_of_dag_run(store, dag_id, run_id)
+
+    @api.get("/runs/{run}", summary="A run, its report and the number of its records", responses=errors)
+    def run(run: int, store=Depends(get_store)) -> dict[str, Any]:
+        return _call(queries.run, store, run)
+
+    @api.get("/runs/{run}/samples", summary="Profile and fine-tune samples (the vocabulary's columns)",
+             responses=errors)
+    def samples(run: int, stage: Literal["profile", "finetune"] | None = None,
+                store=Depends(get_store)) -> list[dict[str, Any]]:
+        return _call(queries.samples, store, run, stage)
+
+    @api.get("/runs/{run}/models", summary="Every model fitted in the run (fit task first)", responses=errors)
+    def models(run: int, store=Depends(get_store)) -> list[dict[str, Any]]:
+        return _call(queries.models, store, run)
+
+    @api.get("/runs/{run}/curves", summary="Fitted throughput along w, p, λw, λp with its band and the samples",
+             responses=errors)
+    def curves(run: int, model: int = Query(0, description="index of the run's model: 0 = fit task's, -1 = latest"),
+               store=Depends(get_store)) -> dict[str, Any]:
+        return _call(queries.curves, store, run, model)
+
+    @api.get("/runs/{run}/plans", summary="Chosen plan, alternatives, Pareto front, baseline", responses=errors)
+    def plans(run: int, store=Depends(get_store)) -> dict[str, Any]:
+        return _call(queries.plans, store, run)
+
+    @api.get("/runs/{run}/decisions", summary="Fine-tune decisions with their reasons", responses=errors)
+    def decisions(run: int, store=Depends(get_store)) -> list[dict[str, Any]]:
+        return _call(queries.decisions, store, run)
+
+    @api.get("/runs/{run}/events", summary="Events of the run (optionally of one kind)", responses=errors)
+    def events(run: int, event: str | None = Query(None, description="e.g. profiled, launched, node_failed, "
+                                                   "recovered, instability"),
+               store=Depends(get_store)) -> list[dict[str, Any]]:
+        return _call(queries.events, store, run, event)
+
+    @api.get("/runs/{run}/instability", summary="Instability, failures and recoveries: evidence and action",
+             responses=errors)
+    def instability(run: int, store=Depends(get_store)) -> list[dict[str, Any]]:
+        return _call(queries.instability, store, run)
+
+    @api.get("/runs/{run}/timeline", summary="Throughput and utilisation over time, decisions and events",
+             responses=errors)
+    def timeline(run: int, store=Depends(get_store)) -> dict[str, Any]:
+        return _call(queries.timeline, store, run)
+
+    return api
+
+
+def task_section(dag_id: str, task_id: str) -> str | None:
+    """The run-view section of a task: by its operator in the serialized DAG, else None."""
+    try:
+        from airflow.models.serialized_dag import SerializedDagModel
+
+        dag = SerializedDagModel.get_dag(dag_id)
+        task = dag.get_task(task_id) if dag is not None else None
+    except Exception:  # an unknown DAG or task, or no metadata DB: the whole view
+        return None
+    return SECTIONS.get(getattr(task, "task_type", None) or type(task).__name__) if task is not None else None
+
+
+def views_router(templates: Jinja2Templates) -> APIRouter:
+    """The HTML pages (their data comes from the API, fetched by ``static/dlrover.js``)."""
+    views = APIRouter(dependencies=[_authenticated()], include_in_schema=False)
+
+    def page(request: Request, name: str, **context: Any) -> HTMLResponse:
+        base = request.scope.get("root_path", "").rstrip("/")
+        return templates.TemplateResponse(request, name, {"base": base, **context})
+
+    @views.get("/", response_class=HTMLResponse)
+    def job_list(request: Request) -> HTMLResponse:
+        return page(request, "jobs.html")
+
+    @views.get("/jobs/{job}", response_class=HTMLResponse)
+    def job_runs(request: Request, job: str, store=Depends(get_store)) -> HTMLResponse:
+        _call(queries.check_job, store, job)
+        return page(request, "runs.html", job=job)
+
+    @views.get("/runs/{run}", response_class=HTMLResponse)
+    def run_view(request: Request, run: int, section: str | None = None, store=Depends(get_store)) -> HTMLResponse:
+        row = _call(queries.get_run, store, run)
+        return page(request, "run.html", run=row, section=section)
+
+    @views.get("/dag-runs/{dag_id}/{run_id}", response_class=HTMLResponse)
+    def dag_run_view(request: Request, dag_id: str, run_id: str, store=Depends(get_store)) -> HTMLResponse:
+        return _dag_run_page(request, store, dag_id, run_id, None)
+
+    @views.get("/dag-runs/{dag_id}/{run_id}/tasks/{task_id}", response_class=HTMLResponse)
+    def task_view(request: Request, dag_id: str, run_id: str, task_id: str, store=Depends(get_store)) -> HTMLResponse:
+        return _dag_run_page(request, store, dag_id, run_id, task_section(dag_id, task_id))
+
+    def _dag_run_page(request: Request, store: Any, dag_id: str, run_id: str, section: str | None) -> HTMLResponse:
+        found = queries.runs_of_dag_run(store, dag_id, run_id)
+        if len(found) == 1 or (found and found[0]["job"] == dag_id):
+            return page(request, "run.html", run=store.run(found[0]["id"]), section=section)
+        return page(request, "dag_run.html", dag_id=dag_id, run_id=run_id, found=found)
+
+    @views.get("/what-if", response_class=HTMLResponse)
+    def what_if_view(request: Request, job: str | None = None, store=Depends(get_store)) -> HTMLResponse:
+        return page(request, "what_if.html", jobs=store.jobs(), job=job)
+
+    return views
+
+
+def create_app() -> FastAPI:
+    """The app the plugin mounts at ``/dlrover``."""
+    from airflow_dlrover import __version__
+
+    app = FastAPI(title="DLRover-RM", version=__version__, docs_url=None, redoc_url=None,
+                  description="What the DLRover-RM optimizer did, and why: profile samples, fitted models, "
+                  "plans, fine-tune decisions and instability events from the history store. Every route "
+                  "under /api requires an authenticated Airflow user (Authorization: Bearer <JWT from "
+                  "POST /auth/token>, or the UI's _token cookie).")
+    templates = Jinja2Templates(directory=HERE / "templates")
+    app.include_router(api_router())
+    app.include_router(views_router(templates))
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+
+    @app.exception_handler(_Failure)
+    def failure(request: Request, exc: _Failure) -> JSONResponse:
+        return _error(exc.status, exc.err)
+
+    @app.exception_handler(HTTPException)
+    def unauthenticated(request: Request, exc: HTTPException):
+        """A page without a login goes to the login page; the API answers with the status."""
+        page = request.method == "GET" and not request.url.path.startswith(f"{request.scope.get('root_path', '')}/api")
+        if exc.status_code in (401, 403) and page:
+            from airflow.api_fastapi.app import get_auth_manager
+
+            return RedirectResponse(get_auth_manager().get_url_login(next_url=str(request.url)), status_code=303)
+        return JSONResponse(status_code=exc.status_code, content={"detail": exc.detail}, headers=exc.headers)
+
+    return app

@@ -1,0 +1,65 @@
+"""Fixtures of the UI tests: one real DAG run recorded per session, a login, the /dlrover app."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ui_settings import AUTH_ENV, JOB, PASSWORD, RUN_CONF, USER
+
+
+@pytest.fixture(scope="session")
+def auth_env(airflow_db):
+    """The login: user ``admin`` with a password in a passwords file, set in this process's environment."""
+    passwords = Path(airflow_db) / "dlrover-ui-passwords.json"
+    passwords.write_text(f'{{"{USER}": "{PASSWORD}"}}')
+    env = {**AUTH_ENV, "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield env
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def recorded_run(airflow_db):
+    """The example DAG run once with ``dag.test()`` (real tasks, triggers inline, local launcher):
+    its Airflow ids and the history run it recorded."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    from airflow_dlrover.history.store import HistoryStore
+
+    bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+    dagrun = bag.get_dag(JOB).test(run_conf=RUN_CONF)
+    [history_run] = HistoryStore().runs(JOB, run_key=dagrun.run_id)
+    return {"dag_id": JOB, "run_id": dagrun.run_id, "state": str(dagrun.state), "id": history_run["id"],
+            "tasks": sorted(ti.task_id for ti in dagrun.get_task_instances())}
+
+
+@pytest.fixture(scope="session")
+def dlrover_client(auth_env):
+    """The /dlrover app mounted as the API server mounts it, behind the configured auth manager,
+    and a token from ``POST /auth/token``."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from airflow.api_fastapi.app import init_auth_manager
+
+    from airflow_dlrover.plugins import URL_PREFIX
+    from airflow_dlrover.plugins.app import create_app
+
+    sub = create_app()
+    root = FastAPI()
+    root.mount(URL_PREFIX, sub)
+    init_auth_manager(root)
+    client = TestClient(root)
+    response = client.post("/auth/token", json={"username": USER, "password": PASSWORD})
+    assert response.status_code == 201, response.text
+    client.app_state = sub
+    client.token = response.json()["access_token"]
+    return client

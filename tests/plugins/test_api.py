@@ -1,0 +1,296 @@
+"""The /dlrover JSON API: login required on every data route; the JSON of a synthetic history and of
+a run recorded by the real example DAG; errors that name the field, the value and what is allowed."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from airflow_dlrover.history.store import HistoryStore
+from airflow_dlrover.optimizer.job_model import fit_job_model
+from airflow_dlrover.optimizer.planner import plan
+from airflow_dlrover.optimizer.types import Configuration, Quota
+from airflow_dlrover.plugins.app import get_store
+from synthetic import model_samples
+
+QUOTA = Quota(cpu=16, memory_mb=64 * 1024)
+T0 = 1_800_000_000.0
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    """A finished run in a store of its own: profile samples, a model, a plan, training windows with
+    usage, a keep and a resize decision, a failure, its recovery, a healed hot PS."""
+    store = HistoryStore(f"sqlite:///{tmp_path_factory.mktemp('ui') / 'history.db'}")
+    run = store.start_run("ctr", "scheduled__2026-11-29")
+    profile = model_samples(noise=0.03, seed=3).assign(timestamp=lambda t: T0 + 5.0 * np.arange(len(t)))
+    store.add_samples(run, profile, stage="profile")
+    model = fit_job_model(profile)
+    store.save_model(run, model)
+    chosen = plan(model.throughput, model.memory, QUOTA)
+    baseline = Configuration(4, 4, 2.0, 2.0, 4096, 4096)
+    store.add(run, "plan", {**chosen.to_dict(), "time": T0 + 60, "baseline": {**baseline.to_row(),
+                                                                              "predicted_throughput": 1234.0}})
+    c = chosen.config
+    windows = pd.DataFrame([{**c.to_row(), "throughput": 1000.0 + 10 * i, "worker_cpu_used": 0.8 * c.worker_cpu,
+                             "ps_cpu_used": 0.5 * c.ps_cpu, "worker_memory_used_mb": 0.4 * c.worker_memory_mb,
+                             "ps_memory_used_mb": None if i == 3 else 0.3 * c.ps_memory_mb,
+                             "timestamp": T0 + 70 + 3 * i} for i in range(12)])
+    store.add_samples(run, windows, stage="finetune")
+    store.save_model(run, fit_job_model(pd.concat([profile, windows]), model))
+    store.add(run, "decision", {"action": "keep", "reason": "flat curve", "target": None, "time": T0 + 80,
+                                "current": c.to_row(), "predicted_speedup": 1.01})
+    store.add(run, "decision", {"action": "resize", "reason": "pays 3× its cost", "time": T0 + 100,
+                                "target": {**c.to_row(), "workers": c.workers + 1}, "current": c.to_row(),
+                                "predicted_speedup": 1.2})
+    store.add(run, "event", {"event": "launched", "time": T0 + 62, "adopted": False})
+    store.add(run, "event", {"event": "node_failed", "time": T0 + 90, "try_number": 1,
+                             "nodes": [{"name": "worker-1", "state": "oom_killed", "reason": "OOM", "memory_mb": 512}]})
+    store.add(run, "event", {"event": "recovered", "time": T0 + 95, "try_number": 2, "node": "worker-1",
+                             "reason": "OOM", "state": "oom_killed", "memory_mb": 768, "recovered_in_s": 2.5})
+    store.add(run, "event", {"event": "instability", "time": T0 + 97, "time_s": 27.0, "instability": "hot_ps",
+                             "node": "ps-0", "reason": "ps-0 at 97 % of its CPU", "evidence": {"utilisation": 0.97},
+                             "action": {"kind": "raise_cpu", "value": 3.0}, "healed": "ps-0 CPU 2 → 3"})
+    store.finish_run(run, "succeeded", {"measured_throughput": 1050.0, "predicted_throughput": chosen.predicted_throughput,
+                                        "resizes": 1, "recoveries": [{"node": "worker-1"}]})
+    return store, run, model, chosen
+
+
+@pytest.fixture()
+def synthetic_client(dlrover_client, synthetic):
+    dlrover_client.app_state.dependency_overrides[get_store] = lambda: synthetic[0]
+    yield dlrover_client
+    dlrover_client.app_state.dependency_overrides.clear()
+
+
+def data_routes(app) -> list[str]:
+    """Every GET route under /api, with its path parameters filled in."""
+    fill = {"job": "ctr", "run": "1", "dag_id": "d", "run_id": "r"}
+    return ["/dlrover" + re.sub(r"\{(\w+)\}", lambda m: fill[m.group(1)], route.path)
+            for route in app.routes if getattr(route, "path", "").startswith("/api")]
+
+
+def get(client, path: str, **params):
+    return client.get(path, params=params, headers={"Authorization": f"Bearer {client.token}"})
+
+
+def test_every_data_route_requires_a_login(synthetic_client):
+    routes = data_routes(synthetic_client.app_state)
+    assert len(routes) == 13
+    for path in routes:
+        query = {"cpu": "8", "memory": "16Gi"} if path.endswith("what-if") else {}
+        assert synthetic_client.get(path, params=query).status_code == 401, path
+        assert synthetic_client.get(path, params=query, headers={"Authorization": "Bearer not-a-jwt"}).status_code == 403
+        assert get(synthetic_client, path, **query).status_code == 200, path
+    # the UI's cookie is a login too (the views fetch with it)
+    assert synthetic_client.get("/dlrover/api/jobs", cookies={"_token": synthetic_client.token}).status_code == 200
+
+
+def test_pages_redirect_to_the_login_and_openapi_is_public(synthetic_client):
+    page = synthetic_client.get("/dlrover/runs/1", follow_redirects=False)
+    assert page.status_code == 303 and "/auth/login?next=" in page.headers["location"]
+    assert get(synthetic_client, "/dlrover/runs/1").status_code == 200
+    spec = synthetic_client.get("/dlrover/openapi.json").json()
+    assert {"/api/jobs", "/api/runs/{run}/curves", "/api/jobs/{job}/what-if"} <= set(spec["paths"])
+    assert synthetic_client.get("/dlrover/static/chart.umd.min.js").text.startswith("/*!\n * Chart.js v4")
+
+
+def test_jobs_and_runs(synthetic_client, synthetic):
+    store, run, _, chosen = synthetic
+    [job] = get(synthetic_client, "/dlrover/api/jobs").json()
+    assert job["job"] == "ctr" and job["runs"] == 1
+    last = job["last_run"]
+    assert last["id"] == run and last["status"] == "succeeded" and last["measured_throughput"] == 1050.0
+    assert last["plan"]["workers"] == chosen.config.workers and last["recoveries"] == 1
+    [row] = get(synthetic_client, "/dlrover/api/jobs/ctr/runs").json()
+    assert row["run_key"] == "scheduled__2026-11-29" and row["started"].endswith("+00:00")
+    detail = get(synthetic_client, f"/dlrover/api/runs/{run}").json()
+    assert detail["counts"] == {"samples": len(store.samples_of_run(run)), "models": 2, "plans": 1, "decisions": 2,
+                                "events": 4}
+
+
+def test_samples_models_plans_decisions_events(synthetic_client, synthetic):
+    store, run, model, chosen = synthetic
+    samples = get(synthetic_client, f"/dlrover/api/runs/{run}/samples").json()
+    assert len(samples) == len(store.samples_of_run(run))
+    assert len(get(synthetic_client, f"/dlrover/api/runs/{run}/samples", stage="finetune").json()) == 12
+    assert sum(s["ps_memory_used_mb"] is None for s in samples) == 1  # not measured: null, not NaN
+    models = get(synthetic_client, f"/dlrover/api/runs/{run}/models").json()
+    assert models[0]["document"]["throughput"]["params"] == pytest.approx(model.throughput.params)
+    plans = get(synthetic_client, f"/dlrover/api/runs/{run}/plans").json()
+    assert plans["chosen"]["predicted_throughput"] == pytest.approx(chosen.predicted_throughput)
+    assert len(plans["alternatives"]) == len(chosen.alternatives) and len(plans["pareto_front"]) == len(chosen.pareto_front)
+    assert plans["baseline"]["predicted_throughput"] == 1234.0
+    assert [d["action"] for d in get(synthetic_client, f"/dlrover/api/runs/{run}/decisions").json()] == ["keep", "resize"]
+    assert len(get(synthetic_client, f"/dlrover/api/runs/{run}/events").json()) == 4
+    [failure] = get(synthetic_client, f"/dlrover/api/runs/{run}/events", event="node_failed").json()
+    assert failure["nodes"][0]["state"] == "oom_killed"
+    rows = get(synthetic_client, f"/dlrover/api/runs/{run}/instability").json()
+    assert [(r["kind"], r["node"]) for r in rows] == [("node_failed", "worker-1"), ("recovered", "worker-1"),
+                                                      ("hot_ps", "ps-0")]
+    assert rows[2]["evidence"] == {"utilisation": 0.97} and rows[2]["action"]["kind"] == "raise_cpu"
+    assert rows[1]["action"] == {"kind": "relaunch", "memory_mb": 768}
+
+
+def test_curves_follow_the_model_through_the_plan(synthetic_client, synthetic):
+    store, run, model, chosen = synthetic
+    curves = get(synthetic_client, f"/dlrover/api/runs/{run}/curves").json()
+    assert curves["base_from"] == "plan" and curves["model_index"] == 0 and curves["models"] == 2
+    for axis, curve in curves["axes"].items():
+        x, mean = np.array(curve["x"]), np.array(curve["mean"])
+        assert np.all(np.array(curve["lower"]) <= mean) and np.all(mean <= np.array(curve["upper"]))
+        assert getattr(chosen.config, axis) in curve["x"]  # the plan lies on each curve
+        grid = pd.DataFrame({**{a: getattr(chosen.config, a) for a in ("workers", "ps", "worker_cpu", "ps_cpu")},
+                             axis: x, "batch_size": chosen.config.batch_size})
+        assert mean == pytest.approx(model.throughput.predict(grid, band=False))
+        assert len(curve["points"]) == len(store.samples_of_run(run))
+    # on-slice points share the plan's other three coordinates
+    for p in curves["axes"]["workers"]["points"]:
+        same = all(p["config"][a] == getattr(chosen.config, a) for a in ("ps", "worker_cpu", "ps_cpu"))
+        assert p["on_slice"] == same
+    latest = get(synthetic_client, f"/dlrover/api/runs/{run}/curves", model=-1).json()
+    assert latest["model_index"] == 1 and latest["axes"]["workers"]["mean"] != curves["axes"]["workers"]["mean"]
+
+
+def test_timeline_totals_per_role_and_marks(synthetic_client, synthetic):
+    store, run, _, chosen = synthetic
+    timeline = get(synthetic_client, f"/dlrover/api/runs/{run}/timeline").json()
+    started = store.run(run)["started"].timestamp()
+    rows = timeline["samples"]
+    assert len(rows) == len(store.samples_of_run(run)) and [r["t"] for r in rows] == sorted(r["t"] for r in rows)
+    last, c = rows[-1], chosen.config
+    assert last["t"] == pytest.approx(T0 + 70 + 33 - started)
+    assert last["worker_cpu_allocated"] == pytest.approx(c.workers * c.worker_cpu)
+    assert last["worker_cpu_used"] == pytest.approx(0.8 * c.workers * c.worker_cpu)
+    assert last["ps_memory_allocated_mb"] == pytest.approx(c.ps * c.ps_memory_mb)
+    assert [d["action"] for d in timeline["decisions"]] == ["keep", "resize"]
+    assert timeline["decisions"][1]["t"] == pytest.approx(T0 + 100 - started)
+    assert [e["event"] for e in timeline["events"]] == ["launched", "node_failed", "recovered", "instability"]
+
+
+def test_what_if_is_the_planner(synthetic_client, synthetic):
+    answer = get(synthetic_client, "/dlrover/api/jobs/ctr/what-if", cpu="32", memory="128Gi", objective="efficiency")
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    model = synthetic[0].latest_model("ctr")
+    expected = plan(model.throughput, model.memory, Quota(cpu=32, memory_mb=128 * 1024), "efficiency",
+                    batch_size=model.throughput.batch_size)
+    assert body["plan"]["workers"] == expected.config.workers and body["plan"]["ps"] == expected.config.ps
+    assert body["plan"]["predicted_throughput"] == pytest.approx(expected.predicted_throughput)
+    assert body["plan"]["cores"] <= 32 and body["quota"]["memory_mb"] == 128 * 1024
+    deadline = get(synthetic_client, "/dlrover/api/jobs/ctr/what-if", cpu="32", memory="128Gi",
+                   objective="deadline", samples="1e7", deadline="3h").json()
+    assert deadline["deadline_s"] == 3 * 3600 and deadline["plan"]["objective"] == "deadline"
+
+
+@pytest.mark.parametrize(("path", "params", "status", "field", "allowed"), [
+    ("/dlrover/api/runs/999", {}, 404, "run", "the id of a recorded run"),
+    ("/dlrover/api/jobs/nope/runs", {}, 404, "job", "one of the recorded jobs: 'ctr'"),
+    ("/dlrover/api/jobs/nope/what-if", {"cpu": "8", "memory": "16Gi"}, 404, "job", "one of the recorded jobs"),
+    ("/dlrover/api/jobs/ctr/what-if", {"cpu": "eight", "memory": "16Gi"}, 422, "cpu", "a number"),
+    ("/dlrover/api/jobs/ctr/what-if", {"cpu": "-2", "memory": "16Gi"}, 422, "cpu", "a number > 0"),
+    ("/dlrover/api/jobs/ctr/what-if", {"cpu": "8", "memory": "12XB"}, 422, "memory", "a quantity like 512Mi"),
+    ("/dlrover/api/jobs/ctr/what-if", {"cpu": "0.6", "memory": "16Gi"}, 422, "cpu", "a quota of at least cpu=1"),
+    ("/dlrover/api/jobs/ctr/what-if", {"cpu": "8", "memory": "16Gi", "max_nodes": "1"}, 422, "max_nodes", "≥ 2"),
+    ("/dlrover/api/jobs/ctr/what-if", {"cpu": "8", "memory": "16Gi", "objective": "deadline", "samples": "1e9",
+                                       "deadline": "1s"}, 422, "deadline", "≥"),
+    ("/dlrover/api/jobs/ctr/what-if", {"cpu": "8", "memory": "16Gi", "deadline": "soon"}, 422, "deadline",
+     "a duration like"),
+    ("/dlrover/api/runs/1/curves", {"model": "5"}, 422, "model", "an index into the run's 2 models"),
+])
+def test_bad_input_names_the_field_the_value_and_what_is_allowed(synthetic_client, path, params, status, field, allowed):
+    answer = get(synthetic_client, path, **params)
+    assert answer.status_code == status, answer.text
+    detail = answer.json()["detail"]
+    assert detail["field"] == field and allowed in detail["allowed"]
+    assert detail["message"].startswith(f"{field}=")
+
+
+def test_fastapi_validation_names_the_field_too(synthetic_client):
+    for path, params, name in (("/dlrover/api/runs/abc", {}, "run"),
+                               ("/dlrover/api/jobs/ctr/what-if", {"cpu": "8", "memory": "1Gi", "objective": "fast"},
+                                "objective"),
+                               ("/dlrover/api/runs/1/samples", {"stage": "train"}, "stage")):
+        answer = get(synthetic_client, path, **params)
+        assert answer.status_code == 422
+        [error] = answer.json()["detail"]
+        assert error["loc"][-1] == name and error["input"] in ("abc", "fast", "train")
+
+
+def test_the_dag_run_view_resolves_the_airflow_run(synthetic_client, synthetic):
+    _, run, _, _ = synthetic
+    [found] = get(synthetic_client, "/dlrover/api/dag-runs/any_dag/scheduled__2026-11-29").json()
+    assert found["id"] == run and found["job"] == "ctr"
+    page = get(synthetic_client, "/dlrover/dag-runs/any_dag/scheduled__2026-11-29")
+    assert page.status_code == 200 and f'data-run="{run}"' in page.text
+    none = get(synthetic_client, "/dlrover/dag-runs/other_dag/manual__1")
+    assert none.status_code == 200 and 'id="none-recorded"' in none.text
+
+
+# --------------------------------------------------------------------------------------------
+# A run recorded by the real example DAG
+# --------------------------------------------------------------------------------------------
+
+
+def test_the_json_of_a_run_recorded_by_the_example_dag(dlrover_client, recorded_run):
+    store = HistoryStore()  # the one the DAG's tasks wrote (the default connection)
+    run = recorded_run["id"]
+    assert recorded_run["state"] == "success"
+    detail = get(dlrover_client, f"/dlrover/api/runs/{run}").json()
+    assert detail["status"] == "succeeded" and detail["run_key"] == recorded_run["run_id"]
+    assert detail["summary"]["samples_lost"] == 0
+    samples = store.samples_of_run(run)
+    assert detail["counts"]["samples"] == len(samples) > 0
+    profile = get(dlrover_client, f"/dlrover/api/runs/{run}/samples", stage="profile").json()
+    assert len(profile) == (samples["stage"] == "profile").sum() == detail["summary"]["probes"]
+
+    plans = get(dlrover_client, f"/dlrover/api/runs/{run}/plans").json()
+    recorded_plan = store.records(run, "plan")[-1]
+    assert plans["chosen"]["workers"] == recorded_plan["workers"] == detail["summary"]["job"]["config"]["workers"]
+    assert plans["chosen"]["reason"] == detail["summary"]["plan"]["reason"]
+    assert plans["chosen"]["cores"] <= 1.5 + 1e-9 and plans["pareto_front"]
+    assert plans["baseline"] == recorded_plan["baseline"]
+
+    curves = get(dlrover_client, f"/dlrover/api/runs/{run}/curves").json()
+    assert curves["models"] == len(store.models_of_run(run)) >= 1 and curves["base_from"] == "plan"
+    for axis in ("workers", "ps", "worker_cpu", "ps_cpu"):
+        assert recorded_plan[axis] in curves["axes"][axis]["x"]
+        assert sum(p["stage"] == "profile" for p in curves["axes"][axis]["points"]) == len(profile)
+
+    timeline = get(dlrover_client, f"/dlrover/api/runs/{run}/timeline").json()
+    assert len(timeline["samples"]) == len(samples)
+    assert all(0 <= r["t"] < detail["summary"]["run_seconds"] + 1 for r in timeline["samples"])
+    assert {"profiled", "launched", "node_failed", "recovered"} <= {e["event"] for e in timeline["events"]}
+    assert len(timeline["decisions"]) == len(store.records(run, "decision"))
+    used = [r["worker_cpu_used"] for r in timeline["samples"] if r["stage"] == "finetune"]
+    assert used and all(u is not None and u > 0 for u in used)
+
+    rows = get(dlrover_client, f"/dlrover/api/runs/{run}/instability").json()
+    failure = next(r for r in rows if r["kind"] == "node_failed")
+    recovery = next(r for r in rows if r["kind"] == "recovered")
+    assert failure["node"] == recovery["node"] == "worker-0"
+    assert recovery["evidence"]["try_number"] == failure["evidence"]["try_number"] + 1
+
+    jobs = {j["job"]: j for j in get(dlrover_client, "/dlrover/api/jobs").json()}
+    last = jobs["dlrm_daily_retrain"]["last_run"]
+    assert last["id"] == store.runs("dlrm_daily_retrain")[-1]["id"]
+    what_if = get(dlrover_client, "/dlrover/api/jobs/dlrm_daily_retrain/what-if", cpu="1.5", memory="4Gi").json()
+    model = store.latest_model("dlrm_daily_retrain")
+    expected = plan(model.throughput, model.memory, Quota(cpu=1.5, memory_mb=4096), batch_size=model.throughput.batch_size)
+    assert what_if["plan"]["predicted_throughput"] == pytest.approx(expected.predicted_throughput)
+    assert not any(isinstance(v, float) and not math.isfinite(v) for v in _leaves(curves))
+
+
+def _leaves(value):
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _leaves(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _leaves(v)
+    else:
+        yield value
