@@ -24,3 +24,19 @@ def airflow_db():
 
     initdb()
     return os.environ["AIRFLOW_HOME"]
+
+
+#: The example DAG's small run with a killed worker (about a minute of training): tests/dags checks
+#: its recovery through a retry, tests/plugins draws it. One run per session serves both.
+KILLED_WORKER_CONF = {"samples": 2_400_000, "table_size": 5000, "quota_cpu": 1.5, "quota_memory": "4Gi",
+                      "turn": "10s", "inject": "kill-worker@4s"}
+
+
+@pytest.fixture(scope="session")
+def killed_worker_run(airflow_db):
+    """The ``DagRun`` of ``dag.test()`` with :data:`KILLED_WORKER_CONF` (warm-started when an
+    earlier test of the session ran the job)."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+    return bag.get_dag("dlrm_daily_retrain").test(run_conf=KILLED_WORKER_CONF)

@@ -329,10 +329,10 @@ class KubernetesLauncher:
         resuming = self.exists(job_id)
         if resuming:
             record = self.read_job(job_id)
-            if record["nodes"]["master"]["state"] in (RUNNING, PENDING):
+            if record.get("launched") and record["nodes"]["master"]["state"] in (RUNNING, PENDING):
                 log.info("job %s already running in %s: adopted", job_id, self.namespace)
                 return job_id
-            self._delete_job(job_id)
+            self._delete_job(job_id)  # a lost master, or a launch that failed half-way
         record = {"job_id": job_id, "config": config.to_row(), "nodes": {}, "events": [], "resizes": 0,
                   "started": time.time(), "namespace": self.namespace}
         master = self._node(record, "master", "master", 0, MASTER_CPU, MASTER_MEMORY_MB)
@@ -347,6 +347,7 @@ class KubernetesLauncher:
             self.master_call(job_id, "/restore", {})
         for index in range(config.workers):
             self._add_worker(record, config, index)
+        record["launched"] = True  # only now may a retry adopt the job
         self._write(job_id, record)
         return job_id
 

@@ -64,9 +64,12 @@ def test_cold_run_profiles_plans_trains_and_reports(dag):
     assert not list(CgroupManager().groups(tis["launch"].xcom_pull(task_ids="launch")["job_id"]))
 
 
-def test_warm_run_recovers_a_killed_worker_through_a_retry(dag):
-    # long enough (~70 s) that the job still trains after the guard's retry recovered the worker
-    dagrun, tis, record, history = run(dag, inject="kill-worker@4s", samples=2_400_000)
+def test_warm_run_recovers_a_killed_worker_through_a_retry(dag, killed_worker_run):
+    # kill-worker@4s, 2.4 M samples: long enough (~70 s) that the job still trains after the guard's
+    # retry recovered the worker (the session's run: tests/plugins draws it too)
+    dagrun, history = killed_worker_run, HistoryStore()
+    tis = {ti.task_id: ti for ti in dagrun.get_task_instances()}
+    [record] = history.runs(JOB, run_key=dagrun.run_id)
     assert dagrun.state == "success", {t: ti.state for t, ti in tis.items()}
     report = record["summary"]
     assert report["warm_start"] and report["probes"] == 2

@@ -437,3 +437,18 @@ def test_metrics_read_pod_usage_from_the_metrics_api(server, cluster):
         "ps-1": {"role": "ps", "cpu_rate": 0.25, "memory_mb": 500.0, "memory_peak_mb": None, "cpu": 0.5,
                  "memory_limit_mb": 768},
     }
+
+
+def test_a_launch_that_failed_half_way_is_redone_not_adopted(cluster):
+    launcher, kubelet, master, v1 = cluster
+    kubelet.unschedulable = {f"{JOB}-ps-1": 120.0}  # past the 60 s threshold at once
+    with pytest.raises(RuntimeError, match=r"ps-1 of job .* did not start .*Unschedulable for 1[0-9]{2} s"):
+        launcher.launch(spec(), PLAN)
+    assert f"{JOB}-worker-0" not in pods(v1)  # it stopped before the workers
+    kubelet.unschedulable = {}  # the cluster autoscaler added a node
+    master.calls.clear()
+    launcher.launch(spec(), PLAN)  # the task's retry
+    kubelet.wait_running([f"{JOB}-worker-0", f"{JOB}-worker-1"])
+    assert {s.name: s.state for s in launcher.status(JOB)} == {n: RUNNING for n in (
+        "master", "ps-0", "ps-1", "worker-0", "worker-1")}
+    assert [p for p, _ in master.posts()] == ["/cluster", "/restore"]  # resumes from the job's volume

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ui_settings import AUTH_ENV, JOB, PASSWORD, RUN_CONF, USER
+from ui_settings import AUTH_ENV, JOB, PASSWORD, USER
 
 
 @pytest.fixture(scope="session")
@@ -27,15 +27,12 @@ def auth_env(airflow_db):
 
 
 @pytest.fixture(scope="session")
-def recorded_run(airflow_db):
-    """The example DAG run once with ``dag.test()`` (real tasks, triggers inline, local launcher):
-    its Airflow ids and the history run it recorded."""
-    from airflow.dag_processing.dagbag import DagBag
-
+def recorded_run(killed_worker_run):
+    """The session's run of the example DAG with a killed worker (``tests/conftest.py``: real
+    tasks, triggers inline, local launcher): its Airflow ids and the history run it recorded."""
     from airflow_dlrover.history.store import HistoryStore
 
-    bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
-    dagrun = bag.get_dag(JOB).test(run_conf=RUN_CONF)
+    dagrun = killed_worker_run
     [history_run] = HistoryStore().runs(JOB, run_key=dagrun.run_id)
     return {"dag_id": JOB, "run_id": dagrun.run_id, "state": str(dagrun.state), "id": history_run["id"],
             "tasks": sorted(ti.task_id for ti in dagrun.get_task_instances())}
