@@ -8,9 +8,9 @@ Each request has ``op`` and ``job`` (a string id):
 
 ``new``      ``cpu``, ``memory_bytes`` (the job's ResourceLimits) → the job-creation resources
              (``PSJobResourceOptimizer.init_job_resource``; stage CREATE → WORKER_INITIAL).
-``report``   ``now``, ``speed``, ``step``, ``ps``/``workers``: lists of [config_cpu,
-             config_memory_mb, used_cpu, used_memory_bytes] → ``LocalStatsReporter`` (no reply
-             content).
+``report``   ``now``, ``speed``, ``step``, ``ps``/``workers``: lists of [count, [config_cpu,
+             config_memory_mb, used_cpu, used_memory_bytes]] (``count`` identical nodes, expanded
+             into DLRover ``Node`` objects) → ``LocalStatsReporter`` (no reply content).
 ``plan``     ``now`` → ``PSJobResourceOptimizer.get_job_resource_plan()`` (its own stage machine:
              WORKER_INITIAL → PS_INITIAL → PS_RUNNING, PS changes at most hourly by its clock,
              which reads ``now``).
@@ -18,10 +18,12 @@ Each request has ``op`` and ``job`` (a string id):
              ``adjust_oom_resource(node)``: the node's new memory (MB) and the group's.
 ``close``    forget the job.
 
-Two adaptations, both forced by running many jobs in one process: DLRover's
+Three adaptations, forced by running many jobs in one process: DLRover's
 ``LocalStatsReporter`` is a process-wide singleton (its master runs one job per process), so each
 job gets its own reporter instance; and ``job.py`` reads ``time.time()``, so its module sees the
-simulated clock. Everything else is DLRover's code, unchanged.
+simulated clock (as an epoch time); and the reporter's defensive ``copy.deepcopy`` of each
+metric is skipped (each metric is built fresh and never mutated). Everything else is DLRover's
+code, unchanged.
 """
 
 import json
@@ -34,6 +36,7 @@ from dlrover.python.common.constants import NodeType, OptimizeMode
 from dlrover.python.common.node import Node, NodeGroupResource, NodeResource
 from dlrover.python.master.resource import job as job_module
 from dlrover.python.master.resource.job import JobResource, PSJobResourceOptimizer
+from dlrover.python.master.stats import reporter as reporter_module
 from dlrover.python.master.stats.reporter import JobMeta, LocalStatsReporter
 from dlrover.python.master.stats.training_metrics import RuntimeMetric
 from dlrover.python.scheduler.job import ResourceLimits
@@ -43,6 +46,9 @@ logging.disable(logging.CRITICAL)  # DLRover logs every plan as indented JSON: t
 EPOCH = 1_700_000_000.0
 _clock = {"now": EPOCH}
 job_module.time = types.SimpleNamespace(time=lambda: _clock["now"])
+# The reporter deep-copies every RuntimeMetric it keeps; ours are built fresh for each report and
+# never touched again, so the copy is skipped (performance only: 100 workers × 3 windows a call).
+reporter_module.copy = types.SimpleNamespace(deepcopy=lambda value: value)
 context = global_context.Context.singleton_instance()
 context.auto_ps_enabled = True
 context.auto_worker_enabled = True
@@ -86,7 +92,8 @@ def handle(request):
     if op == "report":
         nodes = []
         for kind, rows in ((NodeType.PS, request["ps"]), (NodeType.WORKER, request["workers"])):
-            for i, (cpu, memory_mb, used_cpu, used_bytes) in enumerate(rows):
+            expanded = [values for count, values in rows for _ in range(count)]
+            for i, (cpu, memory_mb, used_cpu, used_bytes) in enumerate(expanded):
                 node = Node(kind, i, config_resource=NodeResource(cpu, memory_mb), name=f"{kind}-{i}")
                 node.used_resource = NodeResource(used_cpu, used_bytes)
                 nodes.append(node)
@@ -98,6 +105,12 @@ def handle(request):
         plan = optimizer.get_job_resource_plan()
         out = _plan_dict(plan)
         out["stage"] = optimizer.get_job_stage()
+        # After its worker sample phase, DLRover's PS_RUNNING stage can only plan when its PS
+        # interval has passed (its WORKER_RUNNING plan is always empty in 0.6.1): tell the
+        # simulator when, so that it need not ask every period in between.
+        quiet = optimizer.get_job_stage() == "job_stage_ps_running" and optimizer.optimize_worker_sampled
+        interval = context.seconds_interval_to_change_ps
+        out["quiet_until"] = (optimizer._last_ps_change_time + interval - EPOCH) if quiet else None
         return out
     if op == "oom":
         kind = NodeType.PS if request["type"] == "ps" else NodeType.WORKER

@@ -46,8 +46,8 @@ class SimConfig:
     seed: int = 1
     day_s: float = 86_400.0
     #: The cluster quota shared by all jobs (cores, MB).
-    cluster_cpu: float = 3000.0
-    cluster_memory_mb: float = 12_000.0 * 1024
+    cluster_cpu: float = 8000.0
+    cluster_memory_mb: float = 40_000.0 * 1024
     #: Jobs per family (a family is one model retrained several times a day).
     jobs_per_family: float = 5.0
     history_fraction: float = 0.7
@@ -171,8 +171,8 @@ def _round_up(value: float, step: float) -> float:
 def _user(rng: np.random.Generator, memory: MemoryTruth, typical_samples: float, underprovision: bool) -> UserConfig:
     workers = int(rng.choice([4, 8, 12, 16, 24, 32], p=[0.15, 0.25, 0.15, 0.2, 0.1, 0.15]))
     ps = int(max(1, min(16, round(workers / rng.choice([2, 4, 8])))))
-    worker_cpu = float(rng.choice([4.0, 8.0, 16.0], p=[0.35, 0.5, 0.15]))
-    ps_cpu = float(rng.choice([4.0, 8.0, 16.0], p=[0.35, 0.5, 0.15]))
+    worker_cpu = float(rng.choice([2.0, 4.0, 8.0], p=[0.3, 0.5, 0.2]))
+    ps_cpu = float(rng.choice([2.0, 4.0, 8.0], p=[0.3, 0.5, 0.2]))
     worker_mem = _round_up(memory.worker_mb() * rng.uniform(2.5, 6.0), 1024)
     peak = float(memory.ps_mb(ps, 2.0 * typical_samples))  # a generous run's peak
     ps_mem = _round_up(peak * rng.uniform(1.8, 4.0), 1024)
