@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export AIRFLOW__CORE__LOAD_EXAMPLES ?= False
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean dlrover-venv
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ test: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) benchmarks/fit_plan.py
 	$(PY) benchmarks/accuracy.py
+
+# DLRover 0.6.1 in its own venv, for `dlrover-rm simulate --policies ...,dlrover` (issue 7).
+dlrover-venv: .venv-dlrover/bin/python
+.venv-dlrover/bin/python:
+	$(PYTHON) -m venv .venv-dlrover
+	.venv-dlrover/bin/python -m pip install --quiet dlrover==0.6.1 grpcio==1.85.3 protobuf==7.36.2
 
 clean:
 	rm -rf $(VENV) dlrover-demo airflow-home .pytest_cache .hypothesis

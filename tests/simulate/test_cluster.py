@@ -59,17 +59,17 @@ def test_a_policy_allocating_beyond_the_quota_is_refused():
 
 
 def test_a_start_that_does_not_fit_now_waits_in_the_queue():
-    cfg = replace(SMALL.without_instability(), cluster_cpu=200.0, cluster_memory_mb=2e6)
+    cfg = replace(SMALL.without_instability(), cluster_cpu=100.0, cluster_memory_mb=2e6)
 
     class Fixed(Policy):
         name = "fixed"
 
         def start(self, job):
-            return Start(config=Configuration(8, 2, 8.0, 8.0, 4096.0, 65536.0, 0, 512))
+            return Start(config=Configuration(4, 2, 8.0, 8.0, 4096.0, 65536.0, 0, 512))  # 48 cores
 
     jobs = Cluster(cfg, generate_trace(cfg)[:10], Fixed()).run()
     assert all(job.phase == "done" for job in jobs)
-    assert max(job.queue_s for job in jobs) > 0  # 3 fit at once (80 + 16 cores... 144 > 200/2)
+    assert max(job.queue_s for job in jobs) > 0  # two fit in 100 cores at once
 
 
 def test_the_oracle_is_never_beaten_beyond_noise():
