@@ -609,8 +609,12 @@ class Cluster:
 
     def _try_config(self, job: JobRun, target: Configuration, *, cost_s: float, hot_cpu: float | None = None) -> bool:
         """Move a running job to ``target`` (refused past the quota; deferred if the cluster lacks room)."""
-        hot = job.hot_ps_cpu if hot_cpu is None else hot_cpu
-        extra = max(hot - target.ps_cpu, 0.0) if job.hot_active or hot_cpu is not None else 0.0
+        if hot_cpu is None:  # a healed hot PS keeps its extra cores over the group's
+            healed = max(job.hot_ps_cpu - job.config.ps_cpu, 0.0) if job.config is not None else 0.0
+            hot = target.ps_cpu + healed
+        else:
+            hot = hot_cpu
+        extra = max(hot - target.ps_cpu, 0.0)
         self._check_quota(job, target.cores + extra, target.memory_mb)
         d_cpu = target.cores + extra - job.alloc_cpu
         d_mem = target.memory_mb - job.alloc_mem
@@ -634,7 +638,10 @@ class Cluster:
                     continue
                 self._check_config(job, action.config)
                 cost = resize_cost_s(current, action.config)
-                if self._try_config(job, action.config, cost_s=cost, hot_cpu=job.hot_ps_cpu if job.hot_active else None):
+                # A healed hot PS keeps its extra cores (over the group's) through the resize.
+                healed = max(job.hot_ps_cpu - current.ps_cpu, 0.0) if job.hot_active else 0.0
+                hot_cpu = action.config.ps_cpu + healed if healed > 0 else None
+                if self._try_config(job, action.config, cost_s=cost, hot_cpu=hot_cpu):
                     job.resizes += 1
                     if action.config.ps != current.ps:  # PS change: checkpoint, re-partition, restart
                         job.since_checkpoint = 0.0

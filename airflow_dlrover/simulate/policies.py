@@ -231,7 +231,9 @@ class OursPolicy(Policy):
         free = self.cluster.free_quota(job)
         if "budget" not in job.state:  # the knee of the current model bounds what the fine-tune may use
             job.state["budget"] = self._plan(job, model, job.limit, obs.remaining).cores
-        quota = Quota(cpu=max(min(job.state["budget"], free.cpu), config.cores), memory_mb=free.memory_mb)
+        # A healed hot PS keeps its extra cores through a resize: the fine-tune plans without them.
+        extra = max(obs.hot_ps_cpu - config.ps_cpu, 0.0)
+        quota = Quota(cpu=max(min(job.state["budget"], free.cpu - extra), config.cores), memory_mb=free.memory_mb)
         if quota.cpu < config.cores or quota.memory_mb < config.memory_mb:
             return []
         # A "keep" stays a keep while nothing it rests on changed: the same model, quota, measured
