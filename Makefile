@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export AIRFLOW__CORE__LOAD_EXAMPLES ?= False
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean dlrover-venv
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,12 +27,20 @@ demo: $(VENV)/.installed
 	$(DEMO_ENV) $(VENV)/bin/dlrover-rm report dlrm_daily_retrain
 	@echo "task logs: $(DEMO_HOME)/dags-test.log; browse it all: $(DEMO_ENV) $(VENV)/bin/airflow standalone"
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed .venv-dlrover/bin/python
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/fit_plan.py
 	$(PY) benchmarks/accuracy.py
 
+# DLRover 0.6.1 in its own venv (locked by constraints-dlrover.txt), for `dlrover-rm simulate
+# --policies ...,dlrover` (issue 7); `make test` builds it so that the real-DLRover tests run.
+dlrover-venv: .venv-dlrover/bin/python
+.venv-dlrover/bin/python: constraints-dlrover.txt
+	$(PYTHON) -m venv .venv-dlrover
+	.venv-dlrover/bin/python -m pip install --quiet -c constraints-dlrover.txt dlrover==0.6.1 grpcio protobuf
+	touch $@
+
 clean:
-	rm -rf $(VENV) dlrover-demo airflow-home .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-dlrover dlrover-demo airflow-home .pytest_cache .hypothesis

@@ -1,0 +1,692 @@
+"""Discrete-event simulation of a shared cluster running a day of PS training jobs.
+
+One :class:`Cluster` runs one policy over one trace. Jobs arrive, ask for an allocation, wait in a
+first-fit queue while the cluster's CPU / memory quota is full, profile (if the policy wants),
+train at the hidden true rate of their current allocation, and are checked by the policy every
+control period. The runtime is the same for every policy: checkpoints every ``checkpoint_s`` of
+training, a failed node costs the work since the last checkpoint plus ``recover_s``, a launch costs
+``launch_s``, a resize the runtime's cost (:func:`airflow_dlrover.optimizer.finetune.resize_cost_s`).
+
+Work is conserved: ``samples_done`` only grows by training and only falls back to the last
+checkpoint (the rolled-back samples are counted in ``wasted_samples`` and trained again), so a
+finished job has trained its samples exactly once in its final lineage (``samples_done ==
+samples``), and ``trained_samples == samples + wasted_samples``.
+
+A policy that asks for more than its job's quota (or than the whole cluster) is refused with
+:class:`QuotaExceededError`; a request within the quota that does not fit *now* waits (start) or
+is deferred (resize) — that is queueing, not an error.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover.optimizer.finetune import resize_cost_s
+from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, Quota
+from airflow_dlrover.simulate.truth import BATCH
+from airflow_dlrover.simulate.workload import JobSpec, SimConfig
+
+BIN_S = 600.0  # resolution of the cluster time series
+
+
+class QuotaExceededError(InvalidInputError):
+    """A policy asked for more than the job's quota or the cluster: a bug in the policy."""
+
+    def __init__(self, policy: str, job: int, what: str, asked: float, allowed: float):
+        super().__init__(
+            f"policy {policy!r}, job {job}: {what}", f"{asked:g}",
+            f"≤ {allowed:g} (the job's quota / the cluster's capacity); the allocation was refused",
+        )
+        self.policy, self.job, self.what, self.asked, self.allowed = policy, job, what, asked, allowed
+
+    def __reduce__(self):  # picklable across the process pool
+        return (type(self), (self.policy, self.job, self.what, self.asked, self.allowed))
+
+
+# ---------------------------------------------------------------------------------------------
+# What policies see and do
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Start:
+    """A policy's answer to an arriving job: profile ``probes`` first (then ``after_profile``), or
+    start on ``config`` directly."""
+
+    config: Configuration | None = None
+    probes: list[Configuration] | None = None
+
+
+@dataclass(frozen=True)
+class Resize:
+    config: Configuration
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class SetHotPsCpu:
+    cpu: float  # new CPU of the hot PS (node ps-0)
+
+
+@dataclass(frozen=True)
+class ReplaceWorker:
+    node: int = 0  # index of the worker to replace
+
+
+@dataclass(frozen=True)
+class SetMemory:
+    worker_memory_mb: float | None = None
+    ps_memory_mb: float | None = None
+
+
+@dataclass
+class Observation:
+    """What a control period measured (the metrics the runtime reports)."""
+
+    now_s: float
+    config: Configuration
+    hot_ps_cpu: float  # CPU limit of ps-0
+    windows: list[float]  # job throughput of each measurement window, samples/s
+    window_s: float
+    worker_cpu_used: float  # mean of the normal workers, cores
+    ps_cpu_used: list[float]  # per PS, cores
+    worker_memory_used_mb: float
+    ps_memory_used_mb: float  # per PS (all PS hold equal shares)
+    worker_speeds: list[float]  # per worker samples/s (index 0 = the straggler, if any)
+    samples_done: float
+    remaining: float
+    memory_history: list[tuple[float, float]]  # (time, ps memory used) at each check
+
+
+@dataclass
+class JobRun:
+    """The cluster's record of one job (policies read it; ``state`` is the policy's own)."""
+
+    spec: JobSpec
+    limit: Quota
+    state: dict = field(default_factory=dict)
+    phase: str = "arriving"  # queued | profiling | running | done | failed
+    config: Configuration | None = None
+    hot_ps_cpu: float = 0.0
+    request: tuple | None = None  # (kind, config) waiting in the queue
+    probes: list[Configuration] = field(default_factory=list)
+    probe_index: int = 0
+    probe_rows: list[dict] = field(default_factory=list)
+    stage_end: float = math.inf
+    pause_until: float = 0.0
+    samples_done: float = 0.0
+    since_checkpoint: float = 0.0
+    run_clock: float = 0.0
+    wasted_samples: float = 0.0
+    trained_samples: float = 0.0
+    rate: float = 0.0
+    true_rate: float = 0.0
+    last_t: float = 0.0
+    next_check: float = math.inf
+    hazard_left: float = 0.0
+    failure_index: int = 0
+    hot_active: bool = False
+    straggler_active: bool = False
+    queued_since: float | None = None
+    queue_s: float = 0.0
+    start_s: float | None = None
+    end_s: float | None = None
+    cpu_alloc_s: float = 0.0
+    cpu_used_s: float = 0.0
+    mem_alloc_s: float = 0.0
+    mem_used_s: float = 0.0
+    profile_s: float = 0.0
+    resizes: int = 0
+    deferred: int = 0
+    refused: int = 0
+    failures: int = 0
+    ooms: int = 0
+    oom_streak: int = 0
+    oom_at: float = 0.0
+    memory_history: list = field(default_factory=list)
+    reason: str = ""
+    token: int = 0
+
+    @property
+    def remaining(self) -> float:
+        return self.spec.samples - self.samples_done
+
+    @property
+    def alloc_cpu(self) -> float:
+        if self.config is None:
+            return 0.0
+        return self.config.cores + max(self.hot_ps_cpu - self.config.ps_cpu, 0.0)
+
+    @property
+    def alloc_mem(self) -> float:
+        return 0.0 if self.config is None else self.config.memory_mb
+
+
+class Policy:
+    """Base class: every hook may be overridden; the defaults do nothing."""
+
+    name = "policy"
+    windows = 3  # measurement windows reported per control period
+
+    def begin(self, cluster: "Cluster") -> None:
+        self.cluster = cluster
+
+    def start(self, job: JobRun) -> Start:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def after_profile(self, job: JobRun, samples: list[dict]) -> Configuration:  # pragma: no cover
+        raise NotImplementedError
+
+    def check(self, job: JobRun, obs: Observation) -> list:
+        return []
+
+    def check_interval(self, job: JobRun) -> float:
+        return self.cluster.cfg.check_s
+
+    def on_onset(self, job: JobRun, kind: str) -> list:
+        return []
+
+    def on_oom(self, job: JobRun, obs: Observation, node: str) -> SetMemory | None:
+        return SetMemory()  # retry as is
+
+    def finish(self, job: JobRun) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# The simulation
+# ---------------------------------------------------------------------------------------------
+
+
+class Cluster:
+    def __init__(self, cfg: SimConfig, trace: list[JobSpec], policy: Policy):
+        self.cfg = cfg
+        self.policy = policy
+        self.capacity = Quota(cpu=cfg.cluster_cpu, memory_mb=cfg.cluster_memory_mb)
+        self.jobs = [JobRun(spec, Quota(cpu=spec.family.limit_cpu, memory_mb=spec.family.limit_memory_mb)) for spec in trace]
+        self.free_cpu = cfg.cluster_cpu
+        self.free_mem = cfg.cluster_memory_mb
+        self.queue: list[JobRun] = []
+        self.events: list = []
+        self.seq = 0
+        self.now = 0.0
+        self.rngs = {job.spec.id: np.random.default_rng([job.spec.seed, 11]) for job in self.jobs}
+        self._truth_cache: dict = {}
+        self.bins: dict[str, np.ndarray] = {k: np.zeros(16) for k in ("cpu_alloc", "cpu_used", "mem_alloc", "mem_used", "queued")}
+
+    # --- public
+    def run(self) -> list[JobRun]:
+        self.policy.begin(self)
+        for job in self.jobs:
+            self._push(job.spec.arrival_s, job, "arrive")
+        while self.events:
+            t, _, kind, job, token = heapq.heappop(self.events)
+            if token != job.token:
+                continue
+            self.now = t
+            if kind == "arrive":
+                self._arrive(job)
+            else:
+                self._wake(job)
+        self.policy.end()
+        return self.jobs
+
+    def free_quota(self, job: JobRun) -> Quota:
+        """What ``job`` may grow to now: its quota, capped by its allocation plus the free cluster."""
+        cpu = min(job.limit.cpu, job.alloc_cpu + self.free_cpu)
+        mem = min(job.limit.memory_mb, job.alloc_mem + self.free_mem)
+        return Quota(cpu=max(cpu, 1.0), memory_mb=max(mem, 1.0))
+
+    # --- events
+    def _push(self, t: float, job: JobRun, kind: str) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, job, job.token))
+
+    def _arrive(self, job: JobRun) -> None:
+        job.last_t = self.now
+        job.hazard_left = job.spec.failure_exponentials[0] if job.spec.failure_exponentials else math.inf
+        decision = self.policy.start(job)
+        if decision.probes:
+            job.probes = list(decision.probes)
+            self._check_quota(job, max(c.cores for c in job.probes), max(c.memory_mb for c in job.probes))
+            reserve = Configuration(1, 1, max(c.cores for c in job.probes) - 0.5, 0.5,
+                                    max(c.memory_mb for c in job.probes) / 2, max(c.memory_mb for c in job.probes) / 2)
+            self._enqueue(job, ("profile", reserve))
+        else:
+            self._check_config(job, decision.config)
+            self._enqueue(job, ("run", decision.config))
+        self._dispatch()
+
+    def _enqueue(self, job: JobRun, request: tuple) -> None:
+        job.request = request
+        job.phase = "queued"
+        job.queued_since = self.now
+        self.queue.append(job)
+
+    def _dispatch(self) -> None:
+        started = []
+        for job in self.queue:
+            kind, config = job.request
+            if config.cores <= self.free_cpu + 1e-9 and config.memory_mb <= self.free_mem + 1e-6:
+                started.append(job)
+                self.free_cpu -= config.cores
+                self.free_mem -= config.memory_mb
+                job.queue_s += self.now - job.queued_since
+                job.queued_since = None
+                job.last_t = self.now
+                if job.start_s is None:
+                    job.start_s = self.now
+                if kind == "profile":
+                    job.config = config  # the reservation (what the probes may use at most)
+                    job.phase = "profiling"
+                    self._begin_probe(job)
+                else:
+                    job.config = config
+                    job.phase = "running"
+                    job.pause_until = self.now + self.cfg.launch_s
+                    job.next_check = self.now + self.cfg.launch_s + self.policy.check_interval(job)
+                    self._set_rate(job)
+                job.request = None
+                self._schedule(job)
+        if started:
+            self.queue = [j for j in self.queue if j.request is not None]
+
+    def _begin_probe(self, job: JobRun) -> None:
+        probe = job.probes[job.probe_index]
+        job.state["probe"] = probe
+        job.pause_until = self.now + self.cfg.launch_s / 2  # relaunch on the probe configuration
+        job.stage_end = job.pause_until + self.cfg.probe_s
+        self._set_rate(job, probe)
+
+    # --- the core: integrate, then act on the earliest of the job's own events
+    def _schedule(self, job: JobRun) -> None:
+        job.token += 1
+        if job.phase in ("done", "failed", "queued"):
+            return
+        t, reason = math.inf, ""
+        if job.pause_until > self.now:
+            t, reason = job.pause_until, "resume"
+        else:
+            candidates = [(job.stage_end, "probe_end") if job.phase == "profiling" else (job.next_check, "check")]
+            if job.rate > 0:
+                candidates.append((self.now + job.remaining / job.rate, "complete"))
+                spec = job.spec
+                if spec.hot_ps_at is not None and not job.hot_active:
+                    candidates.append((self._when_done(job, spec.hot_ps_at * spec.samples), "hot_ps"))
+                if spec.straggler_at is not None and not job.straggler_active and "straggler_fixed" not in job.state:
+                    candidates.append((self._when_done(job, spec.straggler_at * spec.samples), "straggler"))
+                candidates.append((self._oom_time(job), "oom"))
+                nodes = self._config(job).nodes
+                hazard_rate = nodes * self.cfg.node_failure_per_node_hour / 3600.0
+                if hazard_rate > 0:
+                    candidates.append((self.now + job.hazard_left / hazard_rate, "failure"))
+            t, reason = min(candidates)
+        if math.isfinite(t):
+            job.reason = reason
+            self._push(max(t, self.now), job, "wake")
+
+    def _when_done(self, job: JobRun, target: float) -> float:
+        if job.samples_done >= target:
+            return self.now
+        return self.now + (target - job.samples_done) / job.rate
+
+    def _oom_time(self, job: JobRun) -> float:
+        config = self._config(job)
+        memory = job.spec.family.memory
+        if memory.worker_mb() > config.worker_memory_mb:
+            return self.now
+        limit = config.ps_memory_mb
+        if memory.ps_mb(config.ps, job.samples_done) >= limit:
+            return self.now
+        # samples at which ps_mb(p, n) reaches the limit
+        room = (limit - memory.ps_base_mb) * config.ps - memory.table_mb
+        if memory.growth_mb_per_m <= 0 or room <= 0:
+            return math.inf if room > 0 else self.now
+        n_star = 1e6 * (room / memory.growth_mb_per_m) ** (1.0 / memory.alpha)
+        if n_star >= job.spec.samples:
+            return math.inf
+        return self._when_done(job, n_star)
+
+    def _config(self, job: JobRun) -> Configuration:
+        return job.state["probe"] if job.phase == "profiling" else job.config
+
+    def _set_rate(self, job: JobRun, config: Configuration | None = None) -> None:
+        config = config or self._config(job)
+        truth = job.spec.family.truth
+        lp = config.ps_cpu
+        if job.hot_active:
+            hot_cpu = max(job.hot_ps_cpu, config.ps_cpu)
+            lp = min(lp, hot_cpu / job.spec.hot_ps_factor)
+        x = self._truth(truth, config, lp)[0]
+        if job.straggler_active:
+            x *= 1.0 - (1.0 - job.spec.straggler_speed) / config.workers
+        job.true_rate = x
+        noise = self.rngs[job.spec.id].lognormal(0.0, self.cfg.rate_noise) if self.cfg.rate_noise else 1.0
+        job.rate = x * noise
+
+    def _truth(self, truth, config: Configuration, lp: float) -> tuple[float, float, float]:
+        """(throughput, worker CPU used, PS CPU used) of the truth, memoised per configuration."""
+        key = (id(truth), config.workers, config.ps, config.worker_cpu, lp)
+        hit = self._truth_cache.get(key)
+        if hit is None:
+            worker, ps = truth.cpu_used(config.workers, config.ps, config.worker_cpu, lp)
+            hit = (float(truth.throughput(config.workers, config.ps, config.worker_cpu, lp)), float(worker), float(ps))
+            self._truth_cache[key] = hit
+        return hit
+
+    def _usage(self, job: JobRun) -> tuple[float, float, list[float], float, float]:
+        """(worker cpu used, worker mem used, per-PS cpu used, per-PS mem used, total used cores)."""
+        config = self._config(job)
+        truth = job.spec.family.truth
+        lp = config.ps_cpu
+        hot = job.hot_active
+        if hot:
+            lp = min(lp, max(job.hot_ps_cpu, config.ps_cpu) / job.spec.hot_ps_factor)
+        _, worker_cpu, ps_cpu = self._truth(truth, config, lp)
+        ps_cpu = min(ps_cpu, config.ps_cpu)
+        per_ps = [ps_cpu] * config.ps
+        if hot:
+            per_ps[0] = min(max(job.hot_ps_cpu, config.ps_cpu), ps_cpu * job.spec.hot_ps_factor)
+        memory = job.spec.family.memory
+        worker_mem = min(memory.worker_mb(), config.worker_memory_mb)
+        ps_mem = min(float(memory.ps_mb(config.ps, job.samples_done)), config.ps_memory_mb)
+        total = config.workers * worker_cpu + sum(per_ps)
+        return worker_cpu, worker_mem, per_ps, ps_mem, total
+
+    def _advance(self, job: JobRun) -> None:
+        t0, t1 = job.last_t, self.now
+        job.last_t = t1
+        if t1 <= t0 or job.config is None or job.phase in ("queued", "done", "failed"):
+            return
+        dt = t1 - t0
+        running = t0 >= job.pause_until - 1e-9
+        alloc_cpu, alloc_mem = job.alloc_cpu, job.alloc_mem
+        if running:
+            gained = job.rate * dt
+            job.samples_done += gained
+            job.trained_samples += gained
+            before = job.run_clock
+            job.run_clock += dt
+            ckpt = self.cfg.checkpoint_s
+            if math.floor(job.run_clock / ckpt) > math.floor(before / ckpt):
+                job.since_checkpoint = job.rate * (job.run_clock % ckpt)
+            else:
+                job.since_checkpoint += gained
+            nodes = self._config(job).nodes
+            job.hazard_left -= nodes * self.cfg.node_failure_per_node_hour / 3600.0 * dt
+            _, _, _, _, used_cpu = self._usage(job)
+            config = self._config(job)
+            memory = job.spec.family.memory
+            used_mem = config.workers * min(memory.worker_mb(), config.worker_memory_mb) + config.ps * min(
+                float(memory.ps_mb(config.ps, job.samples_done - gained / 2)), config.ps_memory_mb)
+        else:  # launching / recovering / resizing: resources held, little used
+            used_cpu = 0.0
+            used_mem = 0.25 * alloc_mem
+        if job.phase == "profiling":
+            job.profile_s += dt
+        job.cpu_alloc_s += alloc_cpu * dt
+        job.cpu_used_s += used_cpu * dt
+        job.mem_alloc_s += alloc_mem * dt
+        job.mem_used_s += used_mem * dt
+        self._bin(t0, t1, cpu_alloc=alloc_cpu, cpu_used=used_cpu, mem_alloc=alloc_mem, mem_used=used_mem)
+
+    def _bin(self, t0: float, t1: float, **rates: float) -> None:
+        last = int(t1 // BIN_S) + 1
+        if last >= len(self.bins["cpu_alloc"]):
+            size = max(last + 1, 2 * len(self.bins["cpu_alloc"]))
+            for key, values in self.bins.items():
+                self.bins[key] = np.concatenate([values, np.zeros(size - len(values))])
+        b = int(t0 // BIN_S)
+        t = t0
+        while t < t1:
+            end = min(t1, (b + 1) * BIN_S)
+            for key, rate in rates.items():
+                self.bins[key][b] += rate * (end - t)
+            t, b = end, b + 1
+
+    def _wake(self, job: JobRun) -> None:
+        self._advance(job)
+        reason = job.reason
+        if reason == "resume":
+            self._set_rate(job)
+        elif reason == "probe_end":
+            self._probe_done(job)
+            return
+        elif reason == "complete":
+            job.samples_done = job.spec.samples  # exactly: the last shard is done
+            self._finish(job, "done")
+            return
+        elif reason == "check":
+            if job.samples_done > job.oom_at:  # trained past the last OOM: it is behind us
+                job.oom_streak = 0
+            obs = self.observe(job, self.policy.windows)
+            job.memory_history.append((self.now, obs.ps_memory_used_mb))
+            actions = self.policy.check(job, obs)
+            self._apply(job, actions)
+            job.next_check = self.now + self.policy.check_interval(job)
+        elif reason == "hot_ps":
+            job.hot_active = True
+            job.hot_ps_cpu = max(job.hot_ps_cpu, self._config(job).ps_cpu)
+            self._set_rate(job)
+            self._apply(job, self.policy.on_onset(job, "hot_ps"))
+        elif reason == "straggler":
+            job.straggler_active = True
+            self._set_rate(job)
+            self._apply(job, self.policy.on_onset(job, "straggler"))
+        elif reason == "failure":
+            job.failures += 1
+            self._lose_since_checkpoint(job)
+            job.pause_until = self.now + self.cfg.recover_s
+            job.failure_index += 1
+            draws = job.spec.failure_exponentials
+            job.hazard_left = draws[job.failure_index % len(draws)] if draws else math.inf
+        elif reason == "oom":
+            self._oom(job)
+            return
+        self._schedule(job)
+
+    def _probe_done(self, job: JobRun) -> None:
+        probe = job.state["probe"]
+        worker_cpu, worker_mem, per_ps, ps_mem, _ = self._usage(job)
+        rng = self.rngs[job.spec.id]
+        for k in range(2):  # two measurement windows per probe
+            noise = rng.lognormal(0.0, self.cfg.window_noise) if self.cfg.window_noise else 1.0
+            job.probe_rows.append(dict(
+                probe.to_row(), throughput=job.true_rate * noise, worker_cpu_used=worker_cpu,
+                ps_cpu_used=float(np.mean(per_ps)), worker_memory_used_mb=worker_mem,
+                ps_memory_used_mb=ps_mem, samples_seen=job.samples_done, timestamp=self.now - (1 - k) * self.cfg.probe_s / 2,
+            ))
+        job.probe_index += 1
+        job.oom_streak = 0
+        if job.probe_index < len(job.probes):
+            self._begin_probe(job)
+            self._schedule(job)
+            return
+        config = self.policy.after_profile(job, job.probe_rows)
+        self._check_config(job, config)
+        self._release(job)
+        job.config = None
+        job.state.pop("probe", None)
+        self._enqueue(job, ("run", config))
+        self._dispatch()
+
+    def _lose_since_checkpoint(self, job: JobRun) -> None:
+        lost = min(job.since_checkpoint, job.samples_done)
+        job.samples_done -= lost
+        job.wasted_samples += lost
+        job.since_checkpoint = 0.0
+        job.run_clock = 0.0
+
+    def _oom(self, job: JobRun) -> None:
+        job.ooms += 1
+        job.oom_streak += 1
+        config = self._config(job)
+        memory = job.spec.family.memory
+        node = "worker" if memory.worker_mb() > config.worker_memory_mb else "ps"
+        obs = self.observe(job)
+        obs.ps_memory_used_mb = float(memory.ps_mb(config.ps, job.samples_done))  # what it reached
+        obs.worker_memory_used_mb = float(memory.worker_mb())
+        job.oom_at = job.samples_done
+        self._lose_since_checkpoint(job)
+        answer = self.policy.on_oom(job, obs, node) if job.oom_streak <= self.cfg.max_oom_retries else None
+        if answer is None:
+            self._finish(job, "failed")
+            return
+        if job.phase == "profiling":  # the probes relaunch with the answer's memory (the rest too)
+            def bigger(probe: Configuration) -> Configuration:
+                row = probe_row(probe)
+                row["worker_memory_mb"] = max(row["worker_memory_mb"], answer.worker_memory_mb or 0.0)
+                row["ps_memory_mb"] = max(row["ps_memory_mb"], answer.ps_memory_mb or 0.0)
+                return Configuration(**row)
+
+            job.state["probe"] = bigger(job.state["probe"])
+            job.probes = [bigger(p) for p in job.probes]
+            need = min(max(c.memory_mb for c in job.probes), job.limit.memory_mb, self.capacity.memory_mb)
+            if need > job.config.memory_mb:  # grow the reservation (if the cluster has room)
+                half = need / 2
+                self._try_config(job, Configuration(**{**probe_row(job.config), "worker_memory_mb": half,
+                                                       "ps_memory_mb": half}), cost_s=0.0)
+            job.pause_until = self.now + self.cfg.launch_s / 2
+            job.stage_end = job.pause_until + self.cfg.probe_s
+            self._schedule(job)
+            return
+        target = config
+        if answer.worker_memory_mb or answer.ps_memory_mb:
+            row = probe_row(config)
+            if answer.worker_memory_mb:
+                row["worker_memory_mb"] = float(answer.worker_memory_mb)
+            if answer.ps_memory_mb:
+                row["ps_memory_mb"] = float(answer.ps_memory_mb)
+            target = Configuration(**row)
+        if not self._try_config(job, target, cost_s=self.cfg.launch_s):
+            # Does not fit now: give the resources back and wait for the larger allocation.
+            self._release(job)
+            job.config = None
+            self._enqueue(job, ("run", target))
+            self._dispatch()
+            return
+        self._schedule(job)
+
+    def _finish(self, job: JobRun, phase: str) -> None:
+        job.phase = phase
+        job.end_s = self.now
+        job.rate = 0.0
+        self._release(job)
+        job.config_final = job.config
+        self.policy.finish(job)
+        self._schedule(job)
+        self._dispatch()
+
+    def _release(self, job: JobRun) -> None:
+        self.free_cpu += job.alloc_cpu
+        self.free_mem += job.alloc_mem
+        job.hot_ps_cpu = 0.0  # a relaunch starts every PS at the group's CPU
+
+    # --- allocation changes
+    def _check_quota(self, job: JobRun, cpu: float, mem: float) -> None:
+        for what, asked, allowed in (
+            ("cpu", cpu, min(job.limit.cpu, self.capacity.cpu)),
+            ("memory_mb", mem, min(job.limit.memory_mb, self.capacity.memory_mb)),
+        ):
+            if asked > allowed + 1e-6:
+                raise QuotaExceededError(self.policy.name, job.spec.id, what, asked, allowed)
+
+    def _check_config(self, job: JobRun, config: Configuration) -> None:
+        if not isinstance(config, Configuration):
+            raise InvalidInputError("config", config, "a Configuration")
+        if config.batch_size != BATCH:
+            raise InvalidInputError("batch_size", config.batch_size, f"{BATCH} (the simulated jobs' batch)")
+        self._check_quota(job, config.cores, config.memory_mb)
+
+    def _try_config(self, job: JobRun, target: Configuration, *, cost_s: float, hot_cpu: float | None = None) -> bool:
+        """Move a running job to ``target`` (refused past the quota; deferred if the cluster lacks room)."""
+        if hot_cpu is None:  # a healed hot PS keeps its extra cores over the group's
+            healed = max(job.hot_ps_cpu - job.config.ps_cpu, 0.0) if job.config is not None else 0.0
+            hot = target.ps_cpu + healed
+        else:
+            hot = hot_cpu
+        extra = max(hot - target.ps_cpu, 0.0)
+        self._check_quota(job, target.cores + extra, target.memory_mb)
+        d_cpu = target.cores + extra - job.alloc_cpu
+        d_mem = target.memory_mb - job.alloc_mem
+        if d_cpu > self.free_cpu + 1e-9 or d_mem > self.free_mem + 1e-6:
+            job.deferred += 1
+            return False
+        self.free_cpu -= d_cpu
+        self.free_mem -= d_mem
+        job.config = target
+        job.hot_ps_cpu = hot if extra > 0 else target.ps_cpu
+        job.pause_until = max(job.pause_until, self.now + cost_s)
+        return True
+
+    def _apply(self, job: JobRun, actions: list) -> None:
+        for action in actions or []:
+            if job.phase != "running":
+                return
+            current = job.config
+            if isinstance(action, Resize):
+                if action.config == current:
+                    continue
+                self._check_config(job, action.config)
+                cost = resize_cost_s(current, action.config)
+                # A healed hot PS keeps its extra cores (over the group's) through the resize.
+                healed = max(job.hot_ps_cpu - current.ps_cpu, 0.0) if job.hot_active else 0.0
+                hot_cpu = action.config.ps_cpu + healed if healed > 0 else None
+                if self._try_config(job, action.config, cost_s=cost, hot_cpu=hot_cpu):
+                    job.resizes += 1
+                    if action.config.ps != current.ps:  # PS change: checkpoint, re-partition, restart
+                        job.since_checkpoint = 0.0
+                        job.run_clock = 0.0
+            elif isinstance(action, SetHotPsCpu):
+                if action.cpu > job.hot_ps_cpu and self._try_config(job, current, cost_s=C.NODE_RELAUNCH_COST_S, hot_cpu=action.cpu):
+                    job.resizes += 1
+            elif isinstance(action, ReplaceWorker):
+                if job.straggler_active:
+                    job.straggler_active = False
+                    job.state["straggler_fixed"] = True
+                    job.pause_until = max(job.pause_until, self.now + C.WORKER_RESIZE_COST_S)
+            elif isinstance(action, SetMemory):
+                row = probe_row(current)
+                if action.worker_memory_mb:
+                    row["worker_memory_mb"] = float(action.worker_memory_mb)
+                if action.ps_memory_mb:
+                    row["ps_memory_mb"] = float(action.ps_memory_mb)
+                target = Configuration(**row)
+                if target != current and self._try_config(job, target, cost_s=C.NODE_RELAUNCH_COST_S):
+                    job.resizes += 1
+            else:
+                raise InvalidInputError("action", action, "Resize | SetHotPsCpu | ReplaceWorker | SetMemory")
+        self._set_rate(job)
+
+    # --- measurements
+    def observe(self, job: JobRun, windows: int = 3) -> Observation:
+        config = self._config(job)
+        worker_cpu, worker_mem, per_ps, ps_mem, _ = self._usage(job)
+        rng = self.rngs[job.spec.id]
+        noise = rng.lognormal(0.0, self.cfg.window_noise, windows) if self.cfg.window_noise else np.ones(windows)
+        measured = (job.true_rate * noise).tolist()
+        per_worker = job.true_rate / config.workers
+        speeds = [per_worker] * min(config.workers, 8)
+        if job.straggler_active:
+            slow = 1.0 - (1.0 - job.spec.straggler_speed) / config.workers
+            normal = job.true_rate / slow / config.workers
+            speeds = [normal * job.spec.straggler_speed] + [normal] * (min(config.workers, 8) - 1)
+        return Observation(
+            now_s=self.now, config=config, hot_ps_cpu=max(job.hot_ps_cpu, config.ps_cpu), windows=measured,
+            window_s=60.0, worker_cpu_used=worker_cpu, ps_cpu_used=per_ps, worker_memory_used_mb=worker_mem,
+            ps_memory_used_mb=ps_mem, worker_speeds=speeds, samples_done=job.samples_done,
+            remaining=job.remaining, memory_history=list(job.memory_history),
+        )
+
+
+def probe_row(config: Configuration) -> dict[str, Any]:
+    return config.to_row()

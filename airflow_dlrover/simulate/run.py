@@ -1,0 +1,252 @@
+"""Run policies over one trace and summarise: the engine behind ``dlrover-rm simulate``.
+
+Metrics per policy (``SUMMARY_COLUMNS``):
+
+* ``median_jct_s`` / ``p90_jct_s`` — job completion time (arrival → last sample, queueing and
+  profiling included) over the jobs that completed;
+* ``cpu_util`` / ``mem_util`` — used / allocated, time-weighted over every job's allocation
+  (Σ used·dt / Σ allocated·dt);
+* ``completion_rate`` — jobs that trained all their samples / jobs;
+* ``resource_hours`` — allocated core-hours;
+* ``queue_delay_s`` — mean time a job waited for the cluster.
+
+Confidence intervals: percentile bootstrap over jobs (``bootstrap`` resamples, seeded), per
+metric; across seeds the benchmark reports mean ± a t-interval.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from airflow_dlrover.simulate.cluster import BIN_S, Cluster, JobRun
+from airflow_dlrover.simulate.policies import POLICIES, make_policy
+from airflow_dlrover.simulate.workload import SimConfig, generate_trace
+
+SUMMARY_COLUMNS = ("policy", "median_jct_s", "p90_jct_s", "cpu_util", "mem_util", "completion_rate",
+                   "resource_hours", "queue_delay_s")
+JOB_COLUMNS = ("policy", "job", "family", "truth", "arrival_s", "samples", "status", "jct_s", "queue_s",
+               "profile_s", "cpu_alloc_core_h", "cpu_used_core_h", "mem_alloc_gb_h", "mem_used_gb_h",
+               "cpu_util", "mem_util", "workers", "ps", "worker_cpu", "ps_cpu", "worker_memory_mb", "ps_memory_mb",
+               "resizes", "deferred", "refused", "failures", "ooms", "wasted_samples", "trained_samples")
+
+
+@dataclass
+class PolicyRun:
+    name: str
+    jobs: pd.DataFrame
+    series: pd.DataFrame
+    seconds: float
+    counters: dict = field(default_factory=dict)
+
+
+def job_table(name: str, jobs: list[JobRun]) -> pd.DataFrame:
+    rows = []
+    for job in jobs:
+        spec, c = job.spec, getattr(job, "config_final", None) or job.config
+        rows.append(dict(
+            policy=name, job=spec.id, family=spec.family.index, truth=_truth_name(spec.family.truth),
+            arrival_s=spec.arrival_s, samples=spec.samples, status=job.phase,
+            jct_s=(job.end_s - spec.arrival_s) if job.phase == "done" else np.nan, queue_s=job.queue_s,
+            profile_s=job.profile_s, cpu_alloc_core_h=job.cpu_alloc_s / 3600, cpu_used_core_h=job.cpu_used_s / 3600,
+            mem_alloc_gb_h=job.mem_alloc_s / 3600 / 1024, mem_used_gb_h=job.mem_used_s / 3600 / 1024,
+            cpu_util=job.cpu_used_s / job.cpu_alloc_s if job.cpu_alloc_s else np.nan,
+            mem_util=job.mem_used_s / job.mem_alloc_s if job.mem_alloc_s else np.nan,
+            workers=c.workers if c else np.nan, ps=c.ps if c else np.nan,
+            worker_cpu=c.worker_cpu if c else np.nan, ps_cpu=c.ps_cpu if c else np.nan,
+            worker_memory_mb=c.worker_memory_mb if c else np.nan, ps_memory_mb=c.ps_memory_mb if c else np.nan,
+            resizes=job.resizes, deferred=job.deferred, refused=job.refused, failures=job.failures, ooms=job.ooms,
+            wasted_samples=job.wasted_samples, trained_samples=job.trained_samples,
+        ))
+    return pd.DataFrame(rows, columns=list(JOB_COLUMNS))
+
+
+def _truth_name(truth) -> str:
+    return f"queueing:{truth.physics}" if truth.family == "queueing" else truth.family
+
+
+def summarise(table: pd.DataFrame) -> dict:
+    done = table[table["status"] == "done"]
+    return dict(
+        policy=table["policy"].iloc[0],
+        median_jct_s=float(done["jct_s"].median()) if len(done) else np.nan,
+        p90_jct_s=float(done["jct_s"].quantile(0.9)) if len(done) else np.nan,
+        cpu_util=float(table["cpu_used_core_h"].sum() / table["cpu_alloc_core_h"].sum()),
+        mem_util=float(table["mem_used_gb_h"].sum() / table["mem_alloc_gb_h"].sum()),
+        completion_rate=float((table["status"] == "done").mean()),
+        resource_hours=float(table["cpu_alloc_core_h"].sum()),
+        queue_delay_s=float(table["queue_s"].mean()),
+    )
+
+
+def bootstrap(table: pd.DataFrame, resamples: int = 400, seed: int = 0) -> pd.DataFrame:
+    """Percentile 95 % intervals of every summary metric, resampling jobs."""
+    rng = np.random.default_rng(seed)
+    n = len(table)
+    done = (table["status"] == "done").to_numpy()
+    jct = table["jct_s"].to_numpy()
+    arrays = {k: table[k].to_numpy() for k in ("cpu_used_core_h", "cpu_alloc_core_h", "mem_used_gb_h", "mem_alloc_gb_h", "queue_s")}
+    stats = []
+    for _ in range(resamples):
+        idx = rng.integers(n, size=n)
+        d = jct[idx][done[idx]]
+        stats.append((
+            np.median(d) if d.size else np.nan, np.quantile(d, 0.9) if d.size else np.nan,
+            arrays["cpu_used_core_h"][idx].sum() / arrays["cpu_alloc_core_h"][idx].sum(),
+            arrays["mem_used_gb_h"][idx].sum() / arrays["mem_alloc_gb_h"][idx].sum(),
+            done[idx].mean(), arrays["cpu_alloc_core_h"][idx].sum(), arrays["queue_s"][idx].mean(),
+        ))
+    stats = np.array(stats)
+    lo, hi = np.nanpercentile(stats, 2.5, axis=0), np.nanpercentile(stats, 97.5, axis=0)
+    names = SUMMARY_COLUMNS[1:]
+    return pd.DataFrame({"policy": table["policy"].iloc[0], "metric": names, "low": lo, "high": hi})
+
+
+def run_policy(cfg: SimConfig, name: str, *, trace=None, objective: str = "efficiency", bridge=None) -> PolicyRun:
+    trace = trace if trace is not None else generate_trace(cfg)
+    policy = make_policy(name, objective=objective, bridge=bridge)
+    start = time.perf_counter()
+    cluster = Cluster(cfg, trace, policy)
+    jobs = cluster.run()
+    seconds = time.perf_counter() - start
+    bins = cluster.bins
+    last = int(np.max(np.flatnonzero(bins["cpu_alloc"] > 0), initial=0)) + 1
+    series = pd.DataFrame({
+        "policy": name, "t_s": np.arange(last) * BIN_S,
+        "cpu_alloc": bins["cpu_alloc"][:last] / BIN_S, "cpu_used": bins["cpu_used"][:last] / BIN_S,
+        "mem_alloc_gb": bins["mem_alloc"][:last] / BIN_S / 1024, "mem_used_gb": bins["mem_used"][:last] / BIN_S / 1024,
+    })
+    counters = {k: getattr(policy, k) for k in ("fits", "plans") if hasattr(policy, k)}
+    if bridge is not None and name == "dlrover":
+        counters["bridge_calls"] = bridge.calls
+    return PolicyRun(name, job_table(name, jobs), series, seconds, counters)
+
+
+def format_table(summary: pd.DataFrame, cis: pd.DataFrame | None = None) -> str:
+    fmt = {"median_jct_s": "{:.0f}", "p90_jct_s": "{:.0f}", "cpu_util": "{:.1%}", "mem_util": "{:.1%}",
+           "completion_rate": "{:.1%}", "resource_hours": "{:.0f}", "queue_delay_s": "{:.0f}"}
+    header = ["policy"] + list(fmt)
+    lines = []
+    rows = []
+    for _, row in summary.iterrows():
+        cells = [row["policy"]]
+        for metric, f in fmt.items():
+            cell = f.format(row[metric])
+            if cis is not None:
+                ci = cis[(cis["policy"] == row["policy"]) & (cis["metric"] == metric)]
+                if len(ci):
+                    cell += f" [{f.format(ci['low'].iloc[0])}, {f.format(ci['high'].iloc[0])}]"
+            cells.append(cell)
+        rows.append(cells)
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    lines.append("  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths))))
+    for cells in rows:
+        lines.append("  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths))))
+    return "\n".join(lines)
+
+
+def plot(runs: list[PolicyRun], out: Path, day_s: float) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for run in runs:
+        jct = np.sort(run.jobs.loc[run.jobs["status"] == "done", "jct_s"].to_numpy() / 3600)
+        ax.plot(jct, np.arange(1, len(jct) + 1) / len(run.jobs), label=run.name)
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (h, log)")
+    ax.set_ylabel("fraction of jobs completed within")
+    ax.set_title("JCT CDF (failed jobs never reach the top)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out / "jct_cdf.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
+    for run in runs:
+        s = run.series
+        hours = s["t_s"] / 3600
+        with np.errstate(invalid="ignore", divide="ignore"):
+            axes[0].plot(hours, s["cpu_used"] / s["cpu_alloc"], label=run.name)
+            axes[1].plot(hours, s["mem_used_gb"] / s["mem_alloc_gb"], label=run.name)
+        axes[2].plot(hours, s["cpu_alloc"], label=run.name)
+    axes[0].set_ylabel("CPU used / allocated")
+    axes[1].set_ylabel("memory used / allocated")
+    axes[2].set_ylabel("cores allocated")
+    axes[2].set_xlabel(f"hours (the day's arrivals end at {day_s / 3600:.0f} h)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(ncol=4, fontsize=8)
+    fig.suptitle("Utilisation over the day (10-minute bins)")
+    fig.tight_layout()
+    paths.append(out / "utilisation.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def _run_one(args) -> PolicyRun:
+    cfg, name, objective, dlrover_venv, setup_dlrover = args
+    bridge = None
+    if name == "dlrover":
+        from airflow_dlrover.simulate.dlrover_bridge import DLRoverBridge
+
+        bridge = DLRoverBridge(dlrover_venv, create=setup_dlrover)
+    try:
+        return run_policy(cfg, name, objective=objective, bridge=bridge)
+    finally:
+        if bridge is not None:
+            bridge.close()
+
+
+def simulate(cfg: SimConfig, policies=POLICIES, *, objective: str = "efficiency", dlrover_venv=None,
+             setup_dlrover: bool = False, resamples: int = 400, processes: int = 1,
+             ) -> tuple[pd.DataFrame, pd.DataFrame, list[PolicyRun]]:
+    """Run ``policies`` on one trace (each regenerates it from the seed: identical); returns
+    (summary, confidence intervals, runs). ``processes`` > 1 runs policies in parallel."""
+    policies = list(policies)
+    for name in policies:
+        if name not in POLICIES:
+            from airflow_dlrover.optimizer.types import InvalidInputError
+
+            raise InvalidInputError("policies", name, ", ".join(POLICIES))
+    if "dlrover" in policies:  # fail fast, before minutes of other policies
+        from airflow_dlrover.simulate.dlrover_bridge import ensure_venv
+
+        ensure_venv(dlrover_venv, create=setup_dlrover)
+    jobs = [(cfg, name, objective, dlrover_venv, False) for name in policies]
+    if processes > 1 and len(policies) > 1:
+        import multiprocessing
+
+        # Longest first (dlrover, ours), so that the pool finishes together.
+        order = sorted(range(len(jobs)), key=lambda i: ("dlrover", "ours", "oracle", "user").index(policies[i]))
+        with multiprocessing.get_context("fork").Pool(min(processes, len(jobs))) as pool:
+            results = pool.map(_run_one, [jobs[i] for i in order], chunksize=1)
+        runs = [None] * len(jobs)
+        for i, run in zip(order, results):
+            runs[i] = run
+    else:
+        runs = [_run_one(job) for job in jobs]
+    summary = pd.DataFrame([summarise(run.jobs) for run in runs], columns=list(SUMMARY_COLUMNS))
+    cis = pd.concat([bootstrap(run.jobs, resamples, cfg.seed) for run in runs], ignore_index=True)
+    return summary, cis, runs
+
+
+def write_outputs(out: Path, summary: pd.DataFrame, cis: pd.DataFrame, runs: list[PolicyRun], cfg: SimConfig) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "summary.csv", out / "summary_ci.csv", out / "jobs.csv", out / "utilisation.csv"]
+    summary.to_csv(paths[0], index=False)
+    cis.to_csv(paths[1], index=False)
+    pd.concat([run.jobs for run in runs], ignore_index=True).to_csv(paths[2], index=False)
+    pd.concat([run.series for run in runs], ignore_index=True).to_csv(paths[3], index=False)
+    paths += plot(runs, out, cfg.day_s)
+    return paths

@@ -1,0 +1,226 @@
+"""The trace: a day of DLRM retraining jobs arriving at a shared cluster.
+
+Everything random about the workload is drawn here, once per seed, so that every policy sees the
+same jobs, the same hidden truths and the same instability draws (common random numbers).
+
+* **Job families.** A family is one recommendation model retrained again and again (hourly or a
+  few times a day): the same hidden performance function, memory model and user-written
+  configuration; each run draws its own size (samples) and arrival. ``history_fraction`` of the
+  families ran yesterday too (the history store holds their model: a warm start for policies that
+  use history); the others are new today.
+* **Arrivals** follow a diurnal Poisson process over ``day_s`` (busier in the working hours).
+* **Truth** families: ``queueing`` tables (three physics), the ``measured`` roofline, random
+  ``roofline``\\ s (see :mod:`.truth`), each scaled by a model-size factor.
+* **User configurations** mimic what DLRover and the DLRover-RM paper report of manual settings:
+  generous CPU per node (CPU utilisation ~15–35 %), memory at 2–6× the need (memory utilisation
+  ~15–35 %), and a fraction ``user_underprovision`` of families whose PS memory is below the peak
+  their tables grow to (they OOM part-way).
+* **Instability** (per job, same draws for every policy): node failures at
+  ``node_failure_per_node_hour`` (a unit-exponential sequence consumed by each job's node-hours),
+  a hot PS with probability ``hot_ps_probability`` (one PS's load ×``hot_ps_factor`` from a point
+  of its progress on), a straggling worker with probability ``straggler_probability`` (runs at
+  ``straggler_speed`` of the others), and PS memory growth (every job; past its limit = OOM).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from airflow_dlrover.simulate.truth import (
+    MemoryTruth,
+    QueueingTable,
+    Roofline,
+    Truth,
+    measured_roofline,
+)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Knobs of one simulated day. Defaults are the issue's evaluation setting."""
+
+    jobs: int = 1000
+    seed: int = 1
+    day_s: float = 86_400.0
+    #: The cluster quota shared by all jobs (cores, MB).
+    cluster_cpu: float = 8000.0
+    cluster_memory_mb: float = 40_000.0 * 1024
+    #: Jobs per family (a family is one model retrained several times a day).
+    jobs_per_family: float = 5.0
+    history_fraction: float = 0.7
+    #: Samples per job: lognormal median and σ, clipped.
+    samples_median: float = 4e8
+    samples_sigma: float = 0.7
+    #: Instability rates.
+    node_failure_per_node_hour: float = 0.002
+    hot_ps_probability: float = 0.15
+    hot_ps_factor: tuple[float, float] = (1.6, 3.0)
+    straggler_probability: float = 0.15
+    straggler_speed: tuple[float, float] = (0.15, 0.5)
+    user_underprovision: float = 0.12
+    #: Relative noise (lognormal cv) of the realised training rate and of each measured window.
+    rate_noise: float = 0.03
+    window_noise: float = 0.05
+    #: The runtime: checkpoint interval, node recovery, job (re)launch, probe window.
+    checkpoint_s: float = 600.0
+    recover_s: float = 90.0
+    launch_s: float = 60.0
+    probe_s: float = 60.0
+    #: The policies' control loop: fine-tune / guard period.
+    check_s: float = 600.0
+    #: Retries after an OOM before a job is given up (Airflow retries / DLRover relaunches).
+    max_oom_retries: int = 3
+    #: Instability switches (tests turn them off).
+    instability: bool = True
+
+    def without_instability(self) -> "SimConfig":
+        return replace(self, instability=False, node_failure_per_node_hour=0.0, hot_ps_probability=0.0,
+                       straggler_probability=0.0, user_underprovision=0.0)
+
+
+@dataclass(frozen=True)
+class UserConfig:
+    workers: int
+    ps: int
+    worker_cpu: float
+    ps_cpu: float
+    worker_memory_mb: float
+    ps_memory_mb: float
+
+    @property
+    def cores(self) -> float:
+        return self.workers * self.worker_cpu + self.ps * self.ps_cpu
+
+    @property
+    def memory_mb(self) -> float:
+        return self.workers * self.worker_memory_mb + self.ps * self.ps_memory_mb
+
+
+@dataclass(frozen=True)
+class Family:
+    index: int
+    truth: Truth
+    memory: MemoryTruth
+    user: UserConfig
+    limit_cpu: float  # per-job quota the owner is granted (cores)
+    limit_memory_mb: float
+    history: bool  # a model of this family exists from yesterday
+    typical_samples: float
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    id: int
+    family: Family
+    arrival_s: float
+    samples: float
+    #: Instability draws (fractions of progress; factors; exponentials).
+    hot_ps_at: float | None
+    hot_ps_factor: float
+    straggler_at: float | None
+    straggler_speed: float
+    failure_exponentials: tuple[float, ...] = field(repr=False, default=())
+    seed: int = 0
+
+
+def _truth(rng: np.random.Generator) -> Truth:
+    kind = rng.choice(["queueing", "measured", "roofline"], p=[0.4, 0.2, 0.4])
+    if kind == "queueing":
+        return QueueingTable(physics=str(rng.choice(["default", "hot_shard", "net_bound"])),
+                             scale=float(rng.lognormal(0.0, 0.4)))
+    if kind == "measured":
+        base, _ = measured_roofline()
+        # The runtime's DLRM is tiny (~40k samples/s per worker core): production models are
+        # 5–20× heavier per sample.
+        return replace(base, scale=float(rng.lognormal(math.log(0.12), 0.4)))
+    return Roofline(
+        c_w=float(2.5e-4 * rng.lognormal(0.0, 0.4)),
+        f=float(rng.uniform(0.8, 0.97)),
+        o=float(rng.uniform(1e-3, 5e-3)),
+        kappa=float(3e-6 * rng.lognormal(0.0, 0.5)),
+        r=float(5e-5 * rng.lognormal(0.0, 0.5)),
+        skew=float(rng.choice([0.0, 0.8, 1.0, 1.1])),
+        bandwidth=float(rng.choice([2.5e8, 1.25e9, 3.1e9])),
+        io=float(rng.choice([np.inf, np.inf, rng.uniform(1.5e5, 6e5)])),
+        ratio=float(rng.uniform(6, 24)),
+        gamma=float(rng.choice([0.0, 0.0, rng.uniform(0.002, 0.02)])),
+    )
+
+
+def _memory(rng: np.random.Generator, typical_samples: float) -> MemoryTruth:
+    table = float(rng.lognormal(math.log(12_000), 0.6))
+    alpha = float(rng.uniform(0.6, 1.0))
+    grown = table * float(rng.uniform(0.15, 0.8))  # growth over a typical run
+    return MemoryTruth(
+        ps_base_mb=float(rng.uniform(400, 1000)),
+        table_mb=table,
+        growth_mb_per_m=grown / (typical_samples / 1e6) ** alpha,
+        alpha=alpha,
+        worker_base_mb=float(rng.uniform(800, 2500)),
+        activation_mb_per_sample=float(rng.uniform(0.5, 2.0)),
+    )
+
+
+def _round_up(value: float, step: float) -> float:
+    return float(math.ceil(value / step) * step)
+
+
+def _user(rng: np.random.Generator, memory: MemoryTruth, typical_samples: float, underprovision: bool) -> UserConfig:
+    workers = int(rng.choice([4, 8, 12, 16, 24, 32], p=[0.15, 0.25, 0.15, 0.2, 0.1, 0.15]))
+    ps = int(max(1, min(16, round(workers / rng.choice([2, 4, 8])))))
+    worker_cpu = float(rng.choice([2.0, 4.0, 8.0], p=[0.3, 0.5, 0.2]))
+    ps_cpu = float(rng.choice([2.0, 4.0, 8.0], p=[0.3, 0.5, 0.2]))
+    worker_mem = _round_up(memory.worker_mb() * rng.uniform(2.5, 6.0), 1024)
+    peak = float(memory.ps_mb(ps, 2.0 * typical_samples))  # a generous run's peak
+    ps_mem = _round_up(peak * rng.uniform(1.8, 4.0), 1024)
+    if underprovision:
+        # Sized for the day the table was small: enough to start, not for the growth.
+        start = float(memory.ps_mb(ps, 0.0))
+        end = float(memory.ps_mb(ps, typical_samples))
+        ps_mem = _round_up(start + (end - start) * rng.uniform(0.2, 0.6), 256)
+    return UserConfig(workers, ps, worker_cpu, ps_cpu, worker_mem, ps_mem)
+
+
+def generate_trace(config: SimConfig) -> list[JobSpec]:
+    """The day's jobs, sorted by arrival; a deterministic function of ``config``."""
+    rng = np.random.default_rng([config.seed, 7])
+    n_families = max(1, int(round(config.jobs / config.jobs_per_family)))
+    families = []
+    for index in range(n_families):
+        typical = float(np.clip(rng.lognormal(math.log(config.samples_median), config.samples_sigma), 2e7, 6e9))
+        truth = _truth(rng)
+        memory = _memory(rng, typical)
+        under = bool(rng.random() < config.user_underprovision)
+        user = _user(rng, memory, typical, under)
+        limit_cpu = float(max(64.0, _round_up(user.cores * 1.25, 16)))
+        limit_mem = float(max(limit_cpu * 4096.0, _round_up(user.memory_mb * 1.25, 1024)))
+        families.append(Family(index, truth, memory, user, limit_cpu, limit_mem,
+                               bool(rng.random() < config.history_fraction), typical))
+
+    # Diurnal arrivals: rate ∝ 1 + 0.6·sin over the day (peak mid-afternoon), by thinning.
+    arrivals = []
+    while len(arrivals) < config.jobs:
+        t = rng.uniform(0.0, config.day_s, size=4 * config.jobs)
+        keep = rng.random(t.size) < (1.0 + 0.6 * np.sin(2 * np.pi * (t / config.day_s - 0.375))) / 1.6
+        arrivals.extend(t[keep].tolist())
+    arrivals = np.sort(np.asarray(arrivals[: config.jobs]))
+
+    jobs = []
+    for i, arrival in enumerate(arrivals):
+        family = families[int(rng.integers(n_families))]
+        samples = float(np.clip(family.typical_samples * rng.lognormal(0.0, 0.25), 1e7, 1e10))
+        hot = config.instability and rng.random() < config.hot_ps_probability
+        strag = config.instability and rng.random() < config.straggler_probability
+        jobs.append(JobSpec(
+            id=i, family=family, arrival_s=float(arrival), samples=samples,
+            hot_ps_at=float(rng.uniform(0.1, 0.7)) if hot else None,
+            hot_ps_factor=float(rng.uniform(*config.hot_ps_factor)),
+            straggler_at=float(rng.uniform(0.05, 0.7)) if strag else None,
+            straggler_speed=float(rng.uniform(*config.straggler_speed)),
+            failure_exponentials=tuple(rng.exponential(1.0, 16).tolist()),
+            seed=int(rng.integers(2**31)),
+        ))
+    return jobs

@@ -1,0 +1,105 @@
+"""Cluster-scale evaluation (issue 7): every policy on the same simulated days, several seeds.
+
+    python benchmarks/cluster_sim.py [--jobs 1000] [--seeds 1 2 3] [--policies user,dlrover,ours,oracle]
+                                     [--objective efficiency] [--processes 2] [--out benchmarks/out/cluster]
+
+For each seed it runs ``dlrover-rm simulate``'s engine (one trace, every policy) and prints the
+seed's table with 95 % bootstrap intervals over jobs; then the mean over seeds with a 95 %
+t-interval across seeds, and the targets of the issue checked against those means. The dlrover
+policy needs its venv (``make dlrover-venv``; ``--setup-dlrover`` creates it).
+Nothing here is asserted: it prints what it measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from airflow_dlrover.simulate.run import SUMMARY_COLUMNS, format_table, simulate, write_outputs  # noqa: E402
+from airflow_dlrover.simulate.workload import SimConfig  # noqa: E402
+
+
+def across_seeds(table: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for policy, group in table.groupby("policy", sort=False):
+        row = {"policy": policy}
+        for metric in SUMMARY_COLUMNS[1:]:
+            values = group[metric].to_numpy(float)
+            mean = float(np.mean(values))
+            half = float(stats.t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) > 1 else float("nan")
+            row[metric] = mean
+            row[metric + "_ci"] = half
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def targets(mean: pd.DataFrame) -> list[str]:
+    by = mean.set_index("policy")
+    out = []
+    if {"user", "ours"} <= set(by.index):
+        u, o = by.loc["user"], by.loc["ours"]
+        out.append(f"vs user: median JCT {o.median_jct_s / u.median_jct_s - 1:+.0%} (target −35 % or better)")
+        out.append(f"vs user: CPU util {100 * (o.cpu_util - u.cpu_util):+.1f} points, memory util "
+                   f"{100 * (o.mem_util - u.mem_util):+.1f} points (target +20 each)")
+        out.append(f"ours completion rate {o.completion_rate:.1%} (target ≥ 98 %)")
+    if {"dlrover", "ours"} <= set(by.index):
+        d, o = by.loc["dlrover"], by.loc["ours"]
+        out.append(f"vs DLRover: median JCT {o.median_jct_s / d.median_jct_s - 1:+.0%}, p90 {o.p90_jct_s / d.p90_jct_s - 1:+.0%}; "
+                   f"CPU util {100 * (o.cpu_util - d.cpu_util):+.1f} points, memory {100 * (o.mem_util - d.mem_util):+.1f} points "
+                   "(target: better JCT at equal or better utilisation)")
+    if {"oracle", "ours"} <= set(by.index):
+        r, o = by.loc["oracle"], by.loc["ours"]
+        out.append(f"vs oracle: median JCT {o.median_jct_s / r.median_jct_s - 1:+.0%} (target within +10 %)")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--policies", default="user,dlrover,ours,oracle")
+    parser.add_argument("--objective", default="efficiency", choices=("efficiency", "throughput"))
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--setup-dlrover", action="store_true")
+    parser.add_argument("--out", default="benchmarks/out/cluster")
+    args = parser.parse_args()
+    policies = args.policies.split(",")
+
+    tables = []
+    for seed in args.seeds:
+        cfg = SimConfig(jobs=args.jobs, seed=seed)
+        start = time.perf_counter()
+        summary, cis, runs = simulate(cfg, policies, objective=args.objective, setup_dlrover=args.setup_dlrover,
+                                      processes=args.processes)
+        seconds = time.perf_counter() - start
+        print(f"\n== seed {seed}: {args.jobs} jobs in {seconds:.1f} s ({', '.join(f'{r.name} {r.seconds:.1f} s' for r in runs)})")
+        print(format_table(summary, cis))
+        write_outputs(Path(args.out) / f"seed{seed}", summary, cis, runs, cfg)
+        tables.append(summary.assign(seed=seed))
+
+    table = pd.concat(tables, ignore_index=True)
+    mean = across_seeds(table)
+    print(f"\n== mean over seeds {args.seeds} (± 95 % t-interval across seeds)")
+    shown = mean[["policy"]].copy()
+    for metric in SUMMARY_COLUMNS[1:]:
+        pct = metric in ("cpu_util", "mem_util", "completion_rate")
+        f = (lambda v: f"{100 * v:.1f}%") if pct else (lambda v: f"{v:.0f}")
+        shown[metric] = [f"{f(m)} ± {f(c)}" for m, c in zip(mean[metric], mean[metric + "_ci"])]
+    print(shown.to_string(index=False))
+    print("\ntargets (issue 7), on the means:")
+    for line in targets(mean):
+        print("  " + line)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    table.to_csv(Path(args.out) / "by_seed.csv", index=False)
+
+
+if __name__ == "__main__":
+    main()
