@@ -8,7 +8,7 @@ copied, not installed); where one does, the entry point registers it, once.
 
 from importlib.metadata import entry_points
 
-from airflow_dlrover.plugins import ENTRY_POINT, DLRoverPlugin
+from airflow_dlrover.plugins import ENTRY_POINT, DLRoverPlugin  # noqa: F401 (exported through __all__)
 
 INSTALLED = any(ep.value == ENTRY_POINT for ep in entry_points(group="airflow.plugins"))
 __all__ = [] if INSTALLED else ["DLRoverPlugin"]

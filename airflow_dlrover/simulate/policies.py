@@ -30,7 +30,7 @@ from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.finetune import ResizeRecord, decide
 from airflow_dlrover.optimizer.instability import detect_hot_ps, detect_oom_risk, detect_stragglers
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
-from airflow_dlrover.optimizer.memory import MemoryModel, fit_memory, memory_request_mb
+from airflow_dlrover.optimizer.memory import fit_memory, memory_request_mb
 from airflow_dlrover.optimizer.planner import _knee, _pareto_front, plan, search_grid
 from airflow_dlrover.optimizer.probes import design_probes
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, Quota
@@ -171,7 +171,6 @@ class OursPolicy(Policy):
         return Start(probes=[Configuration(**row) for row in probes.to_dict("records")])
 
     def after_profile(self, job: JobRun, samples: list[dict]) -> Configuration:
-        prior: JobModel | None = job.state["prior"]
         job.state["rows"] = list(samples)
         job.state["probe_rows"] = list(samples)
         model = self._fit(job)

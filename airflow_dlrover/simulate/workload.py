@@ -29,6 +29,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from airflow_dlrover.optimizer.types import Configuration
+
 from airflow_dlrover.simulate.truth import (
     MemoryTruth,
     QueueingTable,
@@ -82,29 +84,11 @@ class SimConfig:
 
 
 @dataclass(frozen=True)
-class UserConfig:
-    workers: int
-    ps: int
-    worker_cpu: float
-    ps_cpu: float
-    worker_memory_mb: float
-    ps_memory_mb: float
-
-    @property
-    def cores(self) -> float:
-        return self.workers * self.worker_cpu + self.ps * self.ps_cpu
-
-    @property
-    def memory_mb(self) -> float:
-        return self.workers * self.worker_memory_mb + self.ps * self.ps_memory_mb
-
-
-@dataclass(frozen=True)
 class Family:
     index: int
     truth: Truth
     memory: MemoryTruth
-    user: UserConfig
+    user: Configuration  # the owner's hand-set configuration (one vocabulary: a configuration is a row)
     limit_cpu: float  # per-job quota the owner is granted (cores)
     limit_memory_mb: float
     history: bool  # a model of this family exists from yesterday
@@ -168,7 +152,7 @@ def _round_up(value: float, step: float) -> float:
     return float(math.ceil(value / step) * step)
 
 
-def _user(rng: np.random.Generator, memory: MemoryTruth, typical_samples: float, underprovision: bool) -> UserConfig:
+def _user(rng: np.random.Generator, memory: MemoryTruth, typical_samples: float, underprovision: bool) -> Configuration:
     workers = int(rng.choice([4, 8, 12, 16, 24, 32], p=[0.15, 0.25, 0.15, 0.2, 0.1, 0.15]))
     ps = int(max(1, min(16, round(workers / rng.choice([2, 4, 8])))))
     worker_cpu = float(rng.choice([2.0, 4.0, 8.0], p=[0.3, 0.5, 0.2]))
@@ -181,7 +165,7 @@ def _user(rng: np.random.Generator, memory: MemoryTruth, typical_samples: float,
         start = float(memory.ps_mb(ps, 0.0))
         end = float(memory.ps_mb(ps, typical_samples))
         ps_mem = _round_up(start + (end - start) * rng.uniform(0.2, 0.6), 256)
-    return UserConfig(workers, ps, worker_cpu, ps_cpu, worker_mem, ps_mem)
+    return Configuration(workers, ps, worker_cpu, ps_cpu, worker_mem, ps_mem)
 
 
 def generate_trace(config: SimConfig) -> list[JobSpec]:

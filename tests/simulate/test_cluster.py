@@ -12,7 +12,7 @@ from airflow_dlrover.cli import main
 from airflow_dlrover.optimizer.types import Configuration
 from airflow_dlrover.simulate.cluster import Cluster, Policy, QuotaExceededError, Start
 from airflow_dlrover.simulate.dlrover_bridge import DLRoverUnavailable, default_venv, venv_python
-from airflow_dlrover.simulate.run import SUMMARY_COLUMNS, run_policy, simulate, summarise
+from airflow_dlrover.simulate.run import SUMMARY_COLUMNS, run_policy, summarise
 from airflow_dlrover.simulate.truth import QueueingTable, Roofline, measured_roofline
 from airflow_dlrover.simulate.workload import SimConfig, generate_trace
 
