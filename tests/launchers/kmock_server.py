@@ -258,10 +258,18 @@ class Kubelet:
                 "restartCount": 0, "state": state}
 
     def patch(self, name: str, status: dict) -> None:
+        """Write the pod's status, as the kubelet does."""
         self.v1.patch_namespaced_pod_status(name, self.namespace, {"status": status})
+
+    def set_status(self, name: str, status: dict) -> None:
+        """The test's change of a pod's status, once this kubelet has started the pod (or the
+        kubelet's first status would overwrite it)."""
+        self.wait_seen([name])
+        self.patch(name, status)
 
     def terminate(self, name: str, exit_code: int, reason: str) -> None:
         """The pod's container ends (``restartPolicy: Never``: the pod fails or succeeds)."""
+        self.wait_seen([name])
         pod = self.v1.read_namespaced_pod(name, self.namespace)
         terminated = {"terminated": {"exitCode": exit_code, "reason": reason, "finishedAt": _now()}}
         self.patch(name, {"phase": "Succeeded" if exit_code == 0 else "Failed",
@@ -269,14 +277,23 @@ class Kubelet:
                           "containerStatuses": [self._container(pod, terminated)]})
 
     def wait_running(self, names: list[str], timeout_s: float = 10.0) -> None:
+        """Until every pod named runs."""
+        self._wait(names, lambda phase: phase == "Running", "running", timeout_s)
+
+    def wait_seen(self, names: list[str], timeout_s: float = 10.0) -> None:
+        """Until this kubelet has given every pod named its first status (Running or Pending)."""
+        self._wait(names, lambda phase: phase is not None, "seen by the kubelet", timeout_s)
+
+    def _wait(self, names: list[str], done, what: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while True:
             phases = {p.metadata.name: (p.status.phase if p.status else None)
                       for p in self.v1.list_namespaced_pod(self.namespace).items}
-            if all(phases.get(n) == "Running" for n in names):
+            if all(done(phases.get(n)) for n in names):
                 return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pods {names} not {what}: {phases}")
             time.sleep(self.poll_s)
-        raise TimeoutError(f"pods {names} not running: {phases}")
 
 
 class RecordingMaster:

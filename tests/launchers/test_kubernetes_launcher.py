@@ -211,7 +211,7 @@ def test_failed_ps_is_relaunched_and_the_job_rolls_back(cluster):
     launcher, kubelet, master, v1 = cluster
     launcher.launch(spec(), PLAN)
     master.calls.clear()
-    kubelet.patch(f"{JOB}-ps-1", {"phase": "Failed", "reason": "Evicted",
+    kubelet.set_status(f"{JOB}-ps-1", {"phase": "Failed", "reason": "Evicted",
                                   "message": "The node was low on resource: memory."})
     assert failed_nodes(launcher.status(JOB)) == [{"name": "ps-1", "state": FAILED, "memory_mb": 768,
                                                    "reason": "Evicted: The node was low on resource: memory."}]
@@ -226,6 +226,7 @@ def test_pod_pending_past_the_threshold_is_an_event_and_the_worker_leaves(cluste
     launcher.launch(spec(), PLAN)
     kubelet.unschedulable = {f"{JOB}-worker-2": 30.0, f"{JOB}-worker-3": 90.0}
     launcher.resize(JOB, replace(PLAN, workers=4))
+    kubelet.wait_seen([f"{JOB}-worker-2", f"{JOB}-worker-3"])  # the scheduler has looked at them
     statuses = {s.name: s for s in launcher.status(JOB)}
     assert statuses["worker-2"].state == PENDING  # 30 s < 60 s: still waiting for a node
     assert statuses["worker-3"].state == UNSCHEDULABLE
@@ -254,7 +255,7 @@ def test_retry_adopts_the_running_job(server, cluster, tmp_path):
 def test_launch_after_a_lost_master_cleans_up_and_resumes_from_the_checkpoint(cluster):
     launcher, kubelet, master, v1 = cluster
     launcher.launch(spec(), PLAN)
-    kubelet.patch(f"{JOB}-master", {"phase": "Unknown", "reason": "NodeLost", "message": "node n-3 is not ready"})
+    kubelet.set_status(f"{JOB}-master", {"phase": "Unknown", "reason": "NodeLost", "message": "node n-3 is not ready"})
     assert {s.name: (s.state, s.reason) for s in launcher.status(JOB)}["master"] == (LOST, "node lost: node n-3 is not ready")
     old_uid = pods(v1)[f"{JOB}-master"].metadata.uid
     master.calls.clear()
