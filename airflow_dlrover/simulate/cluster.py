@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -205,6 +205,14 @@ class Policy:
 # ---------------------------------------------------------------------------------------------
 # The simulation
 # ---------------------------------------------------------------------------------------------
+
+
+
+def with_memory(config: Configuration, worker_memory_mb: float | None, ps_memory_mb: float | None) -> Configuration:
+    """``config`` with the memory per node that is given (None or 0 keeps the current one)."""
+    changes = {name: float(value) for name, value in (("worker_memory_mb", worker_memory_mb),
+                                                       ("ps_memory_mb", ps_memory_mb)) if value}
+    return replace(config, **changes) if changes else config
 
 
 class Cluster:
@@ -559,14 +567,7 @@ class Cluster:
             job.stage_end = job.pause_until + self.cfg.probe_s
             self._schedule(job)
             return
-        target = config
-        if answer.worker_memory_mb or answer.ps_memory_mb:
-            row = probe_row(config)
-            if answer.worker_memory_mb:
-                row["worker_memory_mb"] = float(answer.worker_memory_mb)
-            if answer.ps_memory_mb:
-                row["ps_memory_mb"] = float(answer.ps_memory_mb)
-            target = Configuration(**row)
+        target = with_memory(config, answer.worker_memory_mb, answer.ps_memory_mb)
         if not self._try_config(job, target, cost_s=self.cfg.launch_s):
             # Does not fit now: give the resources back and wait for the larger allocation.
             self._release(job)
@@ -655,12 +656,7 @@ class Cluster:
                     job.state["straggler_fixed"] = True
                     job.pause_until = max(job.pause_until, self.now + C.WORKER_RESIZE_COST_S)
             elif isinstance(action, SetMemory):
-                row = probe_row(current)
-                if action.worker_memory_mb:
-                    row["worker_memory_mb"] = float(action.worker_memory_mb)
-                if action.ps_memory_mb:
-                    row["ps_memory_mb"] = float(action.ps_memory_mb)
-                target = Configuration(**row)
+                target = with_memory(current, action.worker_memory_mb, action.ps_memory_mb)
                 if target != current and self._try_config(job, target, cost_s=C.NODE_RELAUNCH_COST_S):
                     job.resizes += 1
             else:
