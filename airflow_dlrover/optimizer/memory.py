@@ -92,7 +92,11 @@ def fit_memory(samples: pd.DataFrame) -> MemoryModel:
     """Fit the memory model from a sample table with ``ps_memory_used_mb`` and
     ``worker_memory_used_mb`` (per-node means; rows with empty usage are ignored) and, when
     present, ``samples_seen`` (samples trained when the window was measured)."""
-    table = validate_samples(samples)
+    return fit_clean_memory(validate_samples(samples))
+
+
+def fit_clean_memory(table: pd.DataFrame) -> MemoryModel:
+    """:func:`fit_memory` of a table :func:`validate_samples` returned (validated once)."""
     for column in ("ps_memory_used_mb", "worker_memory_used_mb"):
         if column not in table or not table[column].notna().any():
             raise InvalidInputError(

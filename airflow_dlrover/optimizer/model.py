@@ -217,6 +217,11 @@ class ThroughputModel:
         return lines
 
 
+def _most_common(values: np.ndarray) -> int:
+    distinct, counts = np.unique(values, return_counts=True)
+    return int(distinct[np.argmax(counts)])
+
+
 def _recency_weights(table: pd.DataFrame, half_life: float) -> np.ndarray:
     """w_i = 0.5^(newer_i / half_life), newer_i = number of samples taken after sample i
     (by ``timestamp`` when present, else by row order)."""
@@ -271,7 +276,7 @@ class _Problem:
     def of(cls, table: pd.DataFrame, half_life: float) -> "_Problem":
         return cls(
             configuration_codes(table), table_features(table), table["throughput"].to_numpy(dtype=float),
-            np.sqrt(_recency_weights(table, half_life)), int(table["batch_size"].mode().iloc[0]),
+            np.sqrt(_recency_weights(table, half_life)), _most_common(table["batch_size"].to_numpy()),
         )
 
     @property
@@ -371,7 +376,20 @@ def fit_throughput(
     one configuration out when ``leave_one_out`` is True, or None and there are at most
     ``LOCO_MAX_CONFIGURATIONS`` configurations; else by grouped ``SHARPNESS_CV_FOLDS``-fold CV.
     """
-    table = validate_samples(samples)
+    return fit_clean_throughput(validate_samples(samples), prior, sharpness=sharpness, half_life=half_life,
+                                prior_weight=prior_weight, leave_one_out=leave_one_out)
+
+
+def fit_clean_throughput(
+    table: pd.DataFrame,
+    prior: ThroughputModel | None = None,
+    *,
+    sharpness: float | None = None,
+    half_life: float = C.RECENCY_HALF_LIFE_SAMPLES,
+    prior_weight: float = C.WARM_START_PRIOR_WEIGHT,
+    leave_one_out: bool | None = None,
+) -> ThroughputModel:
+    """:func:`fit_throughput` of a table :func:`validate_samples` returned (validated once)."""
     problem = _Problem.of(table, half_life)
     n_configs = problem.n_configs
     if n_configs < 2 and prior is None:

@@ -51,6 +51,7 @@ class SearchGrid:
     cores: np.ndarray
     feats: np.ndarray
     group_starts: np.ndarray  # first index of each distinct ``cores`` value
+    group_of: np.ndarray  # the group (index into ``group_starts``) of each point
     _powers: dict = field(default_factory=dict, compare=False, repr=False)
 
     def feats_pow(self, q: float) -> np.ndarray:
@@ -92,7 +93,10 @@ def search_grid(
     feats = features(w, p, lw, lp, g, batch_size)
     feats.flags.writeable = False
     starts = np.flatnonzero(np.r_[True, np.diff(cores) > 0])
-    return SearchGrid(w, p, lw, lp, g, cores, feats, starts)
+    group_of = np.cumsum(np.r_[True, np.diff(cores) > 0]) - 1
+    for a in (starts, group_of):
+        a.flags.writeable = False
+    return SearchGrid(w, p, lw, lp, g, cores, feats, starts, group_of)
 
 
 def minimum_requirement(memory: MemoryModel, batch_size: int) -> dict[str, float]:
@@ -214,8 +218,8 @@ def plan(
         upper_throughput=float(upper[0]),
         objective=objective,
         reason=_reason(objective, config, float(x[best]), quota, float(total_mem[best]), samples, deadline_s, use_gpu),
-        alternatives=[_row(grid, i, x, total_mem) for i in alternatives],
-        pareto_front=[_row(grid, i, x, total_mem) for i in front],
+        alternatives=_rows(grid, np.asarray(alternatives, dtype=int), x, total_mem),
+        pareto_front=_rows(grid, front, x, total_mem),
     )
 
 
@@ -225,8 +229,14 @@ def _pareto_front(grid: SearchGrid, n: int, x_feasible: np.ndarray) -> np.ndarra
     group_max = np.maximum.reduceat(x_feasible, starts)
     previous_best = np.r_[-np.inf, np.maximum.accumulate(group_max)[:-1]]
     on_front = np.flatnonzero(group_max > previous_best)
-    ends = np.r_[starts[1:], n]
-    return np.array([starts[k] + int(np.argmax(x_feasible[starts[k] : ends[k]])) for k in on_front], dtype=int)
+    # The first point of each of those groups that reaches its group's maximum (a prefix of the
+    # grid ends at a group boundary: every point of a core count or none).
+    group = grid.group_of[:n]
+    front_group = np.zeros(len(starts), dtype=bool)
+    front_group[on_front] = True
+    at_max = np.flatnonzero((x_feasible[:n] == group_max[group]) & front_group[group])
+    first = np.r_[True, np.diff(group[at_max]) > 0]
+    return at_max[first]
 
 
 def _knee(front: np.ndarray, x: np.ndarray, cores: np.ndarray) -> int:
@@ -265,13 +275,16 @@ def _alternatives(score: np.ndarray | None, front: np.ndarray, best: int) -> lis
     return [int(i) for i in top if i != best][:k]
 
 
-def _row(grid: SearchGrid, i: int, x: np.ndarray, total_mem: np.ndarray) -> dict[str, float]:
-    return {
-        "workers": int(grid.workers[i]), "ps": int(grid.ps[i]),
-        "worker_cpu": float(grid.worker_cpu[i]), "ps_cpu": float(grid.ps_cpu[i]),
-        "worker_gpu": int(grid.worker_gpu[i]), "cores": float(grid.cores[i]),
-        "memory_mb": float(total_mem[i]), "predicted_throughput": float(x[i]),
+def _rows(grid: SearchGrid, index: np.ndarray, x: np.ndarray, total_mem: np.ndarray) -> list[dict[str, float]]:
+    """The grid points ``index`` as plain rows (Python numbers: JSON-ready)."""
+    columns = {
+        "workers": grid.workers[index].astype(int), "ps": grid.ps[index].astype(int),
+        "worker_cpu": grid.worker_cpu[index].astype(float), "ps_cpu": grid.ps_cpu[index].astype(float),
+        "worker_gpu": grid.worker_gpu[index].astype(int), "cores": grid.cores[index].astype(float),
+        "memory_mb": total_mem[index].astype(float), "predicted_throughput": x[index].astype(float),
     }
+    names = list(columns)
+    return [dict(zip(names, values)) for values in zip(*(column.tolist() for column in columns.values()))]
 
 
 def _reason(objective, config, x, quota, total_mem, samples, deadline_s, gpu_searched) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
@@ -164,7 +164,7 @@ class Configuration:
         return self.workers + self.ps
 
     def to_row(self) -> dict[str, float]:
-        return asdict(self)
+        return {name: getattr(self, name) for name in CONFIG_COLUMNS}
 
     def describe(self) -> str:
         gpu = f" + {self.worker_gpu} GPU" if self.worker_gpu else ""
@@ -283,10 +283,13 @@ def validate_samples(samples: pd.DataFrame, *, name: str = "samples") -> pd.Data
         )
     if samples.empty:
         raise InvalidInputError(name, "0 rows", "at least one sample row")
-    table = samples.copy()
-    table["worker_gpu"] = table["worker_gpu"] if "worker_gpu" in table else 0
+    # Columns are checked as numpy arrays and the clean table is built once: this runs on every
+    # fit (the fine-tune refits every few minutes), where per-column DataFrame writes dominated.
+    columns = {c: samples[c].to_numpy() for c in samples.columns}
+    n = len(samples)
+    columns.setdefault("worker_gpu", np.zeros(n, dtype=int))
     for column in ("worker_memory_mb", "ps_memory_mb"):
-        table[column] = table[column] if column in table else 0.0
+        columns.setdefault(column, np.zeros(n))
     rules = {
         "workers": (1, True, False), "ps": (1, True, False), "batch_size": (1, True, False),
         "worker_gpu": (0, True, False), "worker_cpu": (0, False, True), "ps_cpu": (0, False, True),
@@ -294,7 +297,7 @@ def validate_samples(samples: pd.DataFrame, *, name: str = "samples") -> pd.Data
         "ps_memory_mb": (0, False, False),
     }
     for column, (minimum, integer, strict) in rules.items():
-        values = pd.to_numeric(table[column], errors="coerce").to_numpy(dtype=float)
+        values = _as_float(columns[column])
         bad = ~np.isfinite(values)
         bad |= values <= minimum if strict else values < minimum
         if integer:
@@ -304,13 +307,13 @@ def validate_samples(samples: pd.DataFrame, *, name: str = "samples") -> pd.Data
             kind = "an integer" if integer else "a finite number"
             bound = f"> {minimum:g}" if strict else f"≥ {minimum:g}"
             raise InvalidInputError(
-                f"{name}.{column}", table[column].iloc[row], f"{kind} {bound}",
+                f"{name}.{column}", columns[column][row], f"{kind} {bound}",
                 f"First bad row: {row} ({int(bad.sum())} bad rows).",
             )
-        table[column] = values.astype(int) if integer else values
+        columns[column] = values.astype(int) if integer else values
     for column in USAGE_COLUMNS:
-        if column in table:
-            values = pd.to_numeric(table[column], errors="coerce").to_numpy(dtype=float)
+        if column in columns:
+            values = _as_float(columns[column])
             bad = np.isfinite(values) & (values < 0)
             if bad.any():
                 row = int(np.flatnonzero(bad)[0])
@@ -318,11 +321,19 @@ def validate_samples(samples: pd.DataFrame, *, name: str = "samples") -> pd.Data
                     f"{name}.{column}", values[row], "a number ≥ 0 (or empty when not measured)",
                     f"First bad row: {row}.",
                 )
-            table[column] = values
-    return table.reset_index(drop=True)
+            columns[column] = values
+    return pd.DataFrame(columns)
+
+
+def _as_float(values: np.ndarray) -> np.ndarray:
+    """A column as floats; text that is not a number becomes NaN (flagged by the caller)."""
+    if values.dtype.kind in "biuf":
+        return values.astype(float)
+    return pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(dtype=float)
 
 
 def configuration_codes(table: pd.DataFrame) -> np.ndarray:
     """An integer per row identifying its configuration (to group repeated windows)."""
     cols = [c for c in ("workers", "ps", "worker_cpu", "ps_cpu", "worker_gpu", "batch_size") if c in table]
-    return np.unique(table[cols].to_numpy(dtype=float).round(6), axis=0, return_inverse=True)[1].ravel()
+    values = np.column_stack([table[c].to_numpy(dtype=float) for c in cols]).round(6)
+    return np.unique(values, axis=0, return_inverse=True)[1].ravel()

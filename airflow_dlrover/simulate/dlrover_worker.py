@@ -54,6 +54,7 @@ context.auto_ps_enabled = True
 context.auto_worker_enabled = True
 
 JOBS = {}
+NODES = {}  # job → (the last report's node rows, their Node objects)
 
 
 def _group(plan_group):
@@ -90,13 +91,7 @@ def handle(request):
         }
     optimizer = JOBS[key]
     if op == "report":
-        nodes = []
-        for kind, rows in ((NodeType.PS, request["ps"]), (NodeType.WORKER, request["workers"])):
-            expanded = [values for count, values in rows for _ in range(count)]
-            for i, (cpu, memory_mb, used_cpu, used_bytes) in enumerate(expanded):
-                node = Node(kind, i, config_resource=NodeResource(cpu, memory_mb), name=f"{kind}-{i}")
-                node.used_resource = NodeResource(used_cpu, used_bytes)
-                nodes.append(node)
+        nodes = _nodes(key, request["ps"], request["workers"])
         metric = RuntimeMetric(nodes, global_step=int(request["step"]), speed=float(request["speed"]),
                                timestamp=int(_clock["now"]))
         optimizer._resource_optimizer._stats_collector.report_runtime_stats(metric)
@@ -120,8 +115,27 @@ def handle(request):
         return {"memory_mb": node.config_resource.memory, "group_memory_mb": group.node_resource.memory}
     if op == "close":
         JOBS.pop(key, None)
+        NODES.pop(key, None)
         return {}
     raise ValueError(f"unknown op {op!r}")
+
+
+def _nodes(key, ps_rows, worker_rows):
+    """The report's running nodes. A period's windows report the same nodes (only speed and step
+    differ), so the list built for one window is reused for the next: DLRover only reads it."""
+    rows = (ps_rows, worker_rows)
+    cached = NODES.get(key)
+    if cached is not None and cached[0] == rows:
+        return cached[1]
+    nodes = []
+    for kind, kind_rows in ((NodeType.PS, ps_rows), (NodeType.WORKER, worker_rows)):
+        expanded = [values for count, values in kind_rows for _ in range(count)]
+        for i, (cpu, memory_mb, used_cpu, used_bytes) in enumerate(expanded):
+            node = Node(kind, i, config_resource=NodeResource(cpu, memory_mb), name=f"{kind}-{i}")
+            node.used_resource = NodeResource(used_cpu, used_bytes)
+            nodes.append(node)
+    NODES[key] = (rows, nodes)
+    return nodes
 
 
 def _dist_version():

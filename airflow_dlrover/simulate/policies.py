@@ -72,13 +72,14 @@ class UserPolicy(Policy):
 # ---------------------------------------------------------------------------------------------
 
 
-def true_plan(job: JobRun, objective: str, quota: Quota) -> Configuration:
-    """The best configuration on the *true* function, by the planner's own rules and grid."""
+def true_plan(job: JobRun, objective: str, quota: Quota, truth_on_grid: np.ndarray | None = None) -> Configuration:
+    """The best configuration on the *true* function, by the planner's own rules and grid.
+    ``truth_on_grid``: the true throughput over the quota's grid prefix, when already computed."""
     family = job.spec.family
     grid = search_grid(BATCH)
     n = grid.prefix(quota.cpu)
     w, p, lw, lp = grid.workers[:n], grid.ps[:n], grid.worker_cpu[:n], grid.ps_cpu[:n]
-    x = family.truth.throughput(w, p, lw, lp)
+    x = family.truth.throughput(w, p, lw, lp) if truth_on_grid is None else truth_on_grid
     memory = family.memory
     worker_mem = float(np.ceil(memory.worker_mb() / C.MEMORY_GRANULARITY_MB) * C.MEMORY_GRANULARITY_MB)
     ps_need = np.ceil(memory.ps_mb(np.arange(1, C.GRID_MAX_PS + 1), job.spec.samples) / C.MEMORY_GRANULARITY_MB) * C.MEMORY_GRANULARITY_MB
@@ -97,14 +98,18 @@ class OraclePolicy(Policy):
 
     def __init__(self, objective: str = "efficiency"):
         self.objective = objective
-        self._plans: dict = {}
+        self._truth_on_grid: dict[int, np.ndarray] = {}
 
     def start(self, job: JobRun) -> Start:
-        # Same family, same quota: the same best shape; memory for this run's own peak.
-        key = (job.spec.family.index, round(job.spec.samples, -6))
-        if key not in self._plans:
-            self._plans[key] = true_plan(job, self.objective, job.limit)
-        return Start(config=self._plans[key])
+        # A family's truth over its quota's grid is the same for every run; memory (and so what
+        # is feasible) depends on this run's samples.
+        family = job.spec.family
+        if family.index not in self._truth_on_grid:
+            grid = search_grid(BATCH)
+            n = grid.prefix(job.limit.cpu)
+            self._truth_on_grid[family.index] = family.truth.throughput(
+                grid.workers[:n], grid.ps[:n], grid.worker_cpu[:n], grid.ps_cpu[:n])
+        return Start(config=true_plan(job, self.objective, job.limit, self._truth_on_grid[family.index]))
 
     def on_onset(self, job: JobRun, kind: str) -> list:
         if kind == "hot_ps":
