@@ -192,7 +192,7 @@ class DLRoverLaunchOperator(DLRoverTaskMixin, BaseOperator):
         with user_errors():
             chosen = plan(model.throughput, model.memory, quota, self.objective, samples=spec.samples,
                           deadline_s=deadline_s, batch_size=spec.batch_size)
-        record = {**chosen.to_dict(), "time": time.time()}
+        record = {**chosen.to_dict(), "deadline_s": deadline_s, "time": time.time()}
         if baseline is not None:
             record["baseline"] = {**baseline.to_row(),
                                   "predicted_throughput": predict(model, baseline)}
@@ -220,7 +220,8 @@ class DLRoverLaunchOperator(DLRoverTaskMixin, BaseOperator):
 
 class DLRoverFineTuneOperator(DLRoverTaskMixin, BaseOperator):
     """Fine-tune while the job trains (deferrable): a trigger measures the job in windows; on each
-    batch of windows the operator refits the model, asks the fine-tune policy (``optimizer.finetune``:
+    batch of windows the operator refits the model, asks the fine-tune policy (``optimizer.finetune``,
+    for the plan's objective and what is left of its deadline:
     resize only when the pessimistic saving beats the resize cost, never within the minimum
     interval, revert what did not deliver), resizes, records every decision with its reason, and
     defers again until the job completes.
@@ -309,9 +310,13 @@ class DLRoverFineTuneOperator(DLRoverTaskMixin, BaseOperator):
         finetune = samples[samples["timestamp"] >= since]
         measured = finetune["throughput"].tolist()
         status = self.launcher.master_call(job_id, "/status")
+        planned = self.history.records(run, "plan")[-1]  # the fine-tune keeps to the plan's objective
+        deadline_s = planned.get("deadline_s")
         decision = decide(model.throughput, model.memory, quota, current, measured,
                           status["samples_total"] - status["samples_done"], time.time(), last_resize,
-                          rejected=[Configuration(**d["reject"]) for d in decisions if d.get("reject")])
+                          rejected=[Configuration(**d["reject"]) for d in decisions if d.get("reject")],
+                          objective=planned.get("objective", "throughput"),
+                          deadline_s=None if deadline_s is None else deadline_s - (time.time() - planned["time"]))
         record = {**decision.to_dict(), "time": time.time(), "current": current.to_row(),
                   "throughput_before": float(np.median(measured)) if measured else 0.0, "samples_done": status["samples_done"]}
         if decision.action != "keep":

@@ -8,7 +8,10 @@ speed by enough. Ours asks the refitted model for the best plan and resizes only
                                                           lower band of the target / current)
     resize  ⇔  s_low ≥ MIN_RESIZE_SPEEDUP  and  T_keep − T_resize ≥ RESIZE_GAIN_MULTIPLE · cost
 
-with at least ``MIN_RESIZE_INTERVAL_S`` between resizes. The cost depends on the change: workers
+with at least ``MIN_RESIZE_INTERVAL_S`` between resizes. The target is the refitted model's plan for
+the run's own objective (``planner.plan``): the highest throughput under the quota, the knee of the
+Pareto front (``efficiency``), or the cheapest plan that still meets what is left of the deadline
+(``deadline``; once no plan can, the fastest one). The cost depends on the change: workers
 only (the others keep training), a per-node CPU/memory change (that node relaunches), or a PS
 count change (checkpoint → re-partition → restart). After ``MIN_OBSERVATIONS_TO_JUDGE`` windows
 on the new configuration, a resize that delivered less than ``REVERT_DELIVERED_FRACTION`` of its
@@ -26,8 +29,8 @@ import numpy as np
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel
 from airflow_dlrover.optimizer.model import ThroughputModel, features
-from airflow_dlrover.optimizer.planner import plan
-from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, Quota
+from airflow_dlrover.optimizer.planner import OBJECTIVES, plan
+from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, Plan, Quota
 
 
 @dataclass(frozen=True)
@@ -83,8 +86,17 @@ def decide(
     now_s: float,
     last_resize: ResizeRecord | None = None,
     rejected: Iterable[Configuration] = (),
+    *,
+    objective: str = "throughput",
+    deadline_s: float | None = None,
 ) -> Decision:
-    """Keep, resize or revert; ``recent_throughput`` = measured windows since the last resize."""
+    """Keep, resize or revert; ``recent_throughput`` = measured windows since the last resize.
+    ``objective`` is the plan's (``planner.OBJECTIVES``); ``deadline_s``: the seconds left until
+    the deadline, for the ``deadline`` objective."""
+    if objective not in OBJECTIVES:
+        raise InvalidInputError("objective", objective, " | ".join(OBJECTIVES))
+    if objective == "deadline" and deadline_s is None:
+        raise InvalidInputError("deadline_s", None, "the seconds left until the deadline, with the deadline objective")
     measured = np.asarray(recent_throughput, dtype=float)
     if measured.size and not (np.isfinite(measured).all() and (measured >= 0).all()):
         raise InvalidInputError("recent_throughput", list(measured), "finite samples/s ≥ 0")
@@ -114,7 +126,7 @@ def decide(
                     reject=last_resize.after,
                 )
 
-    best = plan(model, memory, quota, "throughput", samples=remaining_samples, batch_size=current.batch_size, exclude=rejected)
+    best = _target(model, memory, quota, objective, remaining_samples, deadline_s, current.batch_size, tuple(rejected))
     target = best.config
     if _shape(target) == _shape(current):
         return Decision("keep", "the current configuration is the model's best under the quota")
@@ -139,6 +151,21 @@ def decide(
         f"{saving:.0f}s of {keep_s:.0f}s for a {cost:.0f}s resize",
         target=target, predicted_speedup=speedup, predicted_saving_s=saving, resize_cost_s=cost,
     )
+
+
+def _target(model, memory, quota, objective, remaining_samples, deadline_s, batch_size, rejected) -> Plan:
+    """The refitted model's plan for the objective; a deadline that can no longer be met (or has
+    passed) asks for the fastest plan instead."""
+    if objective == "deadline":
+        try:
+            if deadline_s > 0:
+                return plan(model, memory, quota, "deadline", samples=remaining_samples, deadline_s=deadline_s,
+                            batch_size=batch_size, exclude=rejected)
+        except InvalidInputError as err:
+            if err.field != "deadline":
+                raise
+        objective = "throughput"
+    return plan(model, memory, quota, objective, samples=remaining_samples, batch_size=batch_size, exclude=rejected)
 
 
 def _features(config: Configuration) -> np.ndarray:

@@ -193,7 +193,6 @@ class OursPolicy(Policy):
             memory = memory.with_table_growth(max(memory.table_growth_mb_per_m_samples, job.state["growth"]))
         model = JobModel(model.throughput, memory)
         job.state["model"] = model
-        job.state.pop("budget", None)
         return model
 
     def _plan(self, job: JobRun, model: JobModel, quota: Quota, remaining: float) -> Configuration:
@@ -233,11 +232,9 @@ class OursPolicy(Policy):
         since = job.state.setdefault("since_resize", [])
         since.extend(obs.windows)
         free = self.cluster.free_quota(job)
-        if "budget" not in job.state:  # the knee of the current model bounds what the fine-tune may use
-            job.state["budget"] = self._plan(job, model, job.limit, obs.remaining).cores
         # A healed hot PS keeps its extra cores through a resize: the fine-tune plans without them.
         extra = max(obs.hot_ps_cpu - config.ps_cpu, 0.0)
-        quota = Quota(cpu=max(min(job.state["budget"], free.cpu - extra), config.cores), memory_mb=free.memory_mb)
+        quota = Quota(cpu=max(free.cpu - extra, config.cores), memory_mb=free.memory_mb)
         if quota.cpu < config.cores or quota.memory_mb < config.memory_mb:
             return []
         # A "keep" stays a keep while nothing it rests on changed: the same model, quota, measured
@@ -250,7 +247,7 @@ class OursPolicy(Policy):
             return []
         try:
             decision = decide(model.throughput, model.memory, quota, config, since, obs.remaining, obs.now_s,
-                              job.state.get("last_resize"), job.state["rejected"])
+                              job.state.get("last_resize"), job.state["rejected"], objective=self.objective)
         except InvalidInputError:
             return []
         if decision.action == "keep":
@@ -271,9 +268,9 @@ class OursPolicy(Policy):
         actions = []
         config = obs.config
         ps_limit = [obs.hot_ps_cpu] + [config.ps_cpu] * (config.ps - 1)
-        util = np.asarray(obs.ps_cpu_used) / np.asarray(ps_limit)
+        util = [used / limit for used, limit in zip(obs.ps_cpu_used, ps_limit)]
         hot = [i for i in range(config.ps) if util[i] >= C.HOT_PS_UTILISATION
-               and util[i] >= C.HOT_PS_SKEW * float(np.median(np.delete(util, i)))] if config.ps >= 2 else []
+               and util[i] >= C.HOT_PS_SKEW * float(np.median(util[:i] + util[i + 1:]))] if config.ps >= 2 else []
         if hot:
             table = pd.DataFrame(dict(time_s=obs.now_s, node=[f"ps-{i}" for i in range(config.ps)], role="ps",
                                       cpu_used=obs.ps_cpu_used, cpu_limit=ps_limit))
@@ -291,11 +288,11 @@ class OursPolicy(Policy):
         history = obs.memory_history + [(obs.now_s, obs.ps_memory_used_mb)]
         limit = config.ps_memory_mb
         if len(history) >= 2:
-            times, used = np.array(history[-6:]).T
-            slopes = np.diff(used)[:, None] if len(used) < 2 else (used[None, :] - used[:, None]) / np.where(
-                times[None, :] != times[:, None], times[None, :] - times[:, None], np.inf)
-            steepest = max(float(np.max(slopes)), 0.0)
-            reach = used[-1] + steepest * (C.OOM_HORIZON_S + np.ptp(times))
+            times, used = zip(*history[-6:])
+            # The steepest slope between any two points bounds the detector's Theil–Sen slope.
+            steepest = max([(used[j] - used[i]) / (times[j] - times[i]) for i in range(len(times))
+                            for j in range(i + 1, len(times)) if times[j] != times[i]] + [0.0])
+            reach = used[-1] + steepest * (C.OOM_HORIZON_S + max(times) - min(times))
             if used[-1] >= C.OOM_USAGE_FRACTION * limit or reach >= limit:
                 table = pd.DataFrame(dict(time_s=times, node="ps", memory_used_mb=used, memory_limit_mb=limit))
                 remaining_s = obs.remaining / max(np.median(obs.windows), 1e-9)

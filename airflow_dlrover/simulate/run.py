@@ -195,6 +195,10 @@ def plot(runs: list[PolicyRun], out: Path, day_s: float) -> list[Path]:
 
 
 def _run_one(args) -> PolicyRun:
+    """One policy's run, with one BLAS thread: the matrices are small, and policies run side by
+    side (OpenBLAS's default pool of a thread per core made two processes 1.6× slower)."""
+    from threadpoolctl import threadpool_limits
+
     cfg, name, objective, dlrover_venv, setup_dlrover = args
     bridge = None
     if name == "dlrover":
@@ -202,7 +206,8 @@ def _run_one(args) -> PolicyRun:
 
         bridge = DLRoverBridge(dlrover_venv, create=setup_dlrover)
     try:
-        return run_policy(cfg, name, objective=objective, bridge=bridge)
+        with threadpool_limits(limits=1):
+            return run_policy(cfg, name, objective=objective, bridge=bridge)
     finally:
         if bridge is not None:
             bridge.close()

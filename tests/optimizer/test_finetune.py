@@ -136,3 +136,38 @@ def test_bad_measurements_are_refused():
     with pytest.raises(InvalidInputError) as err:
         decide(MODEL, MEMORY, QUOTA, SMALL, [float("nan")], 1e6, 0)
     assert err.value.field == "recent_throughput"
+
+
+def test_an_efficiency_run_is_fine_tuned_to_the_knee_not_to_the_quota():
+    quota = Quota(cpu=128, memory_mb=512 * 1024)
+    knee = plan(MODEL, MEMORY, quota, "efficiency", samples=5e8).config
+    fastest = plan(MODEL, MEMORY, quota, "throughput", samples=5e8).config
+    assert knee.cores < fastest.cores == 128  # the two objectives disagree on this model
+    at_knee = decide(MODEL, MEMORY, quota, knee, [predicted(knee)] * 3, 5e8, 0, objective="efficiency")
+    assert at_knee.action == "keep" and "model's best" in at_knee.reason
+    assert decide(MODEL, MEMORY, quota, knee, [predicted(knee)] * 3, 5e8, 0).target == fastest
+    grow = decide(MODEL, MEMORY, quota, SMALL, [predicted(SMALL)] * 3, 5e8, 0, objective="efficiency")
+    assert grow.action == "resize" and grow.target == knee
+
+
+def test_a_deadline_run_keeps_to_the_cheapest_plan_on_time_and_runs_fastest_once_late():
+    samples = 5e8
+    on_time = plan(MODEL, MEMORY, QUOTA, "deadline", samples=samples, deadline_s=samples / predicted(SMALL) / 3).config
+    decision = decide(MODEL, MEMORY, QUOTA, SMALL, [predicted(SMALL)] * 3, samples, 0,
+                      objective="deadline", deadline_s=samples / predicted(SMALL) / 3)
+    assert decision.target == on_time
+    fastest = plan(MODEL, MEMORY, QUOTA, "throughput", samples=samples).config
+    for left in (60.0, -5.0):  # too little left for any plan; already past
+        late = decide(MODEL, MEMORY, QUOTA, SMALL, [predicted(SMALL)] * 3, samples, 0, objective="deadline", deadline_s=left)
+        assert late.action == "resize" and late.target == fastest
+
+
+def test_a_deadline_run_needs_its_deadline_and_objectives_are_checked():
+    from airflow_dlrover.optimizer.types import InvalidInputError
+
+    with pytest.raises(InvalidInputError) as err:
+        decide(MODEL, MEMORY, QUOTA, SMALL, [1.0], 1e6, 0, objective="deadline")
+    assert err.value.field == "deadline_s"
+    with pytest.raises(InvalidInputError) as err:
+        decide(MODEL, MEMORY, QUOTA, SMALL, [1.0], 1e6, 0, objective="fastest")
+    assert err.value.field == "objective" and "efficiency" in err.value.allowed
