@@ -65,7 +65,7 @@ class DLRoverProfileOperator(DLRoverTaskMixin, BaseOperator):
             quota = parse_quota(self.quota, self.hook.settings.quota)
             spec = build_spec(job_id, self.job_args)
             window_s = duration_s("probe_window", self.probe_window)
-            prior = self.history.latest_model(self.job, before_run=run)
+            prior = self.history.prior_model(self.job, before_run=run)
             probes = design_probes(quota, batch_size=spec.batch_size, prior=prior.throughput if prior else None,
                                    memory=prior.memory if prior else None)
         self.log.info("%s start: %d probes under %s", "warm" if prior else "cold", len(probes), quota)
@@ -120,7 +120,7 @@ class DLRoverFitOperator(DLRoverTaskMixin, BaseOperator):
         if samples.empty:
             with user_errors():
                 raise InvalidInputError("samples", f"run {run} of {self.job}", "profile samples: run the profile task first")
-        prior = self.history.latest_model(self.job, before_run=run)
+        prior = self.history.prior_model(self.job, before_run=run)
         with user_errors():
             model = fit_job_model(samples, prior)
         model_id = self.history.save_model(run, model)
@@ -296,7 +296,7 @@ class DLRoverFineTuneOperator(DLRoverTaskMixin, BaseOperator):
         samples = self.history.samples(self.job, run_id=run)
         # Warm-started from the previous run's model, as the fit task: this run's own earlier refits
         # already saw these samples and would count them twice.
-        model = fit_job_model(samples, self.history.latest_model(self.job, before_run=run))
+        model = fit_job_model(samples, self.history.prior_model(self.job, before_run=run))
         self.history.save_model(run, model)
         decisions = self.history.records(run, "decision")
         resizes = [d for d in decisions if d["action"] != "keep"]

@@ -13,8 +13,9 @@
              ``plan`` (the efficiency knee under the job's quota), ``decide`` every period with
              refits as new configurations are measured, and the instability detectors
              (``detect_hot_ps``, ``detect_stragglers``, ``detect_oom_risk``) with their actions.
-             After a run the family's history keeps the refitted model and the memory growth the
-             run showed (what the history store does).
+             After a run the family's history keeps what the history store's ``prior_model``
+             gives the next run: the newest cold fit's throughput model, and the memory growth
+             the run showed.
 ``oracle``   knows the truth: the same objective as ``ours`` evaluated on the true function over
              the planner's grid, memory sized for the true peak, instability healed at onset.
 """
@@ -325,10 +326,13 @@ class OursPolicy(Policy):
         memory = model.memory
         series = job.state.get("memory_series", [])
         if len({r["samples_seen"] for r in series}) >= 2:
-            if True:
-                growth = fit_memory(pd.DataFrame(series)).table_growth_mb_per_m_samples
-                memory = memory.with_table_growth(max(growth, memory.table_growth_mb_per_m_samples))
-        self.history[job.spec.family.index] = JobModel(model.throughput, memory)
+            growth = fit_memory(pd.DataFrame(series)).table_growth_mb_per_m_samples
+            memory = memory.with_table_growth(max(growth, memory.table_growth_mb_per_m_samples))
+        # The history store's prior (``HistoryStore.prior_model``): the newest cold fit's throughput
+        # model with the newest memory model; a warm-started refit never becomes a prior.
+        prior = self.history.get(job.spec.family.index)
+        throughput = prior.throughput if prior is not None and model.throughput.report.warm_start else model.throughput
+        self.history[job.spec.family.index] = JobModel(throughput, memory)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -46,6 +46,29 @@ def test_next_day_finds_yesterdays_model(store):
     assert store.latest_model("video") is None
 
 
+def test_the_prior_is_the_newest_cold_fit_with_the_newest_memory(store):
+    samples = model_samples(seed=3)
+    day1 = store.start_run("ctr", "d1")
+    cold = fit_job_model(samples, leave_one_out=False)
+    store.save_model(day1, cold)
+    for day in ("d2", "d3"):  # warm-started fits (the prior pulls them): never priors themselves
+        run = store.start_run("ctr", day)
+        prior = store.prior_model("ctr", before_run=run)
+        assert prior.throughput.params == cold.throughput.params
+        warm = fit_job_model(model_samples(seed=len(day) + int(day[1:]), noise=0.2).iloc[:6], prior, leave_one_out=False)
+        assert warm.throughput.report.warm_start and warm.throughput.params != cold.throughput.params
+        store.save_model(run, warm)
+    today = store.start_run("ctr", "d4")
+    found = store.prior_model("ctr", before_run=today)
+    assert found.throughput.params == cold.throughput.params
+    assert found.memory == warm.memory  # memory: the newest
+    assert store.latest_model("ctr", before_run=today).throughput.params == warm.throughput.params
+    recold = fit_job_model(model_samples(seed=9), leave_one_out=False)  # a new cold profile replaces it
+    store.save_model(today, recold)
+    assert store.prior_model("ctr").throughput.params == recold.throughput.params
+    assert store.prior_model("video") is None
+
+
 def test_plans_decisions_and_events(store):
     run = store.start_run("ctr", "d1")
     store.add(run, "plan", {"workers": 4, "reason": "max throughput"})
