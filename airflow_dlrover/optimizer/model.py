@@ -338,11 +338,12 @@ def _solve(problem: _Problem, q: float, prior: ThroughputModel | None, prior_wei
 
 
 def _held_out_mape(problem: _Problem, folds: list[np.ndarray], q: float, prior, prior_weight) -> float | None:
-    """Mean absolute percentage error on each fold, fitted on the others."""
+    """Mean absolute percentage error on each fold, fitted on the others (None when the others
+    cannot be fitted: fewer than 2 configurations without a prior, or none at all)."""
     errors = []
     for held in folds:
         rest = problem.subset(~held)
-        if rest.n_configs < 2 and prior is None:
+        if rest.n_configs < (1 if prior is not None else 2):
             return None
         model = _solve(rest, q, prior, prior_weight)
         predicted = model.predict_features(problem.feats[held], band=False)

@@ -83,6 +83,20 @@ def test_warm_start_needs_fewer_samples():
     assert err_warm < err_prior
 
 
+@pytest.mark.parametrize("leave_one_out", [True, False])
+def test_a_warm_start_on_one_configuration_rescales_the_prior(leave_one_out):
+    # One probe (windows of a single configuration): nothing is left to hold out, so there is no
+    # out-of-sample error, and the fit must not try one on an empty table (scipy's NNLS aborted
+    # the interpreter on it).
+    prior = fit_throughput(model_samples(dict(TRUE_THETA, worker_compute=TRUE_THETA["worker_compute"] * 1.3)))
+    one = model_samples(configs=[(8, 2, 2, 2)], windows=3)
+    warm = fit_throughput(one, prior, leave_one_out=leave_one_out)
+    assert warm.report.warm_start and warm.report.n_configurations == 1
+    assert warm.report.out_of_sample_mape is None
+    measured = float(one["throughput"].median())
+    assert abs(warm.predict(one.iloc[:1], band=False)[0] / measured - 1) < abs(prior.predict(one.iloc[:1], band=False)[0] / measured - 1)
+
+
 def test_recent_samples_weigh_more():
     old = model_samples(dict(TRUE_THETA, ps_service=3e-4), windows=1)
     new = model_samples(TRUE_THETA, windows=1)
