@@ -10,7 +10,8 @@
              and counted. DLRover 0.6.1 has no straggler handling for PS jobs.
 ``ours``     the optimizer of this package, for real: probes (``design_probes``: cold, or warm
              from the family's history) whose time and samples are the job's, ``fit_job_model``,
-             ``plan`` (the efficiency knee under the job's quota), ``decide`` every period with
+             ``plan`` (the efficiency knee under the job's quota), ``decide`` every period (for the same
+             objective, under what the cluster has free) with
              refits as new configurations are measured, and the instability detectors
              (``detect_hot_ps``, ``detect_stragglers``, ``detect_oom_risk``) with their actions.
              After a run the family's history keeps what the history store's ``prior_model``
@@ -39,7 +40,6 @@ from airflow_dlrover.simulate.cluster import (
     JobRun,
     Observation,
     Policy,
-    QuotaExceededError,
     ReplaceWorker,
     Resize,
     SetHotPsCpu,
@@ -463,5 +463,4 @@ def make_policy(name: str, *, objective: str = "efficiency", bridge=None) -> Pol
     raise InvalidInputError("policies", name, " | ".join(POLICIES))
 
 
-__all__ = ["POLICIES", "DLRoverPolicy", "OraclePolicy", "OursPolicy", "UserPolicy", "make_policy", "true_plan",
-           "QuotaExceededError", "math"]
+__all__ = ["POLICIES", "DLRoverPolicy", "OraclePolicy", "OursPolicy", "UserPolicy", "make_policy", "true_plan"]
