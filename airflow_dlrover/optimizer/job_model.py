@@ -9,8 +9,8 @@ from typing import Any
 
 import pandas as pd
 
-from airflow_dlrover.optimizer.memory import MemoryModel, fit_clean_memory
-from airflow_dlrover.optimizer.model import ThroughputModel, fit_clean_throughput
+from airflow_dlrover.optimizer.memory import MemoryModel, fit_memory
+from airflow_dlrover.optimizer.model import ThroughputModel, fit_throughput
 from airflow_dlrover.optimizer.types import InvalidInputError, USAGE_COLUMNS, validate_samples
 
 FORMAT = "airflow-dlrover/job-model"
@@ -56,7 +56,7 @@ class JobModel:
 def fit_job_model(samples: pd.DataFrame, prior: JobModel | None = None, **kwargs: Any) -> JobModel:
     """Fit throughput (warm-started from ``prior``) and, when memory was measured, memory."""
     table = validate_samples(samples)
-    throughput = fit_clean_throughput(table, prior.throughput if prior else None, **kwargs)
+    throughput = fit_throughput(table, prior.throughput if prior else None, validated=True, **kwargs)
     has_memory = all(c in table and table[c].notna().any() for c in USAGE_COLUMNS[2:])
-    memory = fit_clean_memory(table) if has_memory else (prior.memory if prior else None)
+    memory = fit_memory(table, validated=True) if has_memory else (prior.memory if prior else None)
     return JobModel(throughput, memory)

@@ -88,15 +88,12 @@ def _nnls_fit(columns: dict[str, np.ndarray], y: np.ndarray, why: dict[str, str]
     return values, {n: why[n] for n in names if n not in keep}
 
 
-def fit_memory(samples: pd.DataFrame) -> MemoryModel:
+def fit_memory(samples: pd.DataFrame, *, validated: bool = False) -> MemoryModel:
     """Fit the memory model from a sample table with ``ps_memory_used_mb`` and
     ``worker_memory_used_mb`` (per-node means; rows with empty usage are ignored) and, when
-    present, ``samples_seen`` (samples trained when the window was measured)."""
-    return fit_clean_memory(validate_samples(samples))
-
-
-def fit_clean_memory(table: pd.DataFrame) -> MemoryModel:
-    """:func:`fit_memory` of a table :func:`validate_samples` returned (validated once)."""
+    present, ``samples_seen`` (samples trained when the window was measured).
+    ``validated``: ``samples`` is what :func:`validate_samples` returned (not checked again)."""
+    table = samples if validated else validate_samples(samples)
     for column in ("ps_memory_used_mb", "worker_memory_used_mb"):
         if column not in table or not table[column].notna().any():
             raise InvalidInputError(

@@ -368,6 +368,7 @@ def fit_throughput(
     half_life: float = C.RECENCY_HALF_LIFE_SAMPLES,
     prior_weight: float = C.WARM_START_PRIOR_WEIGHT,
     leave_one_out: bool | None = None,
+    validated: bool = False,
 ) -> ThroughputModel:
     """Fit θ ≥ 0 and q to a sample table; see the module docstring.
 
@@ -376,21 +377,9 @@ def fit_throughput(
     samples. The out-of-sample error (which also floors the band's noise) is measured leaving
     one configuration out when ``leave_one_out`` is True, or None and there are at most
     ``LOCO_MAX_CONFIGURATIONS`` configurations; else by grouped ``SHARPNESS_CV_FOLDS``-fold CV.
+    ``validated``: ``samples`` is what :func:`validate_samples` returned (not checked again).
     """
-    return fit_clean_throughput(validate_samples(samples), prior, sharpness=sharpness, half_life=half_life,
-                                prior_weight=prior_weight, leave_one_out=leave_one_out)
-
-
-def fit_clean_throughput(
-    table: pd.DataFrame,
-    prior: ThroughputModel | None = None,
-    *,
-    sharpness: float | None = None,
-    half_life: float = C.RECENCY_HALF_LIFE_SAMPLES,
-    prior_weight: float = C.WARM_START_PRIOR_WEIGHT,
-    leave_one_out: bool | None = None,
-) -> ThroughputModel:
-    """:func:`fit_throughput` of a table :func:`validate_samples` returned (validated once)."""
+    table = samples if validated else validate_samples(samples)
     problem = _Problem.of(table, half_life)
     n_configs = problem.n_configs
     if n_configs < 2 and prior is None:
