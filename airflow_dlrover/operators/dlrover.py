@@ -22,8 +22,9 @@ OBJECTIVES = ("throughput", "deadline", "efficiency")
 
 
 class DLRoverProfileOperator(DLRoverTaskMixin, BaseOperator):
-    """Profile the job on the probe configurations the optimizer designs under the quota (fewer
-    when yesterday's model of the same job exists) and store the sample table.
+    """Profile the job on the probe configurations the optimizer designs under the quota and store
+    the sample table. A warm start (the job has a prior, ``HistoryStore.prior_model``) profiles
+    nothing: the prior plans, and the fine-tune re-scales it from the job's own windows.
 
     Our DLRM runtime is profiled on the job itself (it starts on the first probe; see
     ``launchers.profiling``). With ``command`` a user's own trainer is profiled instead: the
@@ -69,6 +70,12 @@ class DLRoverProfileOperator(DLRoverTaskMixin, BaseOperator):
             probes = design_probes(quota, batch_size=spec.batch_size, prior=prior.throughput if prior else None,
                                    memory=prior.memory if prior else None)
         self.log.info("%s start: %d probes under %s", "warm" if prior else "cold", len(probes), quota)
+        if probes.empty:  # a warm start: the prior plans, the fine-tune re-scales it (probes.py)
+            self.history.clear_samples(run, "profile")
+            summary = {"run": run, "job_id": job_id, "probes": 0, "measured": 0, "warm_start": True, "profile_s": 0.0}
+            self.history.add(run, "event", {"event": "profiled", **summary, "bring_your_own": bool(self.command),
+                                            "time": time.time()})
+            return {**summary, "throughput_min": None, "throughput_max": None}
         started = time.monotonic()
         if self.command:
             with user_errors():
@@ -94,7 +101,9 @@ class DLRoverProfileOperator(DLRoverTaskMixin, BaseOperator):
 
 class DLRoverFitOperator(DLRoverTaskMixin, BaseOperator):
     """Fit the throughput and memory models on this run's profile samples, warm-started from the
-    job's previous model; the model goes to the history store, a summary to XCom.
+    job's prior (``HistoryStore.prior_model``); a warm start profiles nothing, and then the prior is
+    this run's model until the fine-tune refits it. The model goes to the history store, a summary
+    to XCom.
 
     :param job: the job's name (templated)
     :param kubernetes: Kubernetes launcher settings over the connection's (namespace, image,
@@ -117,12 +126,15 @@ class DLRoverFitOperator(DLRoverTaskMixin, BaseOperator):
 
         run, _ = self.run_ids(context)
         samples = self.history.samples(self.job, run_id=run, stage="profile")
-        if samples.empty:
+        prior = self.history.prior_model(self.job, before_run=run)
+        if samples.empty and prior is None:
             with user_errors():
                 raise InvalidInputError("samples", f"run {run} of {self.job}", "profile samples: run the profile task first")
-        prior = self.history.prior_model(self.job, before_run=run)
-        with user_errors():
-            model = fit_job_model(samples, prior)
+        if samples.empty:  # a warm start profiles nothing: the prior is this run's model until the fine-tune refits
+            model = prior
+        else:
+            with user_errors():
+                model = fit_job_model(samples, prior)
         model_id = self.history.save_model(run, model)
         report = model.throughput.report
         summary = {

@@ -6,8 +6,8 @@ most increases log det of the information matrix AᵀA, where the rows are the f
 design rows X(θ₀)·f(x)), at the guess θ₀ = the prior model when there is one, else
 ``DESIGN_GUESS``. Among candidates within ``PROBE_TIE_FRACTION`` of the best gain, the one with
 fewest cores wins. A cold start takes max(``MIN_PROBES_COLD``, #parameters to identify +
-``PROBES_BEYOND_PARAMETERS``) probes; a warm start ``MIN_PROBES_WARM``, because the prior
-anchors the rest.
+``PROBES_BEYOND_PARAMETERS``) probes; a warm start (a prior throughput *and* memory model)
+``MIN_PROBES_WARM``, none: the prior plans and the fine-tune re-scales it.
 """
 
 from __future__ import annotations
@@ -64,8 +64,11 @@ def design_probes(
     rows = feats[:, unknown] * (1.0 / (feats @ theta))[:, None]
     rows /= np.linalg.norm(rows, axis=0)
     if count is None:
-        count = C.MIN_PROBES_WARM if prior is not None else max(C.MIN_PROBES_COLD, len(unknown) + C.PROBES_BEYOND_PARAMETERS)
+        warm = prior is not None and memory is not None
+        count = C.MIN_PROBES_WARM if warm else max(C.MIN_PROBES_COLD, len(unknown) + C.PROBES_BEYOND_PARAMETERS)
     count = min(count, len(candidates))
+    if count == 0:
+        return pd.DataFrame({column: pd.Series(dtype=float) for column in CONFIG_COLUMNS})
     cores = candidates[:, 0] * candidates[:, 2] + candidates[:, 1] * candidates[:, 3]
 
     chosen: list[int] = []

@@ -8,8 +8,9 @@
              its OOM recovery (×2 memory). Its plans are applied as DLRover's auto-scaler applies
              them; a plan past the job's quota is refused (as a Kubernetes ResourceQuota would)
              and counted. DLRover 0.6.1 has no straggler handling for PS jobs.
-``ours``     the optimizer of this package, for real: probes (``design_probes``: cold, or warm
-             from the family's history) whose time and samples are the job's, ``fit_job_model``,
+``ours``     the optimizer of this package, for real: probes (``design_probes``: a cold start's;
+             a warm start, from the family's history, has none) whose time and samples are the
+             job's, ``fit_job_model``,
              ``plan`` (the efficiency knee under the job's quota), ``decide`` every period (for the same
              objective, under what the cluster has free) with
              refits as new configurations are measured, and the instability detectors
@@ -174,6 +175,9 @@ class OursPolicy(Policy):
             probes = design_probes(job.limit, batch_size=BATCH, prior=prior.throughput, memory=prior.memory)
         else:
             probes = design_probes(job.limit, batch_size=BATCH)
+        if probes.empty:  # a warm start: the prior is the run's model and plans (as the fit task)
+            job.state["rows"], job.state["probe_rows"], job.state["model"] = [], [], prior
+            return Start(config=self._plan(job, prior, job.limit, job.spec.samples))
         return Start(probes=[Configuration(**row) for row in probes.to_dict("records")])
 
     def after_profile(self, job: JobRun, samples: list[dict]) -> Configuration:

@@ -72,7 +72,10 @@ def test_warm_run_recovers_a_killed_worker_through_a_retry(dag, killed_worker_ru
     [record] = history.runs(JOB, run_key=dagrun.run_id)
     assert dagrun.state == "success", {t: ti.state for t, ti in tis.items()}
     report = record["summary"]
-    assert report["warm_start"] and report["probes"] == 2
+    # A warm start profiles nothing: the prior plans, the fine-tune refits from the job's windows.
+    assert report["warm_start"] and report["probes"] == 0 and report["profile_s"] == 0
+    assert history.samples(JOB, run_id=record["id"], stage="profile").empty
+    assert tis["fit"].xcom_pull(task_ids="fit")["samples"] == 0
     assert tis["guard"].try_number >= 2
     assert report["samples_lost"] == 0 and report["job"]["samples_trained"] >= 2_400_000
     [failure] = report["failures"]

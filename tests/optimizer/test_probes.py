@@ -38,12 +38,16 @@ def test_a_tiny_probing_budget_reports_what_it_cannot_identify():
     assert model.report.pinned["io"] == "5 configurations cannot identify every parameter; set to 0"
 
 
-def test_warm_design_is_shorter_and_uses_the_prior_memory():
+def test_a_warm_start_profiles_nothing_and_a_counted_warm_design_uses_the_prior_memory():
     prior = fit_throughput(model_samples(), leave_one_out=False)
     memory = MemoryModel(400, 8000, 900, 0.5)
-    probes = design_probes(Quota(64, 256 * 1024), prior=prior, memory=memory)
-    assert len(probes) == C.MIN_PROBES_WARM
-    assert (probes.ps_memory_mb == memory.ps_request_mb(probes.ps)).all()
+    quota = Quota(64, 256 * 1024)
+    warm = design_probes(quota, prior=prior, memory=memory)
+    assert C.MIN_PROBES_WARM == 0 and warm.empty and list(warm.columns) == list(CONFIG_COLUMNS)
+    # Without the prior's memory model a plan could not size the nodes: a full (cold-sized) design.
+    assert len(design_probes(quota, prior=prior)) == len(design_probes(quota))
+    probes = design_probes(quota, prior=prior, memory=memory, count=3)
+    assert len(probes) == 3 and (probes.ps_memory_mb == memory.ps_request_mb(probes.ps)).all()
 
 
 def test_gpu_design_and_errors():
