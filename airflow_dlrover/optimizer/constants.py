@@ -85,6 +85,13 @@ GRID_GPU_VALUES = (1, 2, 4, 8)
 #: speed-up per worker falls below a fraction of the average)
 KNEE_MARGINAL_FRACTION = 0.5
 
+#: The planner considers node sizes (``worker_cpu``, ``ps_cpu``) up to this multiple of the
+#: largest the model was fitted on, no further: a fit on probes of ≤ 4 cores that plans one PS of
+#: 32 cores extrapolates 8×, and in the cluster simulation such plans ran at 4 % CPU utilisation
+#: for days while the model predicted 40× their throughput. The fine-tune's measurements extend
+#: the range as the job grows. (ours, measured with `dlrover-rm simulate`)
+NODE_CPU_TRUST_MULTIPLE = 2.0
+
 #: Number of alternative plans reported beside the chosen one. (ours)
 PLAN_ALTERNATIVES = 5
 

@@ -131,6 +131,9 @@ class FitReport:
     pinned: dict[str, str]
     warm_start: bool
     sharpness_cv_mape: dict[str, float] | None = None
+    #: The largest ``worker_cpu`` and ``ps_cpu`` the model rests on (its samples', and its
+    #: prior's): the planner does not extrapolate node sizes far past them.
+    largest_node_cpu: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -429,5 +432,12 @@ def fit_throughput(
         pinned=pinned,
         warm_start=prior is not None,
         sharpness_cv_mape=cv,
+        largest_node_cpu=_largest_node_cpu(table, prior),
     )
     return replace(model, report=report)
+
+
+def _largest_node_cpu(table: pd.DataFrame, prior: ThroughputModel | None) -> dict[str, float]:
+    largest = {name: float(table[name].max()) for name in ("worker_cpu", "ps_cpu")}
+    known = prior.report.largest_node_cpu if prior is not None and prior.report is not None else None
+    return {name: max(value, (known or {}).get(name, 0.0)) for name, value in largest.items()}

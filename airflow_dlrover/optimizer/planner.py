@@ -7,6 +7,9 @@ one matrix-vector product over that prefix. Memory per node comes from the memor
 margin (``memory.memory_request_mb``); for a job of known size the PS tables include the rows the
 remaining samples will add.
 
+Node sizes are searched up to ``NODE_CPU_TRUST_MULTIPLE`` × the largest the model was fitted on
+(``FitReport.largest_node_cpu``).
+
 Objectives:
 
 * ``throughput``  — the highest predicted throughput; ties go to fewer cores.
@@ -158,6 +161,10 @@ def plan(
     ps_mem = memory.ps_request_mb(np.arange(1, C.GRID_MAX_PS + 1), samples or 0.0)[p - 1]
     total_mem = w * worker_mem + p * ps_mem
     allowed = np.ones(n, dtype=bool)  # every constraint but memory
+    largest = model.report.largest_node_cpu if model.report is not None else None
+    if largest:  # node sizes the model can vouch for (``NODE_CPU_TRUST_MULTIPLE``)
+        allowed &= grid.worker_cpu[:n] <= C.NODE_CPU_TRUST_MULTIPLE * largest["worker_cpu"] + 1e-9
+        allowed &= grid.ps_cpu[:n] <= C.NODE_CPU_TRUST_MULTIPLE * largest["ps_cpu"] + 1e-9
     if quota.max_nodes is not None:
         allowed &= (w + p) <= quota.max_nodes
     if use_gpu:

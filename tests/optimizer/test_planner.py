@@ -175,3 +175,23 @@ def test_excluded_configurations_are_skipped():
     assert (second.config.workers, second.config.ps, second.config.worker_cpu, second.config.ps_cpu) != (
         first.config.workers, first.config.ps, first.config.worker_cpu, first.config.ps_cpu)
     assert second.predicted_throughput <= first.predicted_throughput
+
+
+def test_node_sizes_stay_near_those_the_model_was_fitted_on():
+    small_nodes = [(w, p, lw, lp) for w, p in ((1, 1), (2, 1), (4, 2), (8, 2), (8, 4)) for lw, lp in ((0.5, 0.5), (1, 1), (0.5, 1))]
+    model = fit_throughput(model_samples(configs=small_nodes), leave_one_out=False)
+    assert model.report.largest_node_cpu == {"worker_cpu": 1.0, "ps_cpu": 1.0}
+    quota = Quota(cpu=256, memory_mb=1024 * 1024)
+    chosen = plan(model, MEMORY, quota).config
+    assert max(chosen.worker_cpu, chosen.ps_cpu) <= C.NODE_CPU_TRUST_MULTIPLE * 1.0
+    # A model written before the range was recorded (no largest_node_cpu) searches every size.
+    from dataclasses import replace
+
+    legacy = replace(model, report=replace(model.report, largest_node_cpu=None))
+    assert max(plan(legacy, MEMORY, quota).config.ps_cpu, plan(legacy, MEMORY, quota).config.worker_cpu) > 2.0
+    # The range survives the JSON round trip, and a warm fit keeps its prior's.
+    from airflow_dlrover.optimizer.model import ThroughputModel
+
+    assert ThroughputModel.from_dict(model.to_dict()).report.largest_node_cpu == model.report.largest_node_cpu
+    warm = fit_throughput(model_samples(configs=[(2, 1, 0.5, 0.5), (4, 1, 0.5, 0.5)]), model)
+    assert warm.report.largest_node_cpu == {"worker_cpu": 1.0, "ps_cpu": 1.0}
