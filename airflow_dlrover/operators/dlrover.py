@@ -306,7 +306,7 @@ class DLRoverFineTuneOperator(DLRoverTaskMixin, BaseOperator):
 
         quota = parse_quota(self.quota, self.hook.settings.quota)
         samples = self.history.samples(self.job, run_id=run)
-        # Warm-started from the previous run's model, as the fit task: this run's own earlier refits
+        # Warm-started from the job's prior, as the fit task: this run's own earlier refits
         # already saw these samples and would count them twice.
         model = fit_job_model(samples, self.history.prior_model(self.job, before_run=run))
         self.history.save_model(run, model)
