@@ -122,6 +122,9 @@ def cmd_probes(args: argparse.Namespace) -> None:
         prior=prior.throughput if prior else None, memory=prior.memory if prior else None,
     )
     table.to_csv(args.output or sys.stdout, index=False)
+    if table.empty:
+        print("a warm start profiles nothing: the prior plans and the fine-tune re-scales it "
+              "(optimizer.constants.MIN_PROBES_WARM)", file=sys.stderr)
     if args.output:
         print(f"wrote {len(table)} probe configurations to {args.output}")
 
