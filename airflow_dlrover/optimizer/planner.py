@@ -95,8 +95,9 @@ def search_grid(
     w, p, lw, lp, g, cores = arrays
     feats = features(w, p, lw, lp, g, batch_size)
     feats.flags.writeable = False
-    starts = np.flatnonzero(np.r_[True, np.diff(cores) > 0])
-    group_of = np.cumsum(np.r_[True, np.diff(cores) > 0]) - 1
+    opens_group = np.r_[True, np.diff(cores) > 0]
+    starts = np.flatnonzero(opens_group)
+    group_of = np.cumsum(opens_group) - 1
     for a in (starts, group_of):
         a.flags.writeable = False
     return SearchGrid(w, p, lw, lp, g, cores, feats, starts, group_of)
