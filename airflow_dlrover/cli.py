@@ -27,7 +27,7 @@ import pandas as pd
 
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
-from airflow_dlrover.optimizer.planner import OBJECTIVES, plan
+from airflow_dlrover.optimizer.planner import plan
 from airflow_dlrover.optimizer.probes import design_probes
 from airflow_dlrover.optimizer.types import (
     Configuration,

@@ -1,25 +1,26 @@
-"""Pure decision logic of DLRover-RM: data in, decision out. numpy / scipy / pandas only."""
+"""Pure decision logic of DLRover-RM: data in, decision out. numpy / scipy / pandas only.
 
-from airflow_dlrover.optimizer.finetune import Decision, ResizeRecord, decide
-from airflow_dlrover.optimizer.instability import InstabilityEvent, detect
-from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
-from airflow_dlrover.optimizer.memory import MemoryModel, fit_memory, fit_trend
-from airflow_dlrover.optimizer.model import ThroughputModel, fit_throughput
-from airflow_dlrover.optimizer.planner import plan
-from airflow_dlrover.optimizer.probes import design_probes
-from airflow_dlrover.optimizer.types import (
-    CONFIG_COLUMNS,
-    Configuration,
-    InfeasibleQuotaError,
-    InvalidInputError,
-    Plan,
-    Quota,
-    validate_samples,
-)
+The names below load lazily (PEP 562), so that the vocabulary (``optimizer.types``) imports
+without scipy: launchers, the runtime and DAG files use it.
+"""
 
-__all__ = [
-    "CONFIG_COLUMNS", "Configuration", "Decision", "InfeasibleQuotaError", "InstabilityEvent",
-    "InvalidInputError", "JobModel", "MemoryModel", "Plan", "Quota", "ResizeRecord",
-    "ThroughputModel", "decide", "design_probes", "detect", "fit_job_model", "fit_memory",
-    "fit_throughput", "fit_trend", "plan", "validate_samples",
-]
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "CONFIG_COLUMNS": "types", "Configuration": "types", "InfeasibleQuotaError": "types", "InvalidInputError": "types",
+    "Objective": "types", "Plan": "types", "Quota": "types", "validate_samples": "types",
+    "ControllerState": "controller", "Observation": "controller", "step": "controller",
+    "InstabilityEvent": "instability", "detect": "instability",
+    "JobModel": "job_model", "fit_job_model": "job_model",
+    "MemoryModel": "memory", "fit_memory": "memory", "fit_trend": "memory",
+    "ThroughputModel": "model", "fit_throughput": "model",
+    "plan": "planner", "design_probes": "probes",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)

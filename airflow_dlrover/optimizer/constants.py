@@ -160,6 +160,15 @@ REVERT_DELIVERED_FRACTION = 0.25
 #: Observations of the new configuration needed before judging a resize. (ours)
 MIN_OBSERVATIONS_TO_JUDGE = 3
 
+#: The controller refits when a block of this many new windows of one configuration is complete
+#: (or a configuration is new): a refit on every window costs a fit per window and moves the
+#: model by less than its noise. (ours)
+REFIT_EVERY_WINDOWS = 6
+#: A refit uses the profile plus this many most recent windows of each configuration the job ran:
+#: hundreds of windows of one configuration would otherwise out-weigh the probes and the model
+#: would forget every other configuration. (ours, measured with the cluster simulation)
+REFIT_WINDOWS_PER_CONFIGURATION = 6
+
 # --------------------------------------------------------------------------------------------
 # Instability detectors
 # --------------------------------------------------------------------------------------------
@@ -183,9 +192,47 @@ STRAGGLER_MIN_OBSERVATIONS = 3
 OOM_HORIZON_S = 600.0
 #: ... or when usage is already above this fraction of the limit. (ours)
 OOM_USAGE_FRACTION = 0.95
+#: The detectors look at this many most recent windows of each node: 30 s of the runtime's 3 s
+#: windows (``launchers.watch.WINDOW_S``). (ours)
+DETECTOR_HISTORY_WINDOWS = 10
+#: ... leaving out each node's first seconds: its memory ramps while it imports torch and
+#: touches its first rows, which a trend reads as a leak. (ours, measured on the runtime)
+NODE_WARMUP_S = 10.0
+#: After a real OOM kill the node comes back with this factor more memory (once per kill),
+#: rounded up to ``MEMORY_GRANULARITY_MB``. (ours; DLRover doubles, which overshoots a PS whose
+#: tables grow slowly)
+OOM_MEMORY_GROWTH = 1.5
 #: Memory forecasts need at least this many points. (ours)
 OOM_MIN_POINTS = 3
 #: ... and a trend counts only once it has risen this much over the series (slope × span): a
 #: steady worker's memory wanders ±5 MB between 3 s windows (our measurement: 196–206 MB over
 #: 70 s), which a 3-point Theil–Sen slope reads as 70 MB/min. (ours)
 OOM_MIN_RISE_MB = 32.0
+
+# --------------------------------------------------------------------------------------------
+# Launchers (time-outs and the master's size)
+# --------------------------------------------------------------------------------------------
+
+#: The master only hands out shards and checkpoints (our measurement: < 0.1 core, < 200 MB).
+MASTER_CPU = 0.5
+MASTER_MEMORY_MB = 512.0
+#: A local node (a process) must listen within this long of its start (torch import ≈ 3 s).
+NODE_START_TIMEOUT_S = 60.0
+#: A pod must be Ready within this long: pulling a multi-GB torch image and starting it.
+POD_START_TIMEOUT_S = 600.0
+#: A pod the scheduler cannot place for this long is unschedulable (cluster-autoscaler usually
+#: adds a node within 1–3 min; beyond 5 min the job should shrink or be told).
+PENDING_TIMEOUT_S = 300.0
+#: A draining worker finishes its shard (``JobSpec.shard_timeout_s``) and exits within this long;
+#: after it, it is stopped.
+DRAIN_TIMEOUT_S = 120.0
+#: ``stop()`` waits this long for a job's pods to disappear.
+STOP_TIMEOUT_S = 120.0
+#: A node being replaced gets this long between SIGTERM and SIGKILL (a relaunch: it is replaced
+#: from the checkpoint anyway) ...
+RELAUNCH_GRACE_S = 2.0
+#: ... and this long when the job stops or a node is stopped for good.
+STOP_GRACE_S = 5.0
+#: Polls of pod / process state while waiting (API-server friendly for pods).
+LOCAL_POLL_S = 0.05
+POD_POLL_S = 1.0

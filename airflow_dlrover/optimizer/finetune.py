@@ -21,7 +21,7 @@ from later plans: the policy cannot oscillate between two configurations.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -29,8 +29,8 @@ import numpy as np
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel
 from airflow_dlrover.optimizer.model import ThroughputModel, features
-from airflow_dlrover.optimizer.planner import OBJECTIVES, plan
-from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, Plan, Quota
+from airflow_dlrover.optimizer.planner import plan
+from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, Objective, Plan, Quota, Reason
 
 
 @dataclass(frozen=True)
@@ -47,20 +47,21 @@ class ResizeRecord:
 
 @dataclass(frozen=True)
 class Decision:
+    """The fine-tune's verdict: ``keep``, ``resize`` or ``revert``, with its typed reason and the
+    numbers it rests on (``Reason.describe`` renders them)."""
+
     action: str  # "keep" | "resize" | "revert"
-    reason: str
+    reason: Reason
+    numbers: dict = field(default_factory=dict)
     target: Configuration | None = None
     predicted_speedup: float | None = None
     predicted_saving_s: float | None = None
     resize_cost_s: float | None = None
     reject: Configuration | None = None
 
-    def to_dict(self) -> dict:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("target", "reject")}
-        out["target"] = self.target.to_row() if self.target else None
-        out["reject"] = self.reject.to_row() if self.reject else None
-        return out
-
+    def describe(self) -> str:
+        text = self.reason.describe(self.numbers)
+        return f"{self.target.describe()}: {text}" if self.action == "resize" and self.target else text
 
 def _shape(config: Configuration) -> tuple:
     return (config.workers, config.ps, config.worker_cpu, config.ps_cpu, config.worker_gpu)
@@ -87,39 +88,38 @@ def decide(
     last_resize: ResizeRecord | None = None,
     rejected: Iterable[Configuration] = (),
     *,
-    objective: str = "throughput",
+    objective: Objective | str = Objective.THROUGHPUT,
     deadline_s: float | None = None,
 ) -> Decision:
     """Keep, resize or revert; ``recent_throughput`` = measured windows since the last resize.
-    ``objective`` is the plan's (``planner.OBJECTIVES``); ``deadline_s``: the seconds left until
-    the deadline, for the ``deadline`` objective."""
-    if objective not in OBJECTIVES:
-        raise InvalidInputError("objective", objective, " | ".join(OBJECTIVES))
-    if objective == "deadline" and deadline_s is None:
+    ``objective`` is the plan's; ``deadline_s``: the seconds left until the deadline, for the
+    ``deadline`` objective."""
+    objective = Objective.parse(objective)
+    if objective == Objective.DEADLINE and deadline_s is None:
         raise InvalidInputError("deadline_s", None, "the seconds left until the deadline, with the deadline objective")
     measured = np.asarray(recent_throughput, dtype=float)
     if measured.size and not (np.isfinite(measured).all() and (measured >= 0).all()):
         raise InvalidInputError("recent_throughput", list(measured), "finite samples/s ≥ 0")
     if not remaining_samples > 0:
-        return Decision("keep", "no samples remain")
+        return Decision("keep", Reason.NO_SAMPLES_REMAIN)
     if measured.size == 0 or np.median(measured) <= 0:
-        return Decision("keep", "no throughput measured on the current configuration yet")
+        return Decision("keep", Reason.NOT_MEASURED)
     x_now = float(np.median(measured))
 
     if last_resize is not None:
         since = now_s - last_resize.at_s
         if since < C.MIN_RESIZE_INTERVAL_S:
-            return Decision("keep", f"last resize {since:.0f}s ago, minimum interval {C.MIN_RESIZE_INTERVAL_S:.0f}s")
+            return Decision("keep", Reason.MIN_INTERVAL, {"since_s": since, "interval_s": C.MIN_RESIZE_INTERVAL_S})
         if not last_resize.is_revert and _shape(last_resize.after) == _shape(current):
             if measured.size < C.MIN_OBSERVATIONS_TO_JUDGE:
-                return Decision("keep", f"judging the last resize: {measured.size}/{C.MIN_OBSERVATIONS_TO_JUDGE} windows measured")
+                return Decision("keep", Reason.JUDGING, {"windows": int(measured.size),
+                                                         "needed": C.MIN_OBSERVATIONS_TO_JUDGE})
             delivered = x_now / last_resize.throughput_before
             wanted = 1.0 + C.REVERT_DELIVERED_FRACTION * (last_resize.predicted_speedup - 1.0)
             if delivered < wanted:
                 return Decision(
-                    "revert",
-                    f"last resize delivered ×{delivered:.2f} of a predicted ×{last_resize.predicted_speedup:.2f} "
-                    f"(needed ×{wanted:.2f}): back to {last_resize.before.describe()}",
+                    "revert", Reason.DID_NOT_DELIVER,
+                    {"delivered": delivered, "predicted": last_resize.predicted_speedup, "needed": wanted},
                     target=last_resize.before,
                     predicted_speedup=last_resize.throughput_before / x_now,
                     resize_cost_s=resize_cost_s(current, last_resize.before),
@@ -129,7 +129,7 @@ def decide(
     best = _target(model, memory, quota, objective, remaining_samples, deadline_s, current.batch_size, tuple(rejected))
     target = best.config
     if _shape(target) == _shape(current):
-        return Decision("keep", "the current configuration is the model's best under the quota")
+        return Decision("keep", Reason.AT_BEST)
     x_current = float(model.predict_features(_features(current), band=False)[0])
     speedup = best.predicted_throughput / x_current
     speedup_low = best.lower_throughput / x_current
@@ -137,26 +137,19 @@ def decide(
     keep_s = remaining_samples / x_now
     resize_s = cost + remaining_samples / (x_now * max(speedup_low, 1e-9))
     saving = keep_s - resize_s
+    numbers = {"speedup": speedup, "speedup_low": speedup_low, "saving_s": saving, "keep_s": keep_s, "cost_s": cost}
     if speedup_low < C.MIN_RESIZE_SPEEDUP or saving < C.RESIZE_GAIN_MULTIPLE * cost:
-        return Decision(
-            "keep",
-            f"best alternative {target.workers}w×{target.worker_cpu:g} + {target.ps}ps×{target.ps_cpu:g} "
-            f"predicts ×{speedup:.2f} (pessimistic ×{speedup_low:.2f}), saving {saving:.0f}s against a "
-            f"{cost:.0f}s resize: not worth it (needs ×{C.MIN_RESIZE_SPEEDUP} and {C.RESIZE_GAIN_MULTIPLE:g}× the cost)",
-            target=target, predicted_speedup=speedup, predicted_saving_s=saving, resize_cost_s=cost,
-        )
-    return Decision(
-        "resize",
-        f"{target.describe()} predicts ×{speedup:.2f} (pessimistic ×{speedup_low:.2f}): saves "
-        f"{saving:.0f}s of {keep_s:.0f}s for a {cost:.0f}s resize",
-        target=target, predicted_speedup=speedup, predicted_saving_s=saving, resize_cost_s=cost,
-    )
+        return Decision("keep", Reason.NOT_WORTH_IT,
+                        numbers | {"min_speedup": C.MIN_RESIZE_SPEEDUP, "gain_multiple": C.RESIZE_GAIN_MULTIPLE},
+                        target=target, predicted_speedup=speedup, predicted_saving_s=saving, resize_cost_s=cost)
+    return Decision("resize", Reason.PAYS, numbers, target=target, predicted_speedup=speedup,
+                    predicted_saving_s=saving, resize_cost_s=cost)
 
 
 def _target(model, memory, quota, objective, remaining_samples, deadline_s, batch_size, rejected) -> Plan:
     """The refitted model's plan for the objective; a deadline that can no longer be met (or has
     passed) asks for the fastest plan instead."""
-    if objective == "deadline":
+    if objective == Objective.DEADLINE:
         try:
             if deadline_s > 0:
                 return plan(model, memory, quota, "deadline", samples=remaining_samples, deadline_s=deadline_s,
@@ -164,7 +157,7 @@ def _target(model, memory, quota, objective, remaining_samples, deadline_s, batc
         except InvalidInputError as err:
             if err.field != "deadline":
                 raise
-        objective = "throughput"
+        objective = Objective.THROUGHPUT
     return plan(model, memory, quota, objective, samples=remaining_samples, batch_size=batch_size, exclude=rejected)
 
 

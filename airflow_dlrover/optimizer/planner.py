@@ -35,11 +35,10 @@ from airflow_dlrover.optimizer.types import (
     Configuration,
     InfeasibleQuotaError,
     InvalidInputError,
+    Objective,
     Plan,
     Quota,
 )
-
-OBJECTIVES = ("throughput", "deadline", "efficiency")
 
 
 @dataclass(frozen=True)
@@ -130,8 +129,7 @@ def plan(
     ``exclude`` removes configurations (e.g. ones a fine-tune revert rejected).
     Raises :class:`InfeasibleQuotaError` when nothing fits, naming what the smallest job needs.
     """
-    if objective not in OBJECTIVES:
-        raise InvalidInputError("objective", objective, " | ".join(OBJECTIVES))
+    objective = Objective.parse(objective).value
     if memory is None:
         raise InvalidInputError(
             "model.memory", None,
@@ -189,7 +187,7 @@ def plan(
         )
 
     x_feasible = np.where(feasible, x, -np.inf)
-    front = _pareto_front(grid, n, x_feasible)
+    front = pareto_front(grid, n, x_feasible)
     if objective == "throughput":
         best = int(np.argmax(x_feasible))  # sorted by cores: the first maximum has the fewest
         score = x_feasible
@@ -209,7 +207,7 @@ def plan(
         score = np.where(on_time, -cost, -np.inf)
         best = int(np.argmax(score))
     else:
-        best = _knee(front, x, cores)
+        best = knee(front, x, cores)
         score = None
 
     config = Configuration(
@@ -231,7 +229,7 @@ def plan(
     )
 
 
-def _pareto_front(grid: SearchGrid, n: int, x_feasible: np.ndarray) -> np.ndarray:
+def pareto_front(grid: SearchGrid, n: int, x_feasible: np.ndarray) -> np.ndarray:
     """Indices of the Pareto-optimal points (more throughput needs more cores), by cores."""
     starts = grid.group_starts[grid.group_starts < n]
     group_max = np.maximum.reduceat(x_feasible, starts)
@@ -247,7 +245,7 @@ def _pareto_front(grid: SearchGrid, n: int, x_feasible: np.ndarray) -> np.ndarra
     return at_max[first]
 
 
-def _knee(front: np.ndarray, x: np.ndarray, cores: np.ndarray) -> int:
+def knee(front: np.ndarray, x: np.ndarray, cores: np.ndarray) -> int:
     """Largest upper-hull vertex whose marginal throughput per core ≥ fraction × best average."""
     c, t = cores[front], x[front]
     hull: list[int] = []

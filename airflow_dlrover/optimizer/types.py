@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Mapping
 
 import numpy as np
@@ -337,3 +338,185 @@ def configuration_codes(table: pd.DataFrame) -> np.ndarray:
     cols = [c for c in ("workers", "ps", "worker_cpu", "ps_cpu", "worker_gpu", "batch_size") if c in table]
     values = np.column_stack([table[c].to_numpy(dtype=float) for c in cols]).round(6)
     return np.unique(values, axis=0, return_inverse=True)[1].ravel()
+
+
+# ---------------------------------------------------------------------------------------------
+# Objectives, node states, faults, events
+# ---------------------------------------------------------------------------------------------
+
+
+class Objective(str, Enum):
+    """What a plan (and the fine-tune that keeps to it) optimises (``planner.plan``)."""
+
+    THROUGHPUT = "throughput"  # the highest predicted throughput under the quota
+    DEADLINE = "deadline"  # the least cost that finishes by the deadline
+    EFFICIENCY = "efficiency"  # the knee of the throughput / cores Pareto front
+
+    @classmethod
+    def parse(cls, value: Any, field_name: str = "objective") -> "Objective":
+        try:
+            return cls(value.value if isinstance(value, cls) else value)
+        except ValueError:
+            raise InvalidInputError(field_name, value, " | ".join(OBJECTIVES)) from None
+
+
+OBJECTIVES = tuple(o.value for o in Objective)
+
+
+class NodeState(str, Enum):
+    """A node's state as a launcher reads it. ``FAILED_STATES`` are recovered by relaunching the
+    node; ``UNSCHEDULABLE`` is a pod the cluster could not place for longer than a threshold."""
+
+    RUNNING = "running"
+    PENDING = "pending"
+    SUCCEEDED = "succeeded"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    OOM_KILLED = "oom_killed"
+    LOST = "lost"
+    UNSCHEDULABLE = "unschedulable"
+
+
+FAILED_STATES = (NodeState.FAILED, NodeState.OOM_KILLED, NodeState.LOST, NodeState.UNSCHEDULABLE)
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """One node of a running job, as its launcher sees it. ``oom_kills`` counts the kills since
+    the node last (re)started; ``restarts`` counts its relaunches, so ``(name, restarts)`` names
+    one incarnation of the node."""
+
+    name: str
+    role: str  # master | ps | worker
+    index: int
+    state: str
+    cpu: float | None
+    memory_mb: float | None
+    restarts: int = 0
+    exit_code: int | None = None
+    reason: str = ""
+    oom_kills: int = 0
+
+    @property
+    def failed(self) -> bool:
+        return self.state in FAILED_STATES
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (v.value if isinstance(v, Enum) else v) for k, v in self.__dict__.items()}
+
+
+class FaultKind(str, Enum):
+    """Faults a demo or a test injects (``parse_faults``)."""
+
+    KILL_WORKER = "kill-worker"
+    KILL_PS = "kill-ps"
+    KILL_MASTER = "kill-master"
+    OOM_WORKER = "oom-worker"  # a real OOM kill at the worker's cgroup limit
+    SLOW_WORKER = "slow-worker"  # the worker's CPU quota is cut
+    HOT_PS = "hot-ps"  # skewed ids from the start: one PS serves most lookups
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    at_s: float
+    node: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "at_s": self.at_s, "node": self.node}
+
+
+def parse_faults(inject: str | list[str] | None, allowed: tuple[FaultKind, ...] = tuple(FaultKind)) -> list[Fault]:
+    """``kill-worker@30s``, ``oom-worker:1@1m``, ``hot-ps`` (comma-separated or a list): ``:N``
+    picks the node, ``@T`` the time after the launch (every kind but ``hot-ps`` needs one).
+    ``allowed``: the kinds the caller can inject (the DAG's master injects only some)."""
+    if not inject:
+        return []
+    items = [i.strip() for i in (inject.split(",") if isinstance(inject, str) else inject) if i and str(i).strip()]
+    kinds = {k.value for k in allowed}
+    usage = " | ".join(f"{k.value}[:N]@<time>" if k != FaultKind.HOT_PS else k.value for k in allowed)
+    faults = []
+    for item in items:
+        match = re.fullmatch(r"([a-z-]+)(?::(\d+))?(?:@(.+))?", str(item))
+        if not match or match.group(1) not in kinds:
+            raise InvalidInputError("inject", item, f"{usage}, e.g. kill-worker@30s")
+        kind, index, when = FaultKind(match.group(1)), match.group(2), match.group(3)
+        if kind != FaultKind.HOT_PS and when is None:
+            raise InvalidInputError("inject", item, f"{kind.value}[:N]@<time>, e.g. {kind.value}@20s")
+        role = kind.value.split("-")[1]
+        node = "master" if role == "master" else f"{role}-{index or 0}"
+        faults.append(Fault(kind, parse_duration_s(when, "inject") if when else 0.0, node))
+    return faults
+
+
+class EventKind(str, Enum):
+    """The kinds of the ``event`` records a run keeps in the history store."""
+
+    PROFILED = "profiled"
+    LAUNCHED = "launched"
+    FAULTS_SCHEDULED = "faults_scheduled"
+    NODE_FAILED = "node_failed"  # a guard's try saw a failed node (and failed; its retry recovers)
+    RECOVERED = "recovered"  # a failed node was relaunched (or removed from the job)
+    INSTABILITY = "instability"  # a detector's event and what the controller did about it
+
+
+class RecordKind(str, Enum):
+    """The kinds of records a run keeps in the history store beside samples and models."""
+
+    PLAN = "plan"
+    DECISION = "decision"  # the fine-tune's resize / revert / keep
+    EVENT = "event"
+
+
+class Reason(str, Enum):
+    """Why the controller acted (or did not): data, recorded with the numbers it rests on.
+    ``describe(numbers)`` renders the sentence for logs and the UI; nothing parses it."""
+
+    NO_SAMPLES_REMAIN = "no_samples_remain"
+    NOT_MEASURED = "not_measured"
+    MIN_INTERVAL = "min_interval"
+    JUDGING = "judging"
+    AT_BEST = "at_best"
+    NOT_WORTH_IT = "not_worth_it"
+    PAYS = "pays"
+    DID_NOT_DELIVER = "did_not_deliver"
+    HOT_PS = "hot_ps"
+    STRAGGLER = "straggler"
+    OOM_RISK = "oom_risk"
+    PAST_QUOTA = "past_quota"
+    NODE_FAILED = "node_failed"
+    OOM_KILLED = "oom_killed"
+    UNSCHEDULABLE = "unschedulable"
+    OOM_PAST_QUOTA = "oom_past_quota"
+
+    def describe(self, numbers: Mapping[str, Any] | None = None) -> str:
+        values = dict(numbers or {})
+        try:
+            return _REASON_TEXT[self].format(**values)
+        except (KeyError, ValueError, IndexError):
+            return f"{self.value} {values}" if values else self.value
+
+
+_REASON_TEXT = {
+    Reason.NO_SAMPLES_REMAIN: "no samples remain",
+    Reason.NOT_MEASURED: "no throughput measured on the current configuration yet",
+    Reason.MIN_INTERVAL: "last resize {since_s:.0f}s ago, minimum interval {interval_s:.0f}s",
+    Reason.JUDGING: "judging the last resize: {windows}/{needed} windows measured",
+    Reason.AT_BEST: "the current configuration is the model's best under the quota",
+    Reason.NOT_WORTH_IT: ("best alternative predicts ×{speedup:.2f} (pessimistic ×{speedup_low:.2f}), saving "
+                          "{saving_s:.0f}s against a {cost_s:.0f}s resize: not worth it (needs ×{min_speedup} and "
+                          "{gain_multiple:g}× the cost)"),
+    Reason.PAYS: ("predicts ×{speedup:.2f} (pessimistic ×{speedup_low:.2f}): saves {saving_s:.0f}s of {keep_s:.0f}s "
+                  "for a {cost_s:.0f}s resize"),
+    Reason.DID_NOT_DELIVER: ("last resize delivered ×{delivered:.2f} of a predicted ×{predicted:.2f} (needed "
+                             "×{needed:.2f}): back to the configuration before it"),
+    Reason.HOT_PS: "{node} uses {cpu_used:.2f} of {cpu_limit:g} cores ({utilisation:.0%}), {skew:.1f}× the median PS",
+    Reason.STRAGGLER: "{node} runs {throughput:.0f} samples/s, {ratio:.0%} of the other workers' median",
+    Reason.OOM_RISK: "{node} uses {memory_used_mb:.0f} of {memory_limit_mb:.0f} MB: limit reached {when}",
+    Reason.PAST_QUOTA: "{node} at {value:g} would make {total:g} {unit}, past the quota's {limit:g}: not healed",
+    Reason.NODE_FAILED: "{node} {state}: {detail}",
+    Reason.OOM_KILLED: "{node} OOM-killed at {memory_limit_mb:g} MB: relaunched with {memory_mb:g} MB",
+    Reason.UNSCHEDULABLE: "{node} cannot be placed ({detail}): the job trains on without it",
+    Reason.OOM_PAST_QUOTA: ("{node} OOM-killed at {memory_limit_mb:g} MB and the quota leaves it no more "
+                            "(at most {cap_mb:g} MB)"),
+}

@@ -8,7 +8,7 @@ from airflow_dlrover.optimizer.finetune import ResizeRecord, decide, resize_cost
 from airflow_dlrover.optimizer.memory import MemoryModel
 from airflow_dlrover.optimizer.model import fit_throughput
 from airflow_dlrover.optimizer.planner import plan
-from airflow_dlrover.optimizer.types import Configuration, Quota
+from airflow_dlrover.optimizer.types import Configuration, Quota, Reason
 from synthetic import TRUE_THETA, model_samples, true_throughput
 
 MODEL = fit_throughput(model_samples(noise=0.02, windows=2, seed=5), leave_one_out=False)
@@ -34,13 +34,13 @@ def test_resizes_when_the_model_says_it_pays():
 
 def test_keeps_when_little_work_remains():
     decision = decide(MODEL, MEMORY, QUOTA, SMALL, [predicted(SMALL)] * 3, remaining_samples=2e4, now_s=0)
-    assert decision.action == "keep" and "not worth it" in decision.reason
+    assert decision.action == "keep" and decision.reason == Reason.NOT_WORTH_IT
 
 
 def test_keeps_at_the_best_configuration():
     best = plan(MODEL, MEMORY, QUOTA, samples=5e8).config
     decision = decide(MODEL, MEMORY, QUOTA, best, [predicted(best)] * 3, remaining_samples=5e8, now_s=0)
-    assert decision.action == "keep" and "model's best" in decision.reason
+    assert decision.action == "keep" and decision.reason == Reason.AT_BEST
 
 
 @settings(max_examples=50, deadline=None)
@@ -48,7 +48,7 @@ def test_keeps_at_the_best_configuration():
 def test_never_resizes_within_the_minimum_interval(elapsed):
     last = ResizeRecord(at_s=1000.0, before=SMALL, after=SMALL, throughput_before=100.0, predicted_speedup=3.0)
     decision = decide(MODEL, MEMORY, QUOTA, SMALL, [1.0] * 5, remaining_samples=1e9, now_s=1000.0 + elapsed, last_resize=last)
-    assert decision.action == "keep" and "minimum interval" in decision.reason
+    assert decision.action == "keep" and decision.reason == Reason.MIN_INTERVAL
 
 
 def test_reverts_a_resize_that_did_not_deliver_and_never_returns_to_it():
@@ -57,7 +57,7 @@ def test_reverts_a_resize_that_did_not_deliver_and_never_returns_to_it():
     now = C.MIN_RESIZE_INTERVAL_S + 1
     # Too early to judge:
     early = decide(MODEL, MEMORY, QUOTA, first.target, [predicted(SMALL)], 5e8, now, last)
-    assert early.action == "keep" and "judging" in early.reason
+    assert early.action == "keep" and early.reason == Reason.JUDGING
     # The new configuration runs no faster than the old one did: revert, and reject it.
     revert = decide(MODEL, MEMORY, QUOTA, first.target, [predicted(SMALL)] * 3, 5e8, now, last)
     assert revert.action == "revert" and revert.target == SMALL and revert.reject == first.target
@@ -77,29 +77,27 @@ def test_a_resize_that_delivered_is_kept():
 
 
 def _run_policy(true_theta, windows=40, noise=0.03, seed=0):
-    """The operator's loop: measure, refit with every window, decide, apply.
+    """The product's loop on a synthetic job: measure three windows, ``controller.step``, apply.
     Returns the actions, the configurations in the order they ran, and the rejected ones."""
+    from airflow_dlrover.optimizer.controller import ControllerState, Observation, Resize, step
+    from airflow_dlrover.optimizer.job_model import JobModel
+
     rng = np.random.default_rng(seed)
-    samples = model_samples(true_theta, noise=noise, seed=seed)
-    current = SMALL
-    last, rejected, actions, shapes = None, [], [], [current]
-    for step in range(windows):
-        now = step * 120.0
-        window = model_samples(true_theta, configs=[(current.workers, current.ps, current.worker_cpu, current.ps_cpu)],
-                               noise=noise, windows=3, seed=int(rng.integers(1 << 30)))
-        samples = pd.concat([samples, window], ignore_index=True)
-        model = fit_throughput(samples, leave_one_out=False)
-        measured = list(window["throughput"])
-        decision = decide(model, MEMORY, QUOTA, current, measured, 1e9, now, last, rejected)
-        actions.append(decision.action)
-        if decision.reject is not None:
-            rejected.append(decision.reject)
-        if decision.action != "keep":
-            last = ResizeRecord(now, current, decision.target, float(np.median(measured)), decision.predicted_speedup,
-                                is_revert=decision.action == "revert")
-            current = decision.target
+    profile = model_samples(true_theta, noise=noise, seed=seed)
+    model = JobModel(fit_throughput(profile, leave_one_out=False), MEMORY)
+    state = ControllerState(QUOTA, "throughput", model=model, profile=tuple(profile.to_dict("records")))
+    current, actions, shapes = SMALL, [], [SMALL]
+    for window in range(windows):
+        now = window * 120.0
+        measured = model_samples(true_theta, configs=[(current.workers, current.ps, current.worker_cpu, current.ps_cpu)],
+                                 noise=noise, windows=3, seed=int(rng.integers(1 << 30)))
+        rows = tuple(dict(r, timestamp=now) for r in measured.to_dict("records"))
+        state, (action,) = step(state, Observation(now + 1.0, current, samples_done=0, samples_total=1e9, windows=rows))
+        actions.append("keep" if not isinstance(action, Resize) else "revert" if action.revert else "resize")
+        if isinstance(action, Resize):
+            current = action.config
             shapes.append(current)
-    return actions, shapes, rejected
+    return actions, shapes, list(state.rejected)
 
 
 def test_never_oscillates_on_a_flat_curve():
@@ -144,7 +142,7 @@ def test_an_efficiency_run_is_fine_tuned_to_the_knee_not_to_the_quota():
     fastest = plan(MODEL, MEMORY, quota, "throughput", samples=5e8).config
     assert knee.cores < fastest.cores == 128  # the two objectives disagree on this model
     at_knee = decide(MODEL, MEMORY, quota, knee, [predicted(knee)] * 3, 5e8, 0, objective="efficiency")
-    assert at_knee.action == "keep" and "model's best" in at_knee.reason
+    assert at_knee.action == "keep" and at_knee.reason == Reason.AT_BEST
     assert decide(MODEL, MEMORY, quota, knee, [predicted(knee)] * 3, 5e8, 0).target == fastest
     grow = decide(MODEL, MEMORY, quota, SMALL, [predicted(SMALL)] * 3, 5e8, 0, objective="efficiency")
     assert grow.action == "resize" and grow.target == knee

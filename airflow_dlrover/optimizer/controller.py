@@ -1,0 +1,460 @@
+"""The DLRover-RM controller: every decision after the plan, in one pure function.
+
+    step(state, observation) -> (state, actions)
+
+in the shape of Ray autoscaler v2's ``schedule(request) -> reply``: plain dataclasses in, plain
+dataclasses out, no I/O. The fine-tune operator, the guard sensor, ``dlrover-rm train`` and the
+simulator's ``ours`` policy all observe their job, call ``step`` and apply what it returns; none of
+them decides anything itself. One step looks at the observation in this order:
+
+1. **Failed nodes** (``NodeStatus.failed``). Recovery is an Airflow retry: a failure no step has
+   reported yet gives ``Fail(retryable=True)`` (the guard's try fails); a reported one is
+   recovered — ``Relaunch`` (an OOM-killed node with ``OOM_MEMORY_GROWTH`` × its limit, rounded
+   up to ``MEMORY_GRANULARITY_MB``, once per kill: ``(name, restarts)`` names the killed
+   incarnation), or, for a worker the cluster cannot place, a ``Resize`` without it. An OOM kill
+   the quota leaves no room to grow is ``Fail(retryable=False)``.
+2. **Usage** (per-node rows): the instability detectors (``instability``) on the last
+   ``DETECTOR_HISTORY_WINDOWS`` windows of each node. A hot PS gets CPU in place (``Heal``), a
+   straggler is replaced (``Relaunch`` with the planned CPU), a node at OOM risk gets the
+   forecast memory for its whole role (``Resize``: nodes of a role are alike). A change that would
+   take the job past its quota is not made: ``Keep(PAST_QUOTA)``.
+3. **Windows** (clean measurement windows in the vocabulary's columns): refit when they bring a
+   configuration the model has not seen or complete ``REFIT_EVERY_WINDOWS`` windows of one, then
+   the fine-tune policy (``finetune.decide``) for the plan's objective and what is left of its
+   deadline: ``Keep`` or ``Resize`` (a revert is a ``Resize`` with ``revert=True``). A resize never
+   gives a role less memory than the running configuration has (tables only grow in a run).
+
+Every action carries a ``Reason`` (an enum) and the numbers it rests on; ``describe()`` renders
+the sentence, and nothing parses it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Iterable
+
+import numpy as np
+import pandas as pd
+
+from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover.optimizer.finetune import ResizeRecord, decide
+from airflow_dlrover.optimizer.instability import METRIC_COLUMNS, detect
+from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
+from airflow_dlrover.optimizer.planner import plan
+from airflow_dlrover.optimizer.types import (
+    CONFIG_COLUMNS, Configuration, InvalidInputError, NodeState, NodeStatus, Objective, Plan, Quota, Reason,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Actions
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: ClassVar[str] = "action"
+    reason: Reason
+    numbers: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return self.reason.describe(self.numbers)
+
+    def to_record(self) -> dict[str, Any]:
+        """A JSON-able record for the history store: the kind, the reason and its numbers."""
+        out = {"action": self.kind, "reason": self.reason.value, "numbers": _jsonable(self.numbers),
+               "text": self.describe()}
+        for name, value in self.__dict__.items():
+            if name in ("reason", "numbers"):
+                continue
+            out[name] = value.to_row() if isinstance(value, Configuration) else _jsonable(value)
+        return out
+
+
+@dataclass(frozen=True)
+class Keep(Action):
+    kind: ClassVar[str] = "keep"
+
+
+@dataclass(frozen=True)
+class Resize(Action):
+    """Change the job to ``config``; ``remove``: nodes that leave first (the others keep their
+    places); ``revert``: back to the configuration before a resize that did not deliver, which
+    ``reject`` names."""
+
+    kind: ClassVar[str] = "resize"
+    config: Configuration | None = None
+    expected_speedup: float | None = None
+    revert: bool = False
+    reject: Configuration | None = None
+    remove: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        return f"{self.config.describe()}: {super().describe()}" if self.reason == Reason.PAYS else super().describe()
+
+
+@dataclass(frozen=True)
+class Heal(Action):
+    """New limits for one node in place (it keeps running, and its state)."""
+
+    kind: ClassVar[str] = "heal"
+    node: str = ""
+    cpu: float | None = None
+    memory_mb: float | None = None
+
+
+@dataclass(frozen=True)
+class Relaunch(Action):
+    """Restart one node from the job's checkpoint, optionally with new resources."""
+
+    kind: ClassVar[str] = "relaunch"
+    node: str = ""
+    cpu: float | None = None
+    memory_mb: float | None = None
+
+
+@dataclass(frozen=True)
+class Fail(Action):
+    """The attempt fails: ``retryable`` — the cluster's fault, the retry recovers; otherwise a
+    failure no retry can fix."""
+
+    kind: ClassVar[str] = "fail"
+    retryable: bool = True
+    nodes: tuple[str, ...] = ()
+
+
+# ---------------------------------------------------------------------------------------------
+# State and observation
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ControllerState:
+    """What the controller knows between steps. ``quota`` None: no limit (healing only).
+    ``deadline_at_s``: the deadline on the observation's clock. ``profile``: the run's profile
+    samples; ``windows``: the measurement windows since the launch (rows of the vocabulary);
+    ``since_s``: when the running configuration was planned or resized to (its windows judge
+    it). ``failures_reported``: the ``(node, restarts)`` failures a step has reported.
+    ``node_history``: the detectors' rows (``instability.METRIC_COLUMNS`` + ``throughput``)."""
+
+    quota: Quota | None
+    objective: Objective = Objective.THROUGHPUT
+    deadline_at_s: float | None = None
+    model: JobModel | None = None
+    prior: JobModel | None = None
+    profile: tuple[dict, ...] = ()
+    windows: tuple[dict, ...] = ()
+    since_s: float = -math.inf
+    last_resize: ResizeRecord | None = None
+    rejected: tuple[Configuration, ...] = ()
+    failures_reported: frozenset = frozenset()
+    node_history: tuple[dict, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "objective", Objective.parse(self.objective))
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the job showed since the last step, on one clock (``now_s``; window ``timestamp`` and
+    usage ``time_s`` on the same clock). ``config``: what runs; ``windows``: new clean windows
+    (the configuration's columns + ``throughput``, ``timestamp``, optionally usage and
+    ``samples_seen``); ``nodes``: every node's status with its exit reason; ``usage``: new per-node
+    rows for the detectors (``instability.METRIC_COLUMNS``, ``throughput`` for workers, ``age_s``
+    since the node started)."""
+
+    now_s: float
+    config: Configuration | None = None
+    samples_done: float = 0.0
+    samples_total: float | None = None
+    windows: tuple[dict, ...] = ()
+    nodes: tuple[NodeStatus, ...] = ()
+    usage: tuple[dict, ...] = ()
+
+    @property
+    def remaining(self) -> float | None:
+        return None if self.samples_total is None else max(self.samples_total - self.samples_done, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The step
+# ---------------------------------------------------------------------------------------------
+
+
+def step(state: ControllerState, observation: Observation) -> tuple[ControllerState, list[Action]]:
+    """One decision (see the module docstring): the new state and the actions to apply, in order."""
+    failed = [n for n in observation.nodes if n.failed]
+    if failed:
+        return _recover(state, observation, failed)
+    actions: list[Action] = []
+    if observation.usage:
+        state, actions = _guard(state, observation)
+        if any(not isinstance(a, Keep) for a in actions):
+            return state, actions
+    if observation.windows:
+        state, action = _finetune(state, observation)
+        actions.append(action)
+    return state, actions
+
+
+def initial_plan(model: JobModel, quota: Quota, objective: Objective | str, *, samples: float | None,
+                 deadline_s: float | None = None, batch_size: int = 512) -> Plan:
+    """The pre-tune plan: ``planner.plan`` for the objective. When the PS-table growth forecast for
+    ``samples`` does not fit the quota, the plan is made without the growth (and says so): the
+    guard's OOM-risk forecast grows the PS memory while the job runs, as far as the quota allows."""
+    try:
+        return plan(model.throughput, model.memory, quota, objective, samples=samples, deadline_s=deadline_s,
+                    batch_size=batch_size)
+    except InvalidInputError as err:
+        growing = model.memory is not None and model.memory.table_growth_mb_per_m_samples > 0
+        if not growing or err.field == "deadline":
+            raise
+        chosen = plan(model.throughput, model.memory.with_table_growth(0.0), quota, objective, samples=samples,
+                      deadline_s=deadline_s, batch_size=batch_size)
+        return replace(chosen, reason=f"{chosen.reason}; planned without the PS tables' growth, which does not fit "
+                                      f"the quota ({err})")
+
+
+# -- 1. failed nodes --------------------------------------------------------------------------
+
+
+def _recover(state: ControllerState, obs: Observation, failed: list[NodeStatus]) -> tuple[ControllerState, list[Action]]:
+    keys = {(n.name, n.restarts) for n in failed}
+    new = [n for n in failed if (n.name, n.restarts) not in state.failures_reported]
+    if new:
+        numbers = {n.name: {"state": _value(n.state), "reason": n.reason} for n in new}
+        fail = Fail(Reason.NODE_FAILED, {"node": ", ".join(n.name for n in new), "state": _value(new[0].state),
+                                         "detail": new[0].reason, "nodes": numbers},
+                    retryable=True, nodes=tuple(n.name for n in new))
+        return replace(state, failures_reported=state.failures_reported | keys), [fail]
+    actions: list[Action] = []
+    config = obs.config
+    for node in failed:
+        numbers = {"node": node.name, "state": _value(node.state), "detail": node.reason}
+        if node.state == NodeState.UNSCHEDULABLE and node.role == "worker" and config is not None and config.workers > 1:
+            actions.append(Resize(Reason.UNSCHEDULABLE, numbers, config=replace(config, workers=config.workers - 1),
+                                  remove=(node.name,)))
+        elif node.state == NodeState.OOM_KILLED and node.memory_mb:
+            grown = _round_up_mb(node.memory_mb * C.OOM_MEMORY_GROWTH)
+            cap = _memory_cap(state.quota, obs.nodes, node.name)
+            oom = {**numbers, "memory_limit_mb": node.memory_mb, "cap_mb": cap}
+            if cap < grown:
+                grown = math.floor(cap / C.MEMORY_GRANULARITY_MB) * C.MEMORY_GRANULARITY_MB
+            if grown <= node.memory_mb:
+                actions.append(Fail(Reason.OOM_PAST_QUOTA, oom, retryable=False, nodes=(node.name,)))
+            else:
+                actions.append(Relaunch(Reason.OOM_KILLED, {**oom, "memory_mb": grown}, node=node.name, memory_mb=grown))
+        else:
+            actions.append(Relaunch(Reason.NODE_FAILED, numbers, node=node.name))
+    return state, actions
+
+
+def _memory_cap(quota: Quota | None, nodes: Iterable[NodeStatus], name: str) -> float:
+    """The most memory node ``name`` may get within the quota, the other PS and workers kept."""
+    if quota is None:
+        return math.inf
+    others = sum(n.memory_mb or 0.0 for n in nodes
+                 if n.role in ("ps", "worker") and n.state != NodeState.STOPPED and n.name != name)
+    return quota.memory_mb - others
+
+
+def _round_up_mb(mb: float) -> float:
+    return float(math.ceil(mb / C.MEMORY_GRANULARITY_MB) * C.MEMORY_GRANULARITY_MB)
+
+
+# -- 2. usage: the instability detectors --------------------------------------------------------
+
+
+def _guard(state: ControllerState, obs: Observation) -> tuple[ControllerState, list[Action]]:
+    fresh = [row for row in obs.usage if row.get("age_s", math.inf) >= C.NODE_WARMUP_S]
+    history = _recent(state.node_history + tuple(fresh))
+    state = replace(state, node_history=history)
+    if not history:
+        return state, []
+    table = pd.DataFrame(list(history))
+    if "throughput" not in table:
+        table["throughput"] = np.nan
+    events = detect(table[[*METRIC_COLUMNS, "throughput"]], remaining_s=_remaining_s(state, obs))
+    actions: list[Action] = []
+    acted: set[str] = set()
+    for event in events:
+        numbers = {"node": event.node, **event.evidence, **_event_numbers(event)}
+        action = _heal(state, obs, event, numbers)
+        if not isinstance(action, Keep):
+            acted.add(event.node)
+            if isinstance(action, Resize):  # a whole role changes: judge every node of it afresh
+                acted |= {r["node"] for r in history if r["role"] == _role(event.node)}
+        actions.append(action)
+    if acted:  # healed nodes are judged afresh
+        state = replace(state, node_history=tuple(r for r in history if r["node"] not in acted))
+    return state, actions
+
+
+def _heal(state: ControllerState, obs: Observation, event: Any, numbers: dict) -> Action:
+    quota, config = state.quota, obs.config
+    if event.kind == "hot_ps":
+        over = _past_quota(quota, obs.nodes, event.node, "cpu", event.action.value)
+        return over or Heal(Reason.HOT_PS, numbers, node=event.node, cpu=float(event.action.value))
+    if event.kind == "straggler":
+        cpu = config.worker_cpu if config is not None else None
+        over = _past_quota(quota, obs.nodes, event.node, "cpu", cpu) if cpu is not None else None
+        return over or Relaunch(Reason.STRAGGLER, numbers, node=event.node, cpu=cpu)
+    role = _role(event.node)
+    if config is None or role not in ("ps", "worker"):
+        return Keep(Reason.OOM_RISK, numbers)
+    memory = float(event.action.value)
+    target = replace(config, **{f"{role}_memory_mb": max(memory, getattr(config, f"{role}_memory_mb"))})
+    if quota is not None and target.memory_mb > quota.memory_mb + 1e-9:
+        return Keep(Reason.PAST_QUOTA, {**numbers, "value": memory, "total": target.memory_mb, "unit": "MB",
+                                         "limit": quota.memory_mb})
+    return Resize(Reason.OOM_RISK, numbers, config=target)
+
+
+def _past_quota(quota: Quota | None, nodes: Iterable[NodeStatus], name: str, resource: str, value: float) -> Keep | None:
+    """``Keep(PAST_QUOTA)`` when giving node ``name`` ``value`` would take the job's PS and
+    workers past the quota (the master is not planned, so it does not count)."""
+    if quota is None:
+        return None
+    active = [n for n in nodes if n.role in ("ps", "worker") and n.state != NodeState.STOPPED and n.name != name]
+    attribute, limit, unit = ("cpu", quota.cpu, "cores") if resource == "cpu" else ("memory_mb", quota.memory_mb, "MB")
+    total = sum(getattr(n, attribute) or 0.0 for n in active) + value
+    if total <= limit + 1e-9:
+        return None
+    return Keep(Reason.PAST_QUOTA, {"node": name, "value": value, "total": total, "unit": unit, "limit": limit})
+
+
+def _recent(rows: tuple[dict, ...]) -> tuple[dict, ...]:
+    """The rows of the last ``DETECTOR_HISTORY_WINDOWS`` windows (distinct ``time_s``)."""
+    times = sorted({r["time_s"] for r in rows})
+    if len(times) <= C.DETECTOR_HISTORY_WINDOWS:
+        return rows
+    cut = times[-C.DETECTOR_HISTORY_WINDOWS]
+    return tuple(r for r in rows if r["time_s"] >= cut)
+
+
+def _event_numbers(event: Any) -> dict:
+    if event.kind == "oom_risk":
+        seconds = event.evidence.get("seconds_to_limit")
+        near = event.evidence["memory_used_mb"] >= C.OOM_USAGE_FRACTION * event.evidence["memory_limit_mb"]
+        return {"when": "now" if near or seconds is None else f"in {seconds:.0f}s", "value": event.action.value}
+    return {"value": event.action.value}
+
+
+def _remaining_s(state: ControllerState, obs: Observation) -> float | None:
+    measured = _measured(state, obs.config)
+    if obs.remaining is None or not measured:
+        return None
+    return obs.remaining / max(float(np.median(measured)), 1e-9)
+
+
+def _role(node: str) -> str:
+    return node.split("-")[0]
+
+
+# -- 3. windows: refit and fine-tune ------------------------------------------------------------
+
+
+def _finetune(state: ControllerState, obs: Observation) -> tuple[ControllerState, Action]:
+    config = obs.config
+    new = tuple(dict(w) for w in obs.windows)
+    refit = _needs_refit(state.windows, new)
+    state = replace(state, windows=state.windows + new)
+    if config is None or state.model is None:
+        return state, Keep(Reason.NOT_MEASURED)
+    if refit:
+        state = replace(state, model=refit_model(state))
+    remaining = obs.remaining
+    if remaining is None:
+        return state, Keep(Reason.NOT_MEASURED)
+    measured = _measured(state, config)
+    deadline_s = None if state.deadline_at_s is None else state.deadline_at_s - obs.now_s
+    if state.objective == Objective.DEADLINE and deadline_s is None:
+        raise InvalidInputError("deadline", None, "a deadline, with the deadline objective")
+    model = state.model
+    decision = decide(model.throughput, model.memory, state.quota, config, measured, remaining, obs.now_s,
+                      state.last_resize, state.rejected, objective=state.objective, deadline_s=deadline_s)
+    if decision.action == "keep":
+        return state, Keep(decision.reason, decision.numbers)
+    target = replace(decision.target,  # a running job's tables only grow: never less memory than now
+                     worker_memory_mb=max(decision.target.worker_memory_mb, config.worker_memory_mb),
+                     ps_memory_mb=max(decision.target.ps_memory_mb, config.ps_memory_mb))
+    if state.quota is not None and target.memory_mb > state.quota.memory_mb + 1e-9:
+        target = decision.target
+    revert = decision.action == "revert"
+    record = ResizeRecord(obs.now_s, config, target, float(np.median(measured)), decision.predicted_speedup or 1.0,
+                          is_revert=revert)
+    rejected = state.rejected + ((decision.reject,) if decision.reject is not None else ())
+    state = replace(state, last_resize=record, rejected=rejected, since_s=obs.now_s)
+    return state, Resize(decision.reason, decision.numbers, config=target, expected_speedup=decision.predicted_speedup,
+                         revert=revert, reject=decision.reject)
+
+
+def _shape(row: dict | Configuration) -> tuple:
+    get = row.get if isinstance(row, dict) else (lambda k: getattr(row, k))
+    return (int(get("workers")), int(get("ps")), float(get("worker_cpu")), float(get("ps_cpu")),
+            int(get("worker_gpu") or 0))
+
+
+def _measured(state: ControllerState, config: Configuration | None) -> list[float]:
+    """Throughput of the windows on the running configuration since it was planned / resized to."""
+    if config is None:
+        return []
+    shape = _shape(config)
+    return [float(w["throughput"]) for w in state.windows
+            if w.get("timestamp", math.inf) >= state.since_s and _shape(w) == shape]
+
+
+def _needs_refit(windows: tuple[dict, ...], new: tuple[dict, ...]) -> bool:
+    """A new configuration, or a completed block of ``REFIT_EVERY_WINDOWS`` windows of one."""
+    before: dict[tuple, int] = {}
+    for w in windows:
+        before[_shape(w)] = before.get(_shape(w), 0) + 1
+    after = dict(before)
+    for w in new:
+        after[_shape(w)] = after.get(_shape(w), 0) + 1
+    return any(before.get(k, 0) == 0 or n // C.REFIT_EVERY_WINDOWS > before.get(k, 0) // C.REFIT_EVERY_WINDOWS
+               for k, n in after.items() if n != before.get(k, 0))
+
+
+def refit_table(state: ControllerState) -> pd.DataFrame:
+    """The refit's samples: the profile, plus the last ``REFIT_WINDOWS_PER_CONFIGURATION`` windows
+    of each configuration the job ran (hundreds of windows of one configuration would out-weigh
+    the probes, and the model would forget every other configuration)."""
+    kept: dict[tuple, list[dict]] = {}
+    for w in state.windows:
+        kept.setdefault(_shape(w), []).append(w)
+    rows = list(state.profile) + [w for group in kept.values() for w in group[-C.REFIT_WINDOWS_PER_CONFIGURATION:]]
+    table = pd.DataFrame(rows)
+    return table[[c for c in table.columns if c in _SAMPLE_COLUMNS]]
+
+
+_SAMPLE_COLUMNS = (*CONFIG_COLUMNS, "throughput", "worker_cpu_used", "ps_cpu_used", "worker_memory_used_mb",
+                   "ps_memory_used_mb", "samples_seen", "timestamp")
+
+
+def refit_model(state: ControllerState) -> JobModel:
+    """The model refitted on ``refit_table``, warm-started from the job's prior (this run's own
+    earlier refits saw these samples already and would count them twice); the current model when
+    the samples cannot be fitted (too few configurations and no prior)."""
+    try:
+        return fit_job_model(refit_table(state), state.prior, leave_one_out=False)
+    except InvalidInputError:
+        return state.model
+
+
+def _value(value: Any) -> Any:
+    return getattr(value, "value", value)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Configuration):
+        return value.to_row()
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return _value(value)

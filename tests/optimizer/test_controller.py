@@ -1,0 +1,119 @@
+"""``controller.step``: recovery, healing and fine-tuning decisions, driven directly."""
+
+import json
+
+import pytest
+
+from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover.optimizer.controller import (
+    ControllerState, Fail, Heal, Keep, Observation, Relaunch, Resize, step,
+)
+from airflow_dlrover.optimizer.types import Configuration, NodeState, NodeStatus, Quota, Reason
+
+CONFIG = Configuration(2, 2, 1.0, 0.5, 2048, 1024)
+QUOTA = Quota(cpu=4.0, memory_mb=8192)
+
+
+def nodes(**overrides):
+    """master, 2 PS and 2 workers of CONFIG, all running; ``overrides``: name → NodeStatus fields."""
+    out = [NodeStatus("master", "master", 0, NodeState.RUNNING, 0.5, 512)]
+    out += [NodeStatus(f"ps-{i}", "ps", i, NodeState.RUNNING, 0.5, 1024) for i in range(2)]
+    out += [NodeStatus(f"worker-{i}", "worker", i, NodeState.RUNNING, 1.0, 2048) for i in range(2)]
+    return tuple(NodeStatus(**{**n.__dict__, **overrides.get(n.name.replace("-", "_"), {})}) for n in out)
+
+
+def observe(**kwargs):
+    return Observation(now_s=100.0, config=CONFIG, samples_done=1e5, samples_total=1e6, **kwargs)
+
+
+def test_a_failure_fails_the_attempt_once_and_the_next_step_relaunches_the_node():
+    state = ControllerState(QUOTA)
+    lost = nodes(worker_1={"state": NodeState.LOST, "reason": "process vanished"})
+    state, actions = step(state, observe(nodes=lost))
+    assert actions == [Fail(Reason.NODE_FAILED, actions[0].numbers, retryable=True, nodes=("worker-1",))]
+    state, actions = step(state, observe(nodes=lost))  # the retry
+    assert [(type(a), a.node, a.memory_mb) for a in actions] == [(Relaunch, "worker-1", None)]
+    relaunched = nodes(worker_1={"restarts": 1, "state": NodeState.LOST})  # the new incarnation fails too
+    _, actions = step(state, observe(nodes=relaunched))
+    assert isinstance(actions[0], Fail) and actions[0].retryable
+
+
+def test_an_oom_kill_grows_the_node_once_by_the_growth_factor_and_only_within_the_quota():
+    killed = nodes(ps_0={"state": NodeState.OOM_KILLED, "reason": "OOM"})
+    state, _ = step(ControllerState(QUOTA), observe(nodes=killed))
+    _, (relaunch,) = step(state, observe(nodes=killed))
+    assert relaunch == Relaunch(Reason.OOM_KILLED, relaunch.numbers, node="ps-0",
+                                memory_mb=1024 * C.OOM_MEMORY_GROWTH)
+    # The quota leaves 8192 − (1024 + 2·2048) = 3072 MB: a 3000 MB PS grows to the 64 MB grid under it.
+    big = nodes(ps_0={"state": NodeState.OOM_KILLED, "memory_mb": 3000.0})
+    state, _ = step(ControllerState(QUOTA), observe(nodes=big))
+    _, (capped,) = step(state, observe(nodes=big))
+    assert capped.memory_mb == 3072 - 3072 % C.MEMORY_GRANULARITY_MB and capped.memory_mb > 3000
+    # No room at all: a failure no retry can fix, naming the node.
+    full = nodes(ps_0={"state": NodeState.OOM_KILLED, "memory_mb": 3072.0})
+    state, _ = step(ControllerState(QUOTA), observe(nodes=full))
+    _, (fail,) = step(state, observe(nodes=full))
+    assert fail == Fail(Reason.OOM_PAST_QUOTA, fail.numbers, retryable=False, nodes=("ps-0",))
+    assert "ps-0" in fail.describe()
+
+
+def test_a_worker_the_cluster_cannot_place_leaves_the_job():
+    stuck = nodes(worker_1={"state": NodeState.UNSCHEDULABLE, "reason": "Unschedulable for 400 s"})
+    state, _ = step(ControllerState(QUOTA), observe(nodes=stuck))
+    _, (resize,) = step(state, observe(nodes=stuck))
+    assert isinstance(resize, Resize) and resize.remove == ("worker-1",) and resize.config.workers == 1
+
+
+def usage(t, node, role, cpu_used, cpu_limit, memory_used_mb, memory_limit_mb, throughput=None):
+    return {"time_s": t, "node": node, "role": role, "cpu_used": cpu_used, "cpu_limit": cpu_limit,
+            "memory_used_mb": memory_used_mb, "memory_limit_mb": memory_limit_mb, "throughput": throughput,
+            "age_s": 60.0}
+
+
+def test_a_hot_ps_gets_cpu_in_place_within_the_quota_and_is_refused_past_it():
+    rows = tuple(usage(t, f"ps-{i}", "ps", 0.49 if i == 0 else 0.2, 0.5, 500, 1024) for t in (1, 2, 3) for i in (0, 1))
+    _, (heal,) = step(ControllerState(Quota(cpu=5.0, memory_mb=8192)), observe(nodes=nodes(), usage=rows))
+    assert isinstance(heal, Heal) and heal.node == "ps-0" and heal.cpu == 1.0
+    _, (refused,) = step(ControllerState(Quota(cpu=3.0, memory_mb=8192)), observe(nodes=nodes(), usage=rows))
+    assert refused == Keep(Reason.PAST_QUOTA, refused.numbers) and refused.numbers["total"] == 3.5
+
+
+def test_a_node_at_oom_risk_grows_its_whole_role_and_is_judged_afresh():
+    rows = tuple(usage(3 * t, "worker-0", "worker", 0.9, 1.0, 1960 + t % 2, 2048, 100.0) for t in range(8))
+    state, (resize,) = step(ControllerState(QUOTA), observe(nodes=nodes(), usage=rows))
+    assert isinstance(resize, Resize) and resize.reason == Reason.OOM_RISK
+    assert resize.config == Configuration(2, 2, 1.0, 0.5, 2304, 1024)  # the request for 1961 MB: +15 %, ≥ +256
+    _, (refused,) = step(ControllerState(Quota(cpu=4.0, memory_mb=6000)), observe(nodes=nodes(), usage=rows))
+    assert refused.reason == Reason.PAST_QUOTA
+    assert not [r for r in state.node_history if r["role"] == "worker"]
+
+
+def test_a_straggler_is_replaced_with_the_planned_cpu():
+    rows = tuple(usage(t, f"worker-{i}", "worker", 0.2, 0.25 if i == 0 else 1.0, 900, 2048, 20.0 if i == 0 else 100.0)
+                 for t in (1, 2, 3) for i in (0, 1))
+    _, actions = step(ControllerState(QUOTA), observe(nodes=nodes(worker_0={"cpu": 0.25}), usage=rows))
+    assert [(type(a), a.node, a.cpu) for a in actions] == [(Relaunch, "worker-0", CONFIG.worker_cpu)]
+
+
+def test_a_fresh_node_is_not_judged_during_its_warm_up():
+    rows = tuple(dict(usage(t, "worker-0", "worker", 0.9, 1.0, 1000 + 200 * t, 2048, 100.0), age_s=1.0)
+                 for t in range(5))
+    state, actions = step(ControllerState(QUOTA), observe(nodes=nodes(), usage=rows))
+    assert actions == [] and state.node_history == ()
+
+
+def test_every_action_is_a_json_record_with_its_reason_as_data():
+    killed = nodes(ps_0={"state": NodeState.OOM_KILLED})
+    state, (fail,) = step(ControllerState(QUOTA), observe(nodes=killed))
+    _, (relaunch,) = step(state, observe(nodes=killed))
+    for action in (fail, relaunch):
+        record = json.loads(json.dumps(action.to_record()))
+        assert Reason(record["reason"]) == action.reason and record["action"] == action.kind
+        assert record["text"] == action.describe()
+
+
+def test_a_deadline_run_needs_its_deadline():
+    from airflow_dlrover.optimizer.types import InvalidInputError
+
+    with pytest.raises(InvalidInputError):
+        ControllerState(QUOTA, "fastest")
