@@ -31,9 +31,12 @@ from airflow_dlrover.optimizer.planner import plan
 from airflow_dlrover.optimizer.probes import design_probes
 from airflow_dlrover.optimizer.types import (
     Configuration,
+    OBJECTIVES,
+    FaultKind,
     InvalidInputError,
     Quota,
     parse_duration_s,
+    parse_faults,
     parse_memory_mb,
 )
 
@@ -170,7 +173,7 @@ def cmd_report(args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> None:
     """Run one training job with the local launcher; write summary.json and samples.csv."""
     from airflow_dlrover.launchers.local import LocalLauncher
-    from airflow_dlrover.launchers.run import HOT_PS_SKEW, Fault, run_job
+    from airflow_dlrover.launchers.run import HOT_PS_SKEW, run_job
     from airflow_dlrover.runtime.spec import JobSpec
 
     config = Configuration(
@@ -179,8 +182,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         ps_memory_mb=parse_memory_mb(args.ps_memory, "ps_memory"), worker_gpu=args.worker_gpu,
         batch_size=args.batch_size,
     )
-    faults = [Fault.parse(text) for text in args.inject]
-    skew = HOT_PS_SKEW if any(f.kind == "hot-ps" for f in faults) else args.zipf_skew
+    faults = parse_faults(args.inject)
+    skew = HOT_PS_SKEW if any(f.kind == FaultKind.HOT_PS for f in faults) else args.zipf_skew
     out = Path(args.out)
     job_id = args.job_id or f"train-{int(time.time())}"
     samples, data = args.samples, args.data

@@ -40,9 +40,12 @@ def get_provider_info() -> dict:
                 "tags": ["software"],
             }
         ],
-        "operators": [{"integration-name": "DLRover", "python-modules": ["airflow_dlrover.operators.dlrover"]}],
-        "sensors": [{"integration-name": "DLRover", "python-modules": ["airflow_dlrover.sensors.dlrover"]}],
-        "triggers": [{"integration-name": "DLRover", "python-modules": ["airflow_dlrover.triggers.dlrover"]}],
+        "operators": [{"integration-name": "DLRover", "python-modules": [
+            "airflow_dlrover.operators.base", "airflow_dlrover.operators.profile", "airflow_dlrover.operators.fit",
+            "airflow_dlrover.operators.launch", "airflow_dlrover.operators.finetune",
+            "airflow_dlrover.operators.report"]}],
+        "sensors": [{"integration-name": "DLRover", "python-modules": ["airflow_dlrover.sensors.guard"]}],
+        "triggers": [{"integration-name": "DLRover", "python-modules": ["airflow_dlrover.triggers.job"]}],
         "hooks": [{"integration-name": "DLRover", "python-modules": ["airflow_dlrover.hooks.dlrover"]}],
         "connection-types": [
             {

@@ -21,10 +21,10 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
 
-from airflow_dlrover.operators.dlrover import (
+from airflow_dlrover.operators import (
     DLRoverFineTuneOperator, DLRoverFitOperator, DLRoverLaunchOperator, DLRoverProfileOperator, DLRoverReportOperator,
 )
-from airflow_dlrover.sensors.dlrover import DLRoverInstabilitySensor
+from airflow_dlrover.sensors import DLRoverInstabilitySensor
 
 JOB = "dlrm_daily_retrain"
 JOB_ARGS = {"samples": "{{ params.samples }}", "data": "{{ params.dataset }}", "table_size": "{{ params.table_size }}"}

@@ -1,55 +1,53 @@
-"""The launcher interface that the local and the Kubernetes launchers share, and node recovery.
+"""The one launcher: launch/adopt, resize, relaunch, recovery and the controller's actions,
+written once over the small primitives a backend implements (``LocalLauncher``: processes in
+cgroups; ``KubernetesLauncher``: pods through the ``cncf-kubernetes`` hooks).
 
-A launcher places a job's nodes (master, PS, workers) somewhere with the resources of a plan:
-``launch(spec, config)`` (idempotent on the job id: a second call adopts the running job),
-``resize(job_id, config)``, ``status(job_id)``, ``metrics(job_id)``,
-``relaunch(job_id, node, cpu=, memory_mb=)`` and ``stop(job_id)``.
+A job's *record* (``job.json``: configuration, nodes with their resources and restarts, events)
+is kept by the backend (a file; a ConfigMap), so that any process adopts the job by its id. The
+protocol with the job's master is the runtime's, the same on every backend:
+
+* workers join as new nodes and leave by ``/drain`` (finish the shard, then exit) — a node that
+  is not running leaves by ``/node_lost`` (its shards are requeued);
+* a new PS count is ``/checkpoint`` → new PS → ``/cluster`` → ``/restore`` (re-partition);
+* a relaunched worker's shards are requeued (``/node_lost``), a relaunched PS rolls the job back
+  to its last checkpoint (``/restore``), a relaunched master reloads its persisted state;
+* a node's new CPU / memory is applied in place where the backend can and the node keeps its
+  number of torch threads (:func:`torch_threads`; a PS is one numpy thread), else the node is
+  relaunched.
+
+What a backend implements (everything else is here): ``_record`` / ``_write`` (the record),
+``_live_states`` (each node's state from its process or pod), ``_place`` (a new node's
+backend fields), ``_create_job`` (the job's objects and its master), ``_start_node``,
+``_stop_node``, ``_set_limits`` (in place), ``can_resize_in_place``, ``_ps_addresses``,
+``_adoptable``, ``_discard``, ``_master_url``, ``job_dir``, ``spec``, ``stop``, ``kill_node``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import time
 import urllib.request
-from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Iterable
 
-from airflow_dlrover.optimizer.types import Configuration
+from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover.optimizer.types import FAILED_STATES, Configuration, NodeState, NodeStatus
 from airflow_dlrover.runtime.spec import JobSpec
 
-#: Node states. ``oom_killed``, ``failed``, ``lost`` and ``unschedulable`` (a pod the cluster could
-#: not place for longer than a threshold) are recovered by relaunching the node; ``pending`` is a
-#: node that is starting.
+log = logging.getLogger(__name__)
+
 RUNNING, SUCCEEDED, FAILED, OOM_KILLED, LOST, STOPPED, PENDING, UNSCHEDULABLE = (
-    "running", "succeeded", "failed", "oom_killed", "lost", "stopped", "pending", "unschedulable"
+    NodeState.RUNNING, NodeState.SUCCEEDED, NodeState.FAILED, NodeState.OOM_KILLED, NodeState.LOST,
+    NodeState.STOPPED, NodeState.PENDING, NodeState.UNSCHEDULABLE,
 )
-FAILED_STATES = (FAILED, OOM_KILLED, LOST, UNSCHEDULABLE)
-
-#: After a real OOM kill the node comes back with this factor more memory (once per OOM).
-OOM_MEMORY_GROWTH = 1.5
+__all__ = ["FAILED_STATES", "Launcher", "NodeStatus", "call_master", "torch_threads"]
 
 
-@dataclass(frozen=True)
-class NodeStatus:
-    name: str
-    role: str  # master | ps | worker
-    index: int
-    state: str
-    cpu: float | None
-    memory_mb: float | None
-    restarts: int = 0
-    exit_code: int | None = None
-    reason: str = ""
-    oom_kills: int = 0
-
-
-class Launcher(Protocol):
-    def launch(self, spec: JobSpec, config: Configuration) -> str: ...
-    def resize(self, job_id: str, config: Configuration) -> dict[str, Any]: ...
-    def status(self, job_id: str) -> list[NodeStatus]: ...
-    def metrics(self, job_id: str) -> dict[str, Any]: ...
-    def relaunch(self, job_id: str, node: str, cpu: float | None = None, memory_mb: float | None = None) -> NodeStatus: ...
-    def stop(self, job_id: str) -> None: ...
+def torch_threads(cpu: float | None) -> int:
+    """Torch threads of a node: its whole cores (FIELD-NOTES: never more threads than cores owned)."""
+    return max(1, math.floor(cpu or 1))
 
 
 def call_master(base_url: str, path: str, body: dict[str, Any] | None = None, timeout: float = 120.0) -> Any:
@@ -68,3 +66,324 @@ def call_master(base_url: str, path: str, body: dict[str, Any] | None = None, ti
             if time.monotonic() > deadline:
                 raise ConnectionError(f"master unreachable at {url}: {err}") from None
             time.sleep(0.2)
+
+
+class Launcher:
+    """See the module docstring. Subclasses implement the primitives; ``poll_s`` is theirs."""
+
+    poll_s: float = C.LOCAL_POLL_S
+    start_timeout_s: float = C.NODE_START_TIMEOUT_S
+
+    # -- primitives (per backend) ----------------------------------------------------------------
+    def job_dir(self, job_id: str) -> Path:
+        raise NotImplementedError
+
+    def spec(self, job_id: str) -> JobSpec:
+        raise NotImplementedError
+
+    def exists(self, job_id: str) -> bool:
+        raise NotImplementedError
+
+    def _record(self, job_id: str) -> dict[str, Any]:
+        """The stored record (``KeyError`` when there is no such job)."""
+        raise NotImplementedError
+
+    def _write(self, job_id: str, record: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _live_states(self, job_id: str, record: dict[str, Any]) -> dict[str, tuple]:
+        """Each node's ``(state, exit code, reason, OOM kills since its start, start time)``."""
+        raise NotImplementedError
+
+    def _place(self, record: dict[str, Any], node: dict[str, Any], previous: dict[str, Any] | None) -> None:
+        """A new node's backend fields (a port, a pod name); ``previous``: the node it replaces."""
+
+    def _create_job(self, spec: JobSpec, record: dict[str, Any]) -> None:
+        """Create the job's objects and start its master (``record["nodes"]["master"]``)."""
+        raise NotImplementedError
+
+    def _start_node(self, job_id: str, record: dict[str, Any], node: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _stop_node(self, job_id: str, record: dict[str, Any], node: dict[str, Any], *, replacing: bool) -> None:
+        """Stop the node and wait until it is gone; ``replacing``: it starts again at once."""
+        raise NotImplementedError
+
+    def _set_limits(self, job_id: str, node: dict[str, Any]) -> None:
+        """Apply the node's ``cpu`` / ``memory_mb`` to the running node, in place."""
+        raise NotImplementedError
+
+    def can_resize_in_place(self) -> bool:
+        raise NotImplementedError
+
+    def _ps_addresses(self, job_id: str, record: dict[str, Any], names: list[str]) -> list[str]:
+        raise NotImplementedError
+
+    def _wait_ready(self, job_id: str, record: dict[str, Any], names: list[str]) -> None:
+        raise NotImplementedError
+
+    def _adoptable(self, record: dict[str, Any]) -> bool:
+        """Whether a launched job's record describes a running job that a retry adopts."""
+        raise NotImplementedError
+
+    def _discard(self, job_id: str, record: dict[str, Any]) -> None:
+        """Remove what is left of a launch whose master died or that failed half-way."""
+        raise NotImplementedError
+
+    def _master_url(self, job_id: str) -> str:
+        raise NotImplementedError
+
+    def stop(self, job_id: str) -> None:
+        raise NotImplementedError
+
+    def kill_node(self, job_id: str, node_name: str) -> None:
+        """Fault injection: kill the node as a crash would."""
+        raise NotImplementedError
+
+    def metrics(self, job_id: str) -> dict[str, Any]:
+        """The master's metrics plus each node's usage (``usage``, read at ``usage_time``)."""
+        raise NotImplementedError
+
+    # -- the record and the master ----------------------------------------------------------------
+    def read_job(self, job_id: str) -> dict[str, Any]:
+        """The record with each node's live ``state``, ``exit_code``, ``reason``, ``oom_kills``, ``started``."""
+        record = self._record(job_id)
+        for name, (state, code, reason, ooms, started) in self._live_states(job_id, record).items():
+            record["nodes"][name].update(state=state, exit_code=code, reason=reason, oom_kills=ooms, started=started)
+        return record
+
+    def status(self, job_id: str) -> list[NodeStatus]:
+        return statuses(self.read_job(job_id))
+
+    def master_call(self, job_id: str, path: str, body: dict[str, Any] | None = None, timeout: float = 120.0) -> Any:
+        try:
+            return call_master(self._master_url(job_id), path, body, timeout)
+        except ConnectionError as err:
+            raise ConnectionError(f"master of {job_id}: {err}") from None
+
+    def _new_node(self, record: dict[str, Any], name: str, role: str, index: int, cpu: float,
+                  memory_mb: float | None, gpu: int = 0, count: int = 1,
+                  previous: dict[str, Any] | None = None) -> dict[str, Any]:
+        node = dict(name=name, role=role, index=index, cpu=cpu, memory_mb=memory_mb or None, gpu=gpu, count=count,
+                    restarts=0)
+        self._place(record, node, previous)
+        record["nodes"][name] = node
+        return node
+
+    def _node_state(self, job_id: str, record: dict[str, Any], name: str) -> str:
+        return self._live_states(job_id, {**record, "nodes": {name: record["nodes"][name]}})[name][0]
+
+    # -- launch / adopt -----------------------------------------------------------------------------
+    def launch(self, spec: JobSpec, config: Configuration) -> str:
+        """Start master, PS and workers for ``config`` — or adopt the job when it already runs (an
+        Airflow retry never starts a second copy). What is left of a launch whose master died is
+        removed first, and the new job resumes from its checkpoint (``/restore``: the master
+        reloaded its state, the new PS are empty)."""
+        job_id = spec.job_id
+        resuming = self.exists(job_id)
+        if resuming:
+            record = self.read_job(job_id)
+            if self._adoptable(record):
+                log.info("job %s already running: adopted", job_id)
+                return job_id
+            self._discard(job_id, record)
+        record = {"job_id": job_id, "config": config.to_row(), "nodes": {}, "events": [], "resizes": 0,
+                  "started": time.time()}
+        self._new_node(record, "master", "master", 0, C.MASTER_CPU, C.MASTER_MEMORY_MB)
+        self._create_job(spec, record)
+        self._wait_ready(job_id, record, ["master"])
+        self._start_ps(job_id, record, config)
+        if resuming:
+            self.master_call(job_id, "/restore", {})
+        for index in range(config.workers):
+            self._add_worker(job_id, record, config, index)
+        record["launched"] = True  # only now may a retry adopt the job
+        self._write(job_id, record)
+        return job_id
+
+    def _start_ps(self, job_id: str, record: dict[str, Any], config: Configuration,
+                  previous: dict[str, dict[str, Any]] | None = None) -> None:
+        """Start ``config.ps`` PS (each in the place of the PS it replaces) and tell the master."""
+        names = []
+        for index in range(config.ps):
+            name = f"ps-{index}"
+            node = self._new_node(record, name, "ps", index, config.ps_cpu, config.ps_memory_mb, count=config.ps,
+                                  previous=(previous or {}).get(name))
+            self._start_node(job_id, record, node)
+            names.append(name)
+        self._write(job_id, record)
+        self._wait_ready(job_id, record, names)
+        self.master_call(job_id, "/cluster", {"ps": self._ps_addresses(job_id, record, names)})
+
+    def _add_worker(self, job_id: str, record: dict[str, Any], config: Configuration, index: int) -> str:
+        node = self._new_node(record, f"worker-{index}", "worker", index, config.worker_cpu, config.worker_memory_mb,
+                              gpu=config.worker_gpu)
+        self._start_node(job_id, record, node)
+        return node["name"]
+
+    # -- one node ------------------------------------------------------------------------------
+    def relaunch(self, job_id: str, node_name: str, cpu: float | None = None, memory_mb: float | None = None) -> NodeStatus:
+        """Restart one node (optionally with new resources) and re-join it to the job. A node
+        relaunched with more memory than its role's configuration raises the configuration's:
+        the nodes of a role are alike, and a later resize must not shrink it back."""
+        record = self.read_job(job_id)
+        node = record["nodes"][node_name]
+        self._stop_node(job_id, record, node, replacing=True)
+        node["cpu"] = node["cpu"] if cpu is None else cpu
+        node["memory_mb"] = node["memory_mb"] if memory_mb is None else memory_mb
+        node["restarts"] = node.get("restarts", 0) + 1
+        key = f"{node['role']}_memory_mb"
+        if memory_mb is not None and key in record["config"] and memory_mb > (record["config"][key] or 0):
+            record["config"][key] = memory_mb
+        record["events"].append({"time": time.time(), "node": node_name, "event": "relaunch", "cpu": node["cpu"],
+                                 "memory_mb": node["memory_mb"]})
+        if node["role"] == "worker":
+            self.master_call(job_id, "/node_lost", {"node": node_name})
+        self._start_node(job_id, record, node)
+        self._write(job_id, record)
+        if node["role"] in ("master", "ps"):
+            self._wait_ready(job_id, record, [node_name])
+        if node["role"] == "ps":
+            self.master_call(job_id, "/restore", {})  # roll every PS back to the last checkpoint
+        return next(s for s in self.status(job_id) if s.name == node_name)
+
+    def set_limits(self, job_id: str, node_name: str, cpu: float | None = None, memory_mb: float | None = None) -> str:
+        """New CPU / memory for one node: in place where the backend can and its torch threads do
+        not change (a PS is one thread: always), else a relaunch. Returns what was done."""
+        record = self._record(job_id)
+        node = record["nodes"][node_name]
+        cpu = node["cpu"] if cpu is None else cpu
+        memory_mb = node["memory_mb"] if memory_mb is None else memory_mb
+        if self._in_place(node["role"], node["cpu"], cpu):
+            node.update(cpu=cpu, memory_mb=memory_mb)
+            self._set_limits(job_id, node)
+            self._write(job_id, record)
+            return f"{node_name} set to {cpu:g} CPU / {memory_mb or 0:g} MB in place"
+        self.relaunch(job_id, node_name, cpu=cpu, memory_mb=memory_mb)
+        return f"{node_name} relaunched with {cpu:g} CPU / {memory_mb or 0:g} MB"
+
+    def _in_place(self, role: str, cpu_before: float | None, cpu_after: float | None) -> bool:
+        return self.can_resize_in_place() and (role == "ps" or torch_threads(cpu_before) == torch_threads(cpu_after))
+
+    def _wait_exit(self, job_id: str, record: dict[str, Any], node: dict[str, Any],
+                   timeout_s: float = C.DRAIN_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self._node_state(job_id, record, node["name"]) == RUNNING:
+            if time.monotonic() > deadline:
+                log.warning("%s did not exit %.0f s after /drain: stopping it", node["name"], timeout_s)
+                return
+            time.sleep(self.poll_s)
+
+    def _leave(self, job_id: str, record: dict[str, Any], node: dict[str, Any]) -> None:
+        """A worker leaves the job: drained when it runs, its shards requeued when it does not."""
+        if self._node_state(job_id, record, node["name"]) == RUNNING:
+            self.master_call(job_id, "/drain", {"node": node["name"]})
+            self._wait_exit(job_id, record, node)
+        else:
+            self.master_call(job_id, "/node_lost", {"node": node["name"]})
+        self._stop_node(job_id, record, node, replacing=False)
+        node["state"] = STOPPED
+
+    # -- the whole job ---------------------------------------------------------------------------
+    def resize(self, job_id: str, config: Configuration, remove: Iterable[str] = ()) -> dict[str, Any]:
+        """Change the job to ``config`` (see the module docstring); ``remove``: workers that leave
+        first. Returns the actions taken and the seconds they took."""
+        record = self.read_job(job_id)
+        current = Configuration(**record["config"])
+        started = time.monotonic()
+        actions = []
+        ps_nodes = {n: node for n, node in record["nodes"].items() if node["role"] == "ps"}
+        ps_resources = (config.ps_cpu, config.ps_memory_mb) != (current.ps_cpu, current.ps_memory_mb)
+        if config.ps == current.ps and ps_resources and self._in_place("ps", current.ps_cpu, config.ps_cpu):
+            for node in ps_nodes.values():
+                node.update(cpu=config.ps_cpu, memory_mb=config.ps_memory_mb or None)
+                self._set_limits(job_id, node)
+            actions.append(f"ps resized in place to {config.ps_cpu:g} CPU / {config.ps_memory_mb:g} MB")
+        elif config.ps != current.ps or ps_resources:
+            self.master_call(job_id, "/checkpoint", {})
+            for name, node in ps_nodes.items():
+                self._stop_node(job_id, record, node, replacing=False)
+                del record["nodes"][name]
+            self._start_ps(job_id, record, config, previous=ps_nodes)
+            self.master_call(job_id, "/restore", {})
+            actions.append(f"ps {current.ps}×{current.ps_cpu:g} → {config.ps}×{config.ps_cpu:g} "
+                           "(checkpoint, re-partition)")
+        workers = sorted((n for n in record["nodes"].values() if n["role"] == "worker" and n.get("state") != STOPPED),
+                         key=lambda n: n["index"])
+        remove = set(remove)
+        staying = [n for n in workers if n["name"] not in remove]
+        leaving = [n for n in workers if n["name"] in remove] + staying[config.workers:]
+        staying = staying[: config.workers]
+        worker_resources = ((config.worker_cpu, config.worker_memory_mb, config.worker_gpu)
+                            != (current.worker_cpu, current.worker_memory_mb, current.worker_gpu))
+        if worker_resources and config.worker_gpu == current.worker_gpu and self._in_place(
+                "worker", current.worker_cpu, config.worker_cpu):
+            for node in staying:
+                node.update(cpu=config.worker_cpu, memory_mb=config.worker_memory_mb or None)
+                self._set_limits(job_id, node)
+            actions.append(f"workers resized in place to {config.worker_cpu:g} CPU / {config.worker_memory_mb:g} MB")
+        elif worker_resources:
+            for node in staying:
+                self.master_call(job_id, "/drain", {"node": node["name"]})
+                self._wait_exit(job_id, record, node)
+                self._stop_node(job_id, record, node, replacing=True)
+                node.update(cpu=config.worker_cpu, memory_mb=config.worker_memory_mb or None, gpu=config.worker_gpu,
+                            restarts=node.get("restarts", 0) + 1)
+                self._start_node(job_id, record, node)
+            actions.append(f"workers relaunched with {config.worker_cpu:g} CPU / {config.worker_memory_mb:g} MB")
+        for node in leaving:
+            self._leave(job_id, record, node)
+            actions.append(f"{node['name']} removed")
+        next_index = max((n["index"] for n in record["nodes"].values() if n["role"] == "worker"), default=-1) + 1
+        for offset in range(config.workers - len(staying)):
+            actions.append(f"{self._add_worker(job_id, record, config, next_index + offset)} added")
+        record["config"] = config.to_row()
+        record["resizes"] = record.get("resizes", 0) + 1
+        record["events"].append({"time": time.time(), "event": "resize", "actions": actions})
+        self._write(job_id, record)
+        return {"actions": actions, "seconds": time.monotonic() - started}
+
+    # -- the controller's actions --------------------------------------------------------------
+    def apply(self, job_id: str, actions: Iterable[Any]) -> list[dict[str, Any]]:
+        """Carry out ``controller.step``'s actions, in order; one record per action that changes
+        the job (``Keep`` and ``Fail`` are the caller's to record): the action's record plus
+        ``done`` (what the launcher did) and ``seconds``."""
+        from airflow_dlrover.optimizer.controller import Heal, Relaunch, Resize
+
+        records = []
+        for action in actions:
+            started = time.monotonic()
+            if isinstance(action, Resize):
+                done = self.resize(job_id, action.config, remove=action.remove)["actions"]
+            elif isinstance(action, Heal):
+                done = [self.set_limits(job_id, action.node, cpu=action.cpu, memory_mb=action.memory_mb)]
+            elif isinstance(action, Relaunch):
+                self.relaunch(job_id, action.node, cpu=action.cpu, memory_mb=action.memory_mb)
+                done = [f"{action.node} relaunched"]
+            else:
+                continue
+            records.append({**action.to_record(), "done": done, "seconds": time.monotonic() - started})
+        return records
+
+    def recover(self, job_id: str, quota: Any = None) -> list[dict[str, Any]]:
+        """Recover every failed node now, as a retry does: the controller's step for the job's
+        failures (taken as reported) carried out; ``quota`` bounds an OOM-killed node's growth.
+        Returns the records of what was done (and of a failure no retry can fix)."""
+        from airflow_dlrover.optimizer.controller import ControllerState, Fail, Observation, step
+
+        nodes = self.status(job_id)
+        failed = frozenset((n.name, n.restarts) for n in nodes if n.failed)
+        if not failed:
+            return []
+        config = Configuration(**self._record(job_id)["config"])
+        _, actions = step(ControllerState(quota, failures_reported=failed),
+                          Observation(time.time(), config, nodes=tuple(nodes)))
+        return [a.to_record() for a in actions if isinstance(a, Fail)] + self.apply(job_id, actions)
+
+
+def statuses(record: dict[str, Any]) -> list[NodeStatus]:
+    """The ``NodeStatus`` of every node of a record read with its live states."""
+    return [NodeStatus(n["name"], n["role"], n["index"], NodeState(n.get("state") or STOPPED), n["cpu"],
+                       n["memory_mb"], n.get("restarts", 0), n.get("exit_code"), n.get("reason", ""),
+                       n.get("oom_kills", 0))
+            for n in record["nodes"].values()]

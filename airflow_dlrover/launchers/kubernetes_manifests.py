@@ -49,7 +49,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_dlrover.launchers.local import MASTER_CPU, MASTER_MEMORY_MB, _threads
+from airflow_dlrover.launchers.base import torch_threads
+from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError
 from airflow_dlrover.runtime.__main__ import AUTHKEY_ENV
 from airflow_dlrover.runtime.spec import JobSpec
@@ -249,7 +250,7 @@ def node_pod(
     names = {"master": master_name(job_id), "ps": ps_name(job_id, index), "worker": worker_name(job_id, index)}
     name = names[role]
     port = {"master": MASTER_PORT, "ps": PS_PORT}.get(role, 0)
-    threads = _threads(cpu)
+    threads = torch_threads(cpu)
     args = [role, "--job-dir", JOB_DIR, "--index", str(index), "--name", name.removeprefix(f"{job_id}-"),
             "--port", str(port), "--host", "0.0.0.0"]
     if role == "ps":
@@ -349,7 +350,7 @@ def render_job(
     placement = Placement(namespace, image, volume_claim, data_volume_claim, service_account, node_selector,
                           tolerations)
     owner = owner_references(master_uid, job)
-    objects = [node_pod(job, "master", 0, cpu=MASTER_CPU, memory_mb=MASTER_MEMORY_MB, placement=placement)]
+    objects = [node_pod(job, "master", 0, cpu=C.MASTER_CPU, memory_mb=C.MASTER_MEMORY_MB, placement=placement)]
     objects += job_objects(spec, placement, owner, record)
     for index in range(config.ps):
         objects.append(node_pod(job, "ps", index, cpu=config.ps_cpu, memory_mb=config.ps_memory_mb,

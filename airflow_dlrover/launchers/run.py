@@ -1,9 +1,12 @@
 """Run one training job to completion with a launcher: faults, recovery, profile samples, summary.
 
-This is what ``dlrover-rm train`` does. It watches the job every ``POLL_S``: a failed node is
-relaunched (with more memory after a real OOM), every ``WINDOW_S`` a profile sample (the
-configuration row plus measured throughput and per-node CPU / memory) is appended, and injected
-faults fire on schedule. The summary accounts for every sample from the PS ledger:
+This is what ``dlrover-rm train`` does. It watches the job every ``POLL_S`` and hands what it
+sees to the controller (``optimizer.controller.step``: the node statuses every poll, the per-node
+usage every ``WINDOW_S``) and carries out its actions — a failed node is relaunched (with more
+memory after a real OOM) on the step after the one that reported it, instability is healed in
+place — while every clean window becomes a profile sample (the configuration row plus measured
+throughput and per-node CPU / memory) and injected faults fire on schedule. Without a quota
+healing is unbounded; the configuration is only changed by the ``resizes`` asked for. The summary accounts for every sample from the PS ledger:
 
     samples_trained    = Σ_shards applied(shard)
     samples_lost       = Σ_shards max(0, size(shard) − applied(shard))   (must be 0)
@@ -17,9 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,40 +28,19 @@ import numpy as np
 import pandas as pd
 
 from airflow_dlrover.launchers.local import LocalLauncher
-from airflow_dlrover.launchers.watch import SAMPLE_TABLE_COLUMNS, WINDOW_S, JobMeter, detect_instability, detector_history, heal
-from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError, parse_duration_s
+from airflow_dlrover.launchers.watch import SAMPLE_TABLE_COLUMNS, WINDOW_S, JobMeter
+from airflow_dlrover.optimizer.controller import ControllerState, Fail, Observation, step
+from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, Fault, FaultKind
 from airflow_dlrover.runtime.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.25
-FAULT_KINDS = ("kill-worker", "kill-ps", "kill-master", "oom-worker", "slow-worker", "hot-ps")
 SLOW_WORKER_CPU_FRACTION = 0.25  # slow-worker cuts the worker's CPU quota to this fraction
 #: hot-ps trains on ids this skewed: with rows partitioned by id % p, the PS that holds the
 #: hottest ids takes ~2× the lookups of the others at p = 2 (data.py's measurement at skew 2.0:
 #: the busiest of 8 PS serves 64 % of the lookups)
 HOT_PS_SKEW = 2.0
-
-
-@dataclass(frozen=True)
-class Fault:
-    kind: str
-    at_s: float
-    node: str
-
-    @classmethod
-    def parse(cls, text: str) -> "Fault":
-        """``kill-worker@20s``, ``kill-ps@30s``, ``kill-master@15s``, ``oom-worker@10s``,
-        ``slow-worker@10s``, ``hot-ps`` (id skew ``HOT_PS_SKEW``, from the start); ``:N`` picks the node."""
-        match = re.fullmatch(r"([a-z-]+)(?::(\d+))?(?:@(.+))?", text.strip())
-        if not match or match.group(1) not in FAULT_KINDS:
-            raise InvalidInputError("inject", text, f"one of {', '.join(f'{k}@<time>' for k in FAULT_KINDS)}")
-        kind, index, when = match.groups()
-        if kind != "hot-ps" and when is None:
-            raise InvalidInputError("inject", text, f"{kind}@<time>, e.g. {kind}@20s")
-        role = kind.split("-")[1]
-        node = "master" if role == "master" else f"{role}-{index or 0}"
-        return cls(kind, parse_duration_s(when, "inject") if when else 0.0, node)
 
 
 def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: Path,
@@ -79,6 +59,7 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
     series: list[dict[str, Any]] = []
     history: list[dict[str, Any]] = []  # per-node metrics windows for the instability detectors
     meter = JobMeter(launcher, job_id)
+    state = ControllerState(quota=None)
     try:
         while True:
             now = time.time() - started
@@ -89,25 +70,30 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
                 _, target = pending_resizes.pop(0)
                 result = launcher.resize(job_id, target)
                 events.append({"time_s": now, "resize": target.to_row(), **result})
-            recovered = launcher.recover(job_id)
-            for event in recovered:
-                event["time_s"] = time.time() - started
-                events.append(event)
+            usage: list[dict[str, Any]] = []
+            status = None
             try:
                 status = launcher.master_call(job_id, "/status", timeout=2.0)
-            except ConnectionError:  # the master is down: the next recover() relaunches it
-                time.sleep(POLL_S)
-                continue
-            meter.observe(status, healthy=not recovered)
-            series.append({"time_s": now, "throughput": status["throughput"], "samples_done": status["samples_done"]})
-            if meter.elapsed_s >= WINDOW_S:
-                row, nodes = meter.close(now)
+            except ConnectionError:  # the master is down: its node status says so
+                pass
+            if status is not None and meter.elapsed_s >= WINDOW_S:
+                row, usage = meter.close(time.time())
                 if row:
                     rows.append(row)
-                history = detector_history(history, nodes, now)
-                for record in detect_instability(history, now):
-                    events.append(heal(launcher, job_id, record))
-                    history = [h for h in history if h["node"] != record["node"]]  # judge the new node afresh
+            nodes = tuple(launcher.status(job_id))
+            state, actions = step(state, Observation(time.time(), Configuration(**launcher.read_job(job_id)["config"]),
+                                                     nodes=nodes, usage=tuple(usage)))
+            for action in (a for a in actions if isinstance(a, Fail)):
+                events.append({**action.to_record(), "time_s": now})
+                if not action.retryable:
+                    raise RuntimeError(f"job {job_id}: {action.describe()}")
+            done = launcher.apply(job_id, actions)
+            events += [{**record, "time_s": time.time() - started} for record in done]
+            if status is None:
+                time.sleep(POLL_S)
+                continue
+            meter.observe(status, healthy=not any(n.failed for n in nodes) and not done)
+            series.append({"time_s": now, "throughput": status["throughput"], "samples_done": status["samples_done"]})
             if status["state"] == "done":
                 break
             if time.time() - started > timeout_s:
@@ -123,14 +109,14 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
 
 def _inject(launcher: LocalLauncher, job_id: str, fault: Fault, now: float) -> dict[str, Any]:
     log.warning("injecting %s into %s at %.1fs", fault.kind, fault.node, now)
-    if fault.kind.startswith("kill-"):
+    if fault.kind in (FaultKind.KILL_WORKER, FaultKind.KILL_PS, FaultKind.KILL_MASTER):
         launcher.kill_node(job_id, fault.node)
-    elif fault.kind == "oom-worker":
+    elif fault.kind == FaultKind.OOM_WORKER:
         launcher.master_call(job_id, "/command", {"node": fault.node, "command": "oom"})
-    elif fault.kind == "slow-worker":
+    elif fault.kind == FaultKind.SLOW_WORKER:
         node = next(s for s in launcher.status(job_id) if s.name == fault.node)
-        launcher.set_cpu(job_id, fault.node, max(0.1, node.cpu * SLOW_WORKER_CPU_FRACTION))
-    return {"time_s": now, "inject": fault.kind, "node": fault.node}
+        launcher.set_limits(job_id, fault.node, cpu=max(0.1, node.cpu * SLOW_WORKER_CPU_FRACTION))
+    return {"time_s": now, "inject": fault.kind.value, "node": fault.node}
 
 
 def _summarize(launcher, job_id, spec, events, series, started) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Watching a running job: profile samples in windows, per-node usage, and in-place healing.
+"""Watching a running job: profile samples in windows and per-node usage, the observations the
+controller (``optimizer.controller.step``) decides on.
 
 Shared by ``run_job`` (the CLI's supervisor), the profiling stage and the Airflow triggers.
 
@@ -19,11 +20,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from airflow_dlrover.launchers.base import RUNNING
+from airflow_dlrover.launchers.base import FAILED_STATES, RUNNING
+from airflow_dlrover.optimizer import constants as C
 
-WINDOW_S = 3.0  # profile-sample window (our choice: ≥ 3 worker reports per window)
-HISTORY_S = 30.0  # the instability detectors look at this much node history
-NODE_WARMUP_S = 10.0  # ... from this long after a node (re)started (our measurement: torch import + first rows)
+WINDOW_S = C.MEASUREMENT_WINDOW_S
 
 SAMPLE_TABLE_COLUMNS = ("throughput", "worker_cpu_used", "ps_cpu_used", "worker_memory_used_mb",
                         "ps_memory_used_mb", "samples_seen", "timestamp")
@@ -137,75 +137,9 @@ def profile_row(config: dict[str, Any], nodes: list[dict[str, Any]], throughput:
 def failed_nodes(statuses: list[Any]) -> list[dict[str, Any]]:
     """The failed, OOM-killed, lost or unschedulable nodes among a job's ``launcher.status()``, as
     JSON-able records (events, XCom, history)."""
-    from airflow_dlrover.launchers.base import FAILED_STATES
-
     return [{"name": s.name, "state": s.state, "reason": s.reason, "memory_mb": s.memory_mb}
             for s in statuses if s.state in FAILED_STATES]
 
 
 def all_running(statuses: list[Any]) -> bool:
     return all(s.state == RUNNING for s in statuses if s.state != "stopped")
-
-
-def detect_instability(history: list[dict[str, Any]], now_s: float) -> list[dict[str, Any]]:
-    """Run the optimizer's detectors (hot PS, stragglers, OOM risk) on the node history; one
-    JSON-able record per event with its evidence and proposed action."""
-    from airflow_dlrover.optimizer.instability import detect
-
-    table = pd.DataFrame(history)
-    if table.empty:
-        return []
-    records = []
-    for event in detect(table):
-        record = event.to_dict()
-        records.append({"time_s": now_s, "instability": record.pop("kind"), **record})
-    return records
-
-
-def heal(launcher: Any, job_id: str, record: dict[str, Any], quota: Any = None) -> dict[str, Any]:
-    """Heal one detected event in place: a straggler gets a fresh worker with the planned CPU; a
-    worker at OOM risk is relaunched with more memory before the kill; a hot PS gets the proposed
-    CPU quota in place (cgroup, no restart: it keeps its rows). A change that would take the
-    job's PS and workers past ``quota`` (cores or memory) is not made, only recorded. Returns the
-    record with ``healed``."""
-    job = launcher.read_job(job_id)
-    planned = job["config"]
-    node, value = record["node"], record["action"].get("value")
-    kind = record["instability"]
-    change = {"straggler": ("cpu", planned["worker_cpu"]), "hot_ps": ("cpu", value)}.get(kind)
-    if kind == "oom_risk" and node.startswith("worker"):
-        change = ("memory_mb", value)
-    if change is None:
-        return {**record, "healed": "not healable in place: recorded"}
-    over = _past_quota(job, node, *change, quota)
-    if over:
-        return {**record, "healed": f"not healed: {over}"}
-    if kind == "straggler":
-        launcher.relaunch(job_id, node, cpu=planned["worker_cpu"])
-        healed = f"relaunched with {planned['worker_cpu']:g} CPU"
-    elif kind == "oom_risk":
-        launcher.relaunch(job_id, node, memory_mb=value)
-        healed = f"relaunched with {value:g} MB"
-    else:
-        launcher.set_cpu(job_id, node, value)
-        healed = f"CPU quota raised to {value:g} in place"
-    return {**record, "healed": healed}
-
-
-def _past_quota(job: dict[str, Any], node: str, resource: str, value: float, quota: Any) -> str:
-    """Why giving ``node`` ``value`` of ``resource`` would exceed the quota ('' when it fits)."""
-    if quota is None:
-        return ""
-    active = {n: d for n, d in job["nodes"].items() if d["role"] in ("worker", "ps") and d.get("state") != "stopped"}
-    total = sum((d.get(resource) or 0.0) for n, d in active.items() if n != node) + value
-    limit = quota.cpu if resource == "cpu" else quota.memory_mb
-    unit = "cores" if resource == "cpu" else "MB"
-    return f"{node} at {value:g} would make {total:g} {unit}, past the quota's {limit:g}" if total > limit + 1e-9 else ""
-
-
-def detector_history(history: list[dict[str, Any]], nodes: list[dict[str, Any]], now_s: float) -> list[dict[str, Any]]:
-    """Append a window's node rows, leaving out each node's first ``NODE_WARMUP_S`` (its memory
-    ramps while it imports torch and touches its first rows, which a trend reads as a leak), and
-    keep ``HISTORY_S``."""
-    history = history + [n for n in nodes if n["age_s"] >= NODE_WARMUP_S]
-    return [h for h in history if h["time_s"] > now_s - HISTORY_S]

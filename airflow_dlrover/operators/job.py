@@ -1,8 +1,5 @@
-"""What every DLRover task shares: the job's identity, its arguments, the quota, user errors.
-
-A job has a *name* (``job``, stable across days: the history store keys yesterday's model by it)
-and, per DAG run, a launcher *job id* derived from the name and the Airflow ``run_id``, so that
-every task of one run — and every retry — addresses the same running job.
+"""The DLRover tasks' arguments: the job's launcher id, its ``job_args``, the quota, the faults
+to inject, durations — each checked, a user's mistake failing the task without retry.
 """
 
 from __future__ import annotations
@@ -10,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import re
 from contextlib import contextmanager
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -117,75 +113,13 @@ def parse_quota(quota: dict[str, Any] | None, default: Any):
 
 
 def parse_faults(inject: str | list[str] | None) -> list[dict[str, Any]]:
-    """Demo fault injection: ``kill-worker@30s``, ``oom-worker:1@20s`` (comma-separated or a list)."""
-    from airflow_dlrover.optimizer.types import InvalidInputError, parse_duration_s
+    """Demo faults the job's master injects (``MASTER_FAULTS``): ``kill-worker@30s``,
+    ``oom-worker:1@20s`` (comma-separated or a list), as the master's ``/faults`` takes them."""
+    from airflow_dlrover.optimizer.types import FaultKind, parse_faults as parse
     from airflow_dlrover.runtime.master import FAULT_COMMANDS
 
-    if not inject:
-        return []
-    items = [i.strip() for i in (inject.split(",") if isinstance(inject, str) else inject) if i and i.strip()]
-    faults = []
-    for item in items:
-        match = re.fullmatch(r"([a-z-]+)(?::(\d+))?@(.+)", item)
-        if not match or match.group(1) not in FAULT_COMMANDS:
-            raise InvalidInputError("inject", item, " | ".join(f"{k}[:N]@<time>" for k in FAULT_COMMANDS) + ", e.g. kill-worker@30s")
-        kind, index, when = match.groups()
-        faults.append({"kind": kind, "node": f"worker-{index or 0}", "at_s": parse_duration_s(when, "inject")})
-    return faults
-
-
-class DLRoverTaskMixin:
-    """The hook, history store and launcher of a task's ``dlrover_conn_id``, and the run's ids."""
-
-    dlrover_conn_id: str
-    job: str
-
-    @cached_property
-    def hook(self):
-        from airflow_dlrover.hooks.dlrover import DLRoverHook
-
-        return DLRoverHook(self.dlrover_conn_id)
-
-    @cached_property
-    def history(self):
-        return self.hook.get_history()
-
-    @cached_property
-    def launcher(self):
-        with user_errors():
-            return self.hook.get_launcher(getattr(self, "kubernetes", None))
-
-    def run_ids(self, context: Any) -> tuple[int, str]:
-        """(history run id, launcher job id) of this DAG run."""
-        from airflow_dlrover.optimizer.types import InvalidInputError
-
-        if not self.job or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", str(self.job)):
-            with user_errors():
-                raise InvalidInputError("job", self.job, "a name of letters, digits, '_', '.', '-'")
-        run_id = context["run_id"]
-        self._dlrover_job_id = launcher_job_id(self.job, run_id)
-        return self.history.start_run(self.job, run_id), self._dlrover_job_id
-
-    def on_kill(self) -> None:
-        """A killed task (marked failed, cleared, timed out) deletes its run's job: no orphan
-        pods or processes. The report task stops the job on every other ending."""
-        job_id = getattr(self, "_dlrover_job_id", None)
-        if job_id and self.launcher.exists(job_id):
-            self.log.warning("task killed: stopping job %s", job_id)
-            self.launcher.stop(job_id)
-
-    def turn_ends_at(self) -> float | None:
-        """When the task's turn ends (``turn``): it spans its re-deferrals, not each one."""
-        import time
-
-        turn = getattr(self, "turn", None)
-        return time.time() + duration_s("turn", turn) if turn else None
-
-    def trigger_kwargs(self) -> dict[str, Any]:
-        settings = self.hook.settings
-        with user_errors():
-            options = self.hook.launcher_options(getattr(self, "kubernetes", None))
-        return {"launcher": settings.launcher, "jobs_dir": settings.jobs_dir, "launcher_options": options}
+    kinds = tuple(FaultKind(kind) for kind in FAULT_COMMANDS)
+    return [fault.to_dict() for fault in parse(inject, allowed=kinds)]
 
 
 def positive_int(field: str, value: Any) -> int:

@@ -192,8 +192,10 @@ STRAGGLER_MIN_OBSERVATIONS = 3
 OOM_HORIZON_S = 600.0
 #: ... or when usage is already above this fraction of the limit. (ours)
 OOM_USAGE_FRACTION = 0.95
-#: The detectors look at this many most recent windows of each node: 30 s of the runtime's 3 s
-#: windows (``launchers.watch.WINDOW_S``). (ours)
+#: A measurement window of the running job: profile samples, fine-tune windows and the detectors'
+#: rows. (ours: ≥ 3 worker reports per window)
+MEASUREMENT_WINDOW_S = 3.0
+#: The detectors look at this many most recent windows of each node: 30 s of 3 s windows. (ours)
 DETECTOR_HISTORY_WINDOWS = 10
 #: ... leaving out each node's first seconds: its memory ramps while it imports torch and
 #: touches its first rows, which a trend reads as a leak. (ours, measured on the runtime)

@@ -341,7 +341,7 @@ def _event_numbers(event: Any) -> dict:
 
 
 def _remaining_s(state: ControllerState, obs: Observation) -> float | None:
-    measured = _measured(state, obs.config)
+    measured = measured_since_resize(state, obs.config)
     if obs.remaining is None or not measured:
         return None
     return obs.remaining / max(float(np.median(measured)), 1e-9)
@@ -366,7 +366,7 @@ def _finetune(state: ControllerState, obs: Observation) -> tuple[ControllerState
     remaining = obs.remaining
     if remaining is None:
         return state, Keep(Reason.NOT_MEASURED)
-    measured = _measured(state, config)
+    measured = measured_since_resize(state, config)
     deadline_s = None if state.deadline_at_s is None else state.deadline_at_s - obs.now_s
     if state.objective == Objective.DEADLINE and deadline_s is None:
         raise InvalidInputError("deadline", None, "a deadline, with the deadline objective")
@@ -395,7 +395,7 @@ def _shape(row: dict | Configuration) -> tuple:
             int(get("worker_gpu") or 0))
 
 
-def _measured(state: ControllerState, config: Configuration | None) -> list[float]:
+def measured_since_resize(state: ControllerState, config: Configuration | None) -> list[float]:
     """Throughput of the windows on the running configuration since it was planned / resized to."""
     if config is None:
         return []

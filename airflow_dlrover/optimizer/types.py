@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Any, Mapping
 
 import numpy as np
@@ -201,6 +201,10 @@ class Quota:
             if getattr(self, name) is not None:
                 _check_number(name, getattr(self, name), minimum=0, integer=False, strict=False)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The quota's fields (JSON-able): ``Quota(**quota.to_dict()) == quota``."""
+        return dict(self.__dict__)
+
     @classmethod
     def parse(
         cls,
@@ -345,7 +349,7 @@ def configuration_codes(table: pd.DataFrame) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 
 
-class Objective(str, Enum):
+class Objective(StrEnum):
     """What a plan (and the fine-tune that keeps to it) optimises (``planner.plan``)."""
 
     THROUGHPUT = "throughput"  # the highest predicted throughput under the quota
@@ -363,7 +367,7 @@ class Objective(str, Enum):
 OBJECTIVES = tuple(o.value for o in Objective)
 
 
-class NodeState(str, Enum):
+class NodeState(StrEnum):
     """A node's state as a launcher reads it. ``FAILED_STATES`` are recovered by relaunching the
     node; ``UNSCHEDULABLE`` is a pod the cluster could not place for longer than a threshold."""
 
@@ -405,7 +409,7 @@ class NodeStatus:
         return {k: (v.value if isinstance(v, Enum) else v) for k, v in self.__dict__.items()}
 
 
-class FaultKind(str, Enum):
+class FaultKind(StrEnum):
     """Faults a demo or a test injects (``parse_faults``)."""
 
     KILL_WORKER = "kill-worker"
@@ -449,7 +453,7 @@ def parse_faults(inject: str | list[str] | None, allowed: tuple[FaultKind, ...] 
     return faults
 
 
-class EventKind(str, Enum):
+class EventKind(StrEnum):
     """The kinds of the ``event`` records a run keeps in the history store."""
 
     PROFILED = "profiled"
@@ -460,7 +464,7 @@ class EventKind(str, Enum):
     INSTABILITY = "instability"  # a detector's event and what the controller did about it
 
 
-class RecordKind(str, Enum):
+class RecordKind(StrEnum):
     """The kinds of records a run keeps in the history store beside samples and models."""
 
     PLAN = "plan"
@@ -468,7 +472,7 @@ class RecordKind(str, Enum):
     EVENT = "event"
 
 
-class Reason(str, Enum):
+class Reason(StrEnum):
     """Why the controller acted (or did not): data, recorded with the numbers it rests on.
     ``describe(numbers)`` renders the sentence for logs and the UI; nothing parses it."""
 

@@ -197,7 +197,8 @@ def test_oom_killed_worker_is_relaunched_with_more_memory(server, cluster):
     assert failed == [{"name": "worker-0", "state": OOM_KILLED, "reason": "OOMKilled at its 1024Mi memory limit",
                        "memory_mb": 1024}]
     events = launcher.recover(JOB)
-    assert [(e["node"], e["state"], e["memory_mb"]) for e in events] == [("worker-0", OOM_KILLED, 1536)]
+    assert [(e["action"], e["reason"], e["node"], e["memory_mb"]) for e in events] == [
+        ("relaunch", "oom_killed", "worker-0", 1536)]
     assert master.posts() == [("/node_lost", {"node": "worker-0"})]  # its shards are requeued first
     kubelet.wait_running([f"{JOB}-worker-0"])
     pod = pods(v1)[f"{JOB}-worker-0"]
@@ -216,7 +217,8 @@ def test_failed_ps_is_relaunched_and_the_job_rolls_back(cluster):
     assert failed_nodes(launcher.status(JOB)) == [{"name": "ps-1", "state": FAILED, "memory_mb": 768,
                                                    "reason": "Evicted: The node was low on resource: memory."}]
     events = launcher.recover(JOB)
-    assert [(e["node"], e["memory_mb"]) for e in events] == [("ps-1", 768)]  # an eviction is not an OOM
+    assert [(e["action"], e["reason"], e["node"], e["memory_mb"]) for e in events] == [
+        ("relaunch", "node_failed", "ps-1", None)]  # an eviction is not an OOM: the same memory
     assert master.posts() == [("/restore", {})]
     assert {s.name: s.state for s in launcher.status(JOB)}["ps-1"] == RUNNING
 
@@ -234,7 +236,8 @@ def test_pod_pending_past_the_threshold_is_an_event_and_the_worker_leaves(cluste
     assert [f["name"] for f in failed_nodes(statuses.values())] == ["worker-3"]
     master.calls.clear()
     events = launcher.recover(JOB)
-    assert [(e["node"], e["action"]) for e in events] == [("worker-3", "removed from the job")]
+    assert [(e["action"], e["reason"], e["remove"], e["done"]) for e in events] == [
+        ("resize", "unschedulable", ["worker-3"], ["worker-3 removed"])]
     assert master.posts() == [("/node_lost", {"node": "worker-3"})]
     assert f"{JOB}-worker-3" not in pods(v1)
     job = launcher.read_job(JOB)
@@ -302,7 +305,7 @@ def test_stop_leaves_no_pods_services_or_secrets(server, cluster):
 
 
 def test_trigger_polls_pods_through_the_async_hook(cluster, tmp_path):
-    from airflow_dlrover.triggers.dlrover import DLRoverJobTrigger
+    from airflow_dlrover.triggers.job import DLRoverJobTrigger
 
     launcher, kubelet, master, v1 = cluster
     launcher.launch(spec(), PLAN)
@@ -321,8 +324,11 @@ def test_trigger_polls_pods_through_the_async_hook(cluster, tmp_path):
         return await asyncio.wait_for(task, 20)
 
     event = asyncio.run(first_event())
-    assert event.payload["kind"] == "failed"
-    assert event.payload["nodes"] == [{"name": "ps-0", "state": FAILED, "reason": "exited 1 (Error)", "memory_mb": 768}]
+    # A failed node wakes the guard at once; it is the controller's to decide what to do about it.
+    assert (event.payload["kind"], event.payload["usage"]) == ("observation", [])
+    assert event.payload["started_at"] == kwargs["started_at"]  # a re-deferral keeps the time-out's start
+    assert failed_nodes(launcher.status(JOB)) == [{"name": "ps-0", "state": FAILED, "reason": "exited 1 (Error)",
+                                                   "memory_mb": 768}]
 
 
 @pytest.mark.parametrize("options, field", [
@@ -399,7 +405,7 @@ def test_launcher_needs_a_placement():
 
 
 def test_a_killed_task_deletes_its_job(cluster, monkeypatch, tmp_path):
-    from airflow_dlrover.operators.dlrover import DLRoverFineTuneOperator
+    from airflow_dlrover.operators import DLRoverFineTuneOperator
 
     launcher, kubelet, master, v1 = cluster
     monkeypatch.setenv("AIRFLOW_CONN_DLROVER_DEFAULT", json.dumps({"conn_type": "dlrover", "extra": {

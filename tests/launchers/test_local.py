@@ -9,11 +9,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from airflow_dlrover.launchers.base import OOM_KILLED, RUNNING
+from airflow_dlrover.launchers.base import RUNNING
 from airflow_dlrover.launchers.cgroups import CgroupManager
 from airflow_dlrover.launchers.local import LocalLauncher
-from airflow_dlrover.launchers.run import Fault, run_job
-from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, USAGE_COLUMNS, Configuration, InvalidInputError
+from airflow_dlrover.launchers.run import run_job
+from airflow_dlrover.optimizer.types import (
+    CONFIG_COLUMNS, USAGE_COLUMNS, Configuration, Fault, FaultKind, InvalidInputError, parse_faults,
+)
 from airflow_dlrover.runtime.spec import JobSpec
 
 CONFIG = Configuration(workers=2, ps=1, worker_cpu=1.0, ps_cpu=0.5, worker_memory_mb=2048, ps_memory_mb=1024)
@@ -65,14 +67,17 @@ def test_training_learns_and_writes_profile_samples(tmp_path):
 def test_each_fault_is_recovered_and_loses_nothing(tmp_path, fault):
     config = Configuration(2, 1, 1.0, 0.5, 768 if fault.startswith("oom") else 2048, 1024)
     job = spec(fault.split("@")[0], samples=300_000)  # the fault lands mid-training (~40k samples/s here)
-    summary = run_job(LocalLauncher(tmp_path / "jobs"), job, config, tmp_path, [Fault.parse(fault)])
+    summary = run_job(LocalLauncher(tmp_path / "jobs"), job, config, tmp_path, parse_faults(fault))
     assert summary["samples_lost"] == 0
     assert summary["samples_duplicated"] <= job.shard_size  # at most one shard per failure
     assert summary["restarts"] >= 1
-    recovered = [e for e in summary["events"] if "recovered_in_s" in e]
-    assert recovered and recovered[0]["node"] == Fault.parse(fault).node
+    node = parse_faults(fault)[0].node
+    reported = [e for e in summary["events"] if e.get("action") == "fail"]
+    recovered = [e for e in summary["events"] if e.get("action") == "relaunch"]
+    assert reported and reported[0]["nodes"] == [node] and reported[0]["retryable"]  # the failure first ...
+    assert recovered and recovered[0]["node"] == node  # ... then its recovery, on the next step
     if fault.startswith("oom"):
-        assert recovered[0]["state"] == OOM_KILLED
+        assert recovered[0]["reason"] == "oom_killed"
         assert recovered[0]["memory_mb"] == 1152  # 768 × 1.5: more memory after a real OOM kill
     assert summary["eval_auc"] >= 0.65
 
@@ -148,22 +153,26 @@ def test_criteo_sample_file_trains(tmp_path):
 
 
 def test_fault_syntax_errors_name_the_field():
-    assert Fault.parse("kill-ps:1@30s") == Fault("kill-ps", 30.0, "ps-1")
-    assert Fault.parse("hot-ps").at_s == 0
+    assert parse_faults("kill-ps:1@30s") == [Fault(FaultKind.KILL_PS, 30.0, "ps-1")]
+    assert parse_faults(["hot-ps", "kill-master@1m"]) == [Fault(FaultKind.HOT_PS, 0.0, "ps-0"),
+                                                         Fault(FaultKind.KILL_MASTER, 60.0, "master")]
     for bad in ("kill-everything@3s", "kill-worker", "oom-worker@soon"):
         with pytest.raises(InvalidInputError) as err:
-            Fault.parse(bad)
+            parse_faults(bad)
         assert err.value.field == "inject"
+    with pytest.raises(InvalidInputError) as err:  # a caller that injects only some kinds says which
+        parse_faults("kill-ps@3s", allowed=(FaultKind.KILL_WORKER,))
+    assert err.value.allowed.startswith("kill-worker[:N]@<time>")
 
 
 @needs_cgroups
 def test_slow_worker_is_detected_and_replaced(tmp_path):
     # long enough (~40 s) that the detectors see 3 windows of the slowed worker after its warm-up
     summary = run_job(LocalLauncher(tmp_path / "jobs"), spec("slow", samples=1_600_000), CONFIG, tmp_path,
-                      [Fault.parse("slow-worker@3s")])
+                      parse_faults("slow-worker@3s"))
     assert summary["samples_lost"] == 0
-    healed = [e for e in summary["events"] if e.get("instability") == "straggler"]
-    assert healed and healed[0]["node"] == "worker-0" and "relaunched with 1 CPU" in healed[0]["healed"]
+    healed = [e for e in summary["events"] if e.get("reason") == "straggler"]
+    assert healed and healed[0]["node"] == "worker-0" and healed[0]["action"] == "relaunch" and healed[0]["cpu"] == 1.0
     nodes = json.loads((tmp_path / "jobs" / "slow" / "job.json").read_text())["nodes"]
     assert nodes["worker-0"]["cpu"] == CONFIG.worker_cpu  # the quota cut is undone
 

@@ -12,14 +12,14 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 
 from airflow_dlrover.history.store import HistoryStore
 from airflow_dlrover.launchers.profiling import profile_command
-from airflow_dlrover.operators.dlrover import (
+from airflow_dlrover.operators import (
     DLRoverFineTuneOperator, DLRoverFitOperator, DLRoverLaunchOperator, DLRoverProfileOperator,
 )
 from airflow_dlrover.operators.job import build_spec, launcher_job_id, parse_faults, parse_quota
 from airflow_dlrover.optimizer.probes import design_probes
 from airflow_dlrover.optimizer.types import InvalidInputError, Quota
-from airflow_dlrover.sensors.dlrover import DLRoverInstabilitySensor, DLRoverNodeFailure
-from airflow_dlrover.triggers.dlrover import DLRoverJobTrigger
+from airflow_dlrover.sensors import DLRoverInstabilitySensor, DLRoverNodeFailure
+from airflow_dlrover.triggers.job import DLRoverJobTrigger
 
 QUOTA = {"cpu": 1.5, "memory": "4Gi"}
 JOB_ARGS = {"samples": 3_000_000, "table_size": 5000}

@@ -1,0 +1,95 @@
+"""The controller's state of a run, rebuilt from the run's records, and the records its actions
+leave behind.
+
+The fine-tune and the guard are two tasks (and each defers and is retried), so the controller's
+state is not kept in memory: it is a function of what the history store holds — the plan (the
+objective, the deadline, the plan's time), the model, the profile and fine-tune samples, the
+fine-tune's decisions (the last resize, the rejected configurations) and the guard's events (the
+failures already reported). Each task records what ``step`` decided, and the next task to step
+rebuilds the state from that.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Iterable
+
+from airflow_dlrover.optimizer.controller import Action, ControllerState, Fail, Resize
+from airflow_dlrover.optimizer.finetune import ResizeRecord
+from airflow_dlrover.optimizer.types import Configuration, EventKind, NodeStatus, Quota, Reason, RecordKind
+
+
+def controller_state(history: Any, job: str, run: int, quota: Quota | None,
+                     node_history: Iterable[dict[str, Any]] = ()) -> ControllerState:
+    """The state of run ``run`` of ``job`` (see the module docstring); ``node_history``: the
+    detectors' rows the guard carries between its deferrals."""
+    plans = history.records(run, RecordKind.PLAN.value)
+    planned = plans[-1] if plans else {}
+    resizes = [d for d in history.records(run, RecordKind.DECISION.value) if d["action"] != "keep"]
+    last = resizes[-1] if resizes else None
+    last_resize = None
+    if last is not None:
+        last_resize = ResizeRecord(last["time"], Configuration(**last["current"]), Configuration(**last["target"]),
+                                   last["throughput_before"], last.get("predicted_speedup") or 1.0,
+                                   is_revert=last["action"] == "revert")
+    failures = {(n["name"], n.get("restarts", 0)) for e in history.records(run, RecordKind.EVENT.value)
+                if e.get("event") == EventKind.NODE_FAILED for n in e.get("nodes", [])}
+    deadline_s = planned.get("deadline_s")
+    return ControllerState(
+        quota=quota,
+        objective=planned.get("objective", "throughput"),
+        deadline_at_s=None if deadline_s is None else planned["time"] + deadline_s,
+        model=history.latest_model(job),
+        prior=history.prior_model(job, before_run=run),
+        profile=_rows(history.samples(job, run_id=run, stage="profile")),
+        windows=_rows(history.samples(job, run_id=run, stage="finetune")),
+        since_s=last["time"] if last else planned.get("time", -math.inf),
+        last_resize=last_resize,
+        rejected=tuple(Configuration(**d["reject"]) for d in resizes if d.get("reject")),
+        failures_reported=frozenset(failures),
+        node_history=tuple(node_history),
+    )
+
+
+def _rows(table: Any) -> tuple[dict, ...]:
+    return tuple(table.to_dict("records")) if not table.empty else ()
+
+
+def decision_record(action: Action, current: Configuration, measured: list[float], samples_done: float,
+                    resize: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A fine-tune decision: ``action`` keep | resize | revert, the reason and its text, the
+    configuration before (``current``) and after (``target``), and what the launcher did."""
+    record = action.to_record()
+    if isinstance(action, Resize):
+        record.update(action="revert" if action.revert else "resize", target=action.config.to_row(),
+                      predicted_speedup=action.expected_speedup)
+    measured = sorted(measured)
+    median = measured[len(measured) // 2] if measured else 0.0
+    record.update(current=current.to_row(), throughput_before=median, samples_done=samples_done, time=time.time(),
+                  resize=resize)
+    return record
+
+
+def failure_record(action: Fail, nodes: Iterable[NodeStatus], try_number: int) -> dict[str, Any]:
+    """The guard's ``node_failed`` event: the nodes (with their restarts: which incarnation failed)."""
+    failed = [n.to_dict() for n in nodes if n.name in action.nodes]
+    return {"event": EventKind.NODE_FAILED.value, "time": time.time(), "nodes": failed, "try_number": try_number,
+            "retryable": action.retryable, "reason": action.reason.value, "text": action.describe()}
+
+
+RECOVERY_REASONS = (Reason.NODE_FAILED, Reason.OOM_KILLED, Reason.UNSCHEDULABLE)
+
+
+def action_event(record: dict[str, Any], nodes: Iterable[NodeStatus], try_number: int) -> dict[str, Any]:
+    """The guard's event for an applied action (``Launcher.apply``'s record): ``recovered`` for
+    a failed node's relaunch (or its removal), ``instability`` for healing."""
+    node = record.get("node") or (record.get("remove") or [""])[0]
+    before = next((n for n in nodes if n.name == node), None)
+    if Reason(record["reason"]) in RECOVERY_REASONS:
+        return {**record, "event": EventKind.RECOVERED.value, "node": node,
+                "state": before.state.value if before else None, "memory_mb": record.get("memory_mb"),
+                "recovered_in_s": record.get("seconds", 0.0), "time": time.time(), "try_number": try_number}
+    return {**record, "event": EventKind.INSTABILITY.value, "node": node, "instability": record["reason"],
+            "healed": "; ".join(record.get("done") or [record["text"]]), "time": time.time(),
+            "try_number": try_number}

@@ -1,0 +1,100 @@
+"""``DLRoverBaseOperator``: what every DLRover task shares — the job, the quota, the Kubernetes
+settings and the connection — with the cached hook, history store and launcher, and the run's ids.
+
+A job has a *name* (``job``, stable across days: the history store keys yesterday's model by it)
+and, per DAG run, a launcher *job id* derived from the name and the Airflow ``run_id``, so that
+every task of one run — and every retry — addresses the same running job.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from functools import cached_property
+from typing import Any, Sequence
+
+from airflow.sdk import BaseOperator
+
+from airflow_dlrover.operators.job import duration_s, launcher_job_id, parse_quota, user_errors
+
+
+class DLRoverBaseOperator(BaseOperator):
+    """The shared arguments of the DLRover tasks.
+
+    :param job: the job's name, stable across runs (templated)
+    :param quota: ``{"cpu", "memory", "gpu", "max_nodes"}``, what the job may use; the
+        connection's default when None (templated)
+    :param kubernetes: Kubernetes launcher settings over the connection's (namespace, image,
+        service_account, node_selector, tolerations, ...: ``launchers.KUBERNETES_OPTIONS``) (templated)
+    :param dlrover_conn_id: the ``dlrover`` connection
+    """
+
+    template_fields: Sequence[str] = ("job", "quota", "kubernetes")
+
+    def __init__(self, *, job: str, quota: dict[str, Any] | None = None, kubernetes: dict[str, Any] | None = None,
+                 dlrover_conn_id: str = "dlrover_default", **kwargs: Any):
+        super().__init__(**kwargs)
+        self.job, self.quota, self.kubernetes, self.dlrover_conn_id = job, quota, kubernetes, dlrover_conn_id
+
+    @cached_property
+    def hook(self):
+        from airflow_dlrover.hooks.dlrover import DLRoverHook
+
+        return DLRoverHook(self.dlrover_conn_id)
+
+    @cached_property
+    def history(self):
+        return self.hook.get_history()
+
+    @cached_property
+    def launcher(self):
+        with user_errors():
+            return self.hook.get_launcher(self.kubernetes)
+
+    def parsed_quota(self, *, required: bool = True):
+        """The task's quota (a user error when invalid); None when neither the task nor the
+        connection sets one and ``required`` is False."""
+        if not required and self.quota in (None, "", {}) and self.hook.settings.quota is None:
+            return None
+        with user_errors():
+            return parse_quota(self.quota, self.hook.settings.quota)
+
+    def run_ids(self, context: Any) -> tuple[int, str]:
+        """(history run id, launcher job id) of this DAG run."""
+        from airflow_dlrover.optimizer.types import InvalidInputError
+
+        if not self.job or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", str(self.job)):
+            with user_errors():
+                raise InvalidInputError("job", self.job, "a name of letters, digits, '_', '.', '-'")
+        self._dlrover_job_id = launcher_job_id(self.job, context["run_id"])
+        return self.history.start_run(self.job, context["run_id"]), self._dlrover_job_id
+
+    def on_kill(self) -> None:
+        """A killed task (marked failed, cleared, timed out) deletes its run's job: no orphan
+        pods or processes. The report task stops the job on every other ending."""
+        job_id = getattr(self, "_dlrover_job_id", None)
+        if job_id and self.launcher.exists(job_id):
+            self.log.warning("task killed: stopping job %s", job_id)
+            self.launcher.stop(job_id)
+
+    def turn_ends_at(self) -> float | None:
+        """When the task's turn ends (``turn``): it spans its re-deferrals, not each one."""
+        turn = getattr(self, "turn", None)
+        return time.time() + duration_s("turn", turn) if turn else None
+
+    def trigger_kwargs(self) -> dict[str, Any]:
+        settings = self.hook.settings
+        with user_errors():
+            options = self.hook.launcher_options(self.kubernetes)
+        return {"launcher": settings.launcher, "jobs_dir": settings.jobs_dir, "launcher_options": options}
+
+    def observation(self, job_id: str, **fields: Any):
+        """The controller's observation of the running job now: its configuration and progress,
+        plus ``fields`` (windows, nodes, usage)."""
+        from airflow_dlrover.optimizer.controller import Observation
+        from airflow_dlrover.optimizer.types import Configuration
+
+        status = self.launcher.master_call(job_id, "/status")
+        config = Configuration(**self.launcher.read_job(job_id)["config"])
+        return Observation(time.time(), config, samples_done=status["samples_done"],
+                           samples_total=status["samples_total"], **fields)

@@ -1,0 +1,90 @@
+"""``DLRoverLaunchOperator``: pre-tune (plan under the quota, DLRover-RM §5) and launch the job."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+from airflow_dlrover.operators.base import DLRoverBaseOperator
+from airflow_dlrover.operators.job import build_spec, duration_s, parse_faults, user_errors
+
+
+class DLRoverLaunchOperator(DLRoverBaseOperator):
+    """Pre-tune and launch: plan under the quota with the fitted model
+    (``controller.initial_plan``), then launch the job on the plan — or adopt it when it already
+    runs (after profiling, or on a retry) and resize it to the plan. Faults to inject (demos) are
+    scheduled once per run.
+
+    :param job_args: as for the profile task (templated)
+    :param objective: ``throughput``, ``deadline`` (with ``deadline``) or ``efficiency`` (templated)
+    :param deadline: for the ``deadline`` objective, e.g. ``2h`` (templated)
+    :param baseline: the configuration the job would run without us (a configuration row), for
+        the report's comparison (templated)
+    :param inject: demo faults, e.g. ``kill-worker@30s`` (from the launch) (templated)
+    :param plan_only: record and return the plan without launching (for a trainer of your own,
+        profiled with ``command``: its task reads the plan from this task's XCom)
+
+    Shared arguments (``job``, ``quota``, ``kubernetes``, ``dlrover_conn_id``): ``DLRoverBaseOperator``.
+    """
+
+    template_fields: Sequence[str] = (*DLRoverBaseOperator.template_fields, "job_args", "objective", "deadline",
+                                      "baseline", "inject")
+    ui_color = "#d9f2e6"
+
+    def __init__(self, *, job_args: dict[str, Any] | None = None, objective: str = "throughput",
+                 deadline: str | None = None, baseline: dict[str, Any] | None = None,
+                 inject: str | list[str] | None = None, plan_only: bool = False, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.job_args, self.objective, self.deadline = job_args, objective, deadline
+        self.baseline, self.inject, self.plan_only = baseline, inject, plan_only
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from airflow_dlrover.optimizer.controller import initial_plan
+        from airflow_dlrover.optimizer.types import Configuration, EventKind, InvalidInputError, Objective
+
+        run, job_id = self.run_ids(context)
+        quota = self.parsed_quota()
+        with user_errors():
+            spec = build_spec(job_id, self.job_args)
+            faults = parse_faults(self.inject)
+            objective = Objective.parse(self.objective)
+            deadline_s = duration_s("deadline", self.deadline) if self.deadline else None
+            baseline = Configuration(**self.baseline) if self.baseline else None
+        model = self.history.latest_model(self.job)
+        if model is None:
+            with user_errors():
+                raise InvalidInputError("model", self.job, "a fitted model: run the fit task first")
+        with user_errors():
+            chosen = initial_plan(model, quota, objective, samples=spec.samples, deadline_s=deadline_s,
+                                  batch_size=spec.batch_size)
+        record = {**chosen.to_dict(), "deadline_s": deadline_s, "time": time.time()}
+        if baseline is not None:
+            record["baseline"] = {**baseline.to_row(), "predicted_throughput": predict(model, baseline)}
+        self.history.add(run, "plan", record)
+        self.log.info("plan: %s — %s", chosen.config.describe(), chosen.reason)
+        summary = {"run": run, "job_id": job_id, "config": chosen.config.to_row(),
+                   "predicted_throughput": round(chosen.predicted_throughput, 1), "reason": chosen.reason}
+        if self.plan_only:
+            return summary
+        adopted = self.launcher.exists(job_id)
+        self.launcher.launch(spec, chosen.config)  # adopts a running job
+        current = Configuration(**self.launcher.read_job(job_id)["config"])
+        resize = None
+        if current != chosen.config:
+            resize = self.launcher.resize(job_id, chosen.config)
+        self.launcher.master_call(job_id, "/plan", chosen.to_dict(details=False))
+        already = any(e.get("event") == EventKind.FAULTS_SCHEDULED for e in self.history.records(run, "event"))
+        if faults and not already:
+            self.launcher.master_call(job_id, "/faults", {"faults": faults})
+            self.history.add(run, "event", {"event": EventKind.FAULTS_SCHEDULED.value, "faults": faults,
+                                            "time": time.time()})
+        self.history.add(run, "event", {"event": EventKind.LAUNCHED.value, "time": time.time(), "adopted": adopted,
+                                        "resize": resize, "config": chosen.config.to_row()})
+        return {**summary, "adopted": adopted}
+
+
+def predict(model: Any, config: Any) -> float:
+    """The model's throughput for one configuration."""
+    import pandas as pd
+
+    return float(model.throughput.predict(pd.DataFrame([config.to_row()]), band=False)[0])

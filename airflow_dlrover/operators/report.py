@@ -1,0 +1,51 @@
+"""``DLRoverReportOperator``: account for every sample, stop the job, report what the optimizer did."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_dlrover.operators.base import DLRoverBaseOperator
+
+
+class DLRoverReportOperator(DLRoverBaseOperator):
+    """Finish the run: account for every sample, evaluate the model, stop the job, and print and
+    store what the optimizer did — the chosen plan against the baseline, predicted and measured
+    throughput, utilisation, decisions and recoveries. Run it with ``trigger_rule="all_done"``: it
+    also stops the job of a failed run, and then fails.
+
+    Arguments: ``DLRoverBaseOperator``'s (the quota is not used).
+    """
+
+    ui_color = "#eeeeee"
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        import json
+
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from airflow_dlrover.history.report import build_report, format_report
+        from airflow_dlrover.launchers.run import job_summary
+
+        run, job_id = self.run_ids(context)
+        if not self.launcher.exists(job_id):
+            self.history.finish_run(run, "failed", {"error": "the job was never launched"})
+            raise AirflowFailException(f"job {job_id} was never launched: see the upstream tasks")
+        try:
+            status = self.launcher.master_call(job_id, "/status", timeout=10.0)
+        except ConnectionError:
+            status = {"state": "unreachable"}
+        try:
+            job = job_summary(self.launcher, job_id, self.launcher.spec(job_id)) if status["state"] == "done" else None
+        finally:
+            self.launcher.stop(job_id)
+        report = build_report(self.history, run, job, status)
+        self.history.finish_run(run, report["status"], report)
+        path = self.launcher.job_dir(job_id) / "report.json"
+        path.write_text(json.dumps(report, indent=2, default=str))
+        for line in format_report(report):
+            self.log.info("%s", line)
+        self.log.info("Full report: %s; history store: %s (job %r, run %d)", path, self.history.url, self.job, run)
+        if report["status"] != "succeeded":
+            raise AirflowFailException(f"job {job_id} did not complete: {report.get('error', status['state'])}")
+        return {key: report[key] for key in ("status", "jct_s", "profile_share", "measured_throughput",
+                                              "predicted_throughput", "samples_lost", "recoveries", "resizes")}
