@@ -40,7 +40,8 @@ def build_report(history: Any, run: int, job: dict[str, Any] | None, status: dic
         "baseline": plan.get("baseline"),
         "measured_throughput": float(finetune["throughput"].median()) if not finetune.empty else None,
         "utilisation": utilisation(finetune),
-        "decisions": [{k: d.get(k) for k in ("action", "reason")} for d in decisions],
+        "decisions": [{"action": d["action"], "reason": d["reason"], "text": d.get("text", d["reason"])}
+                      for d in decisions],
         "resizes": sum(d["action"] != "keep" for d in decisions),
         "recoveries": [e for e in events if e.get("event") == "recovered"],
         "instability": [e for e in events if e.get("event") == "instability"],
@@ -95,11 +96,11 @@ def format_report(report: dict[str, Any]) -> list[str]:
     lines.append("utilisation (used / allocated): " + ", ".join(f"{k} {v}" for k, v in util.items()))
     lines.append(f"fine-tune: {len(report['decisions'])} decisions, {report['resizes']} resizes")
     for d in report["decisions"][-5:]:
-        lines.append(f"  {d['action']}: {d['reason']}")
+        lines.append(f"  {d['action']}: {d['text']}")
     lines.append(f"failures {len(report['failures'])}, recoveries {len(report['recoveries'])}, healed in place "
                  f"{len(report['instability'])}")
     for e in report["recoveries"]:
-        lines.append(f"  try {e['try_number']}: {e['node']} {e['state']} ({e['reason']}) → relaunched with "
+        lines.append(f"  try {e['try_number']}: {e['node']} {e['state']} ({e.get('text', e['reason'])}) → relaunched with "
                      f"{fmt(e['memory_mb'], ' MB')} in {e['recovered_in_s']:.1f} s")
     for e in report["instability"]:
         lines.append(f"  {e['instability']} {e['node']}: {e['healed']}")

@@ -56,7 +56,9 @@ class DLRoverFineTuneOperator(DLRoverBaseOperator):
         run, job_id = self.run_ids(context)
         if event["kind"] == "windows":
             self._decide(run, job_id, event["rows"])
-        elif event["kind"] == "turn":
+        elif event.get("rows"):  # windows measured before a turn, the end or a time-out: kept, not judged
+            self._store_windows(run, event["rows"])
+        if event["kind"] == "turn":
             raise AirflowRescheduleException(datetime.now(timezone.utc) + timedelta(seconds=1))
         elif event["kind"] == "done":
             decisions = self.history.records(run, "decision")
@@ -66,9 +68,13 @@ class DLRoverFineTuneOperator(DLRoverBaseOperator):
             raise TimeoutError(f"job {job_id} did not finish while fine-tuning")
         self._defer(job_id, event.get("turn_ends_at"), event.get("started_at"))
 
-    def _decide(self, run: int, job_id: str, rows: list[dict[str, Any]]) -> None:
+    def _store_windows(self, run: int, rows: list[dict[str, Any]]) -> None:
         import pandas as pd
 
+        if rows:
+            self.history.add_samples(run, pd.DataFrame(rows), stage="finetune")
+
+    def _decide(self, run: int, job_id: str, rows: list[dict[str, Any]]) -> None:
         from airflow_dlrover.history.control import controller_state, decision_record
         from airflow_dlrover.optimizer.controller import Resize, measured_since_resize, step
 
@@ -76,8 +82,7 @@ class DLRoverFineTuneOperator(DLRoverBaseOperator):
         observation = self.observation(job_id, windows=tuple(rows))
         with user_errors():
             new_state, (action,) = step(state, observation)
-        if rows:
-            self.history.add_samples(run, pd.DataFrame(rows), stage="finetune")
+        self._store_windows(run, rows)
         if new_state.model is not state.model:
             self.history.save_model(run, new_state.model)
         measured = measured_since_resize(replace(new_state, since_s=state.since_s), observation.config)

@@ -253,7 +253,7 @@ def timeline(store: Any, run_id: int) -> dict[str, Any]:
             "worker_memory_allocated_mb": r["worker_memory_mb"] * w,
             "ps_memory_used_mb": total(r["ps_memory_used_mb"], p), "ps_memory_allocated_mb": r["ps_memory_mb"] * p,
         })
-    marks = [{"t": d["time"] - t0, "action": d["action"], "reason": d["reason"], "target": d.get("target"),
+    marks = [{"t": d["time"] - t0, "action": d["action"], "reason": d.get("text") or d["reason"], "target": d.get("target"),
               "current": d.get("current"), "predicted_speedup": d.get("predicted_speedup")}
              for d in store.records(run_id, "decision")]
     noted = [{"t": e["time"] - t0, "event": e["event"], "label": _event_label(e)}
@@ -268,12 +268,17 @@ def _event_label(e: dict[str, Any]) -> str:
     if kind == "node_failed":
         return "; ".join(f"{n['name']} {n['state']} ({n.get('reason')})" for n in e.get("nodes", []))
     if kind == "recovered":
-        return f"{e.get('node')} relaunched ({e.get('reason')}) in {e.get('recovered_in_s', 0):.1f} s"
+        return f"{e.get('node')} relaunched ({e.get('text') or e.get('reason')}) in {e.get('recovered_in_s', 0):.1f} s"
     if kind == "profiled":
         return f"{e.get('measured')} of {e.get('probes')} probes measured in {e.get('profile_s', 0):.0f} s"
     if kind == "launched":
         return "adopted and resized to the plan" if e.get("adopted") else "launched on the plan"
     return kind
+
+
+def _action(e: dict[str, Any]) -> dict[str, Any]:
+    """What the controller did (its action's kind and new resources)."""
+    return {"kind": e.get("action"), **{k: e[k] for k in ("cpu", "memory_mb", "config", "remove") if e.get(k)}}
 
 
 def instability(store: Any, run_id: int) -> list[dict[str, Any]]:
@@ -285,8 +290,8 @@ def instability(store: Any, run_id: int) -> list[dict[str, Any]]:
         if kind not in INSTABILITY_EVENTS:
             continue
         if kind == "instability":
-            row = {"kind": e.get("instability"), "node": e.get("node"), "reason": e.get("reason"),
-                   "evidence": e.get("evidence"), "action": e.get("action"), "outcome": e.get("healed")}
+            row = {"kind": e.get("instability"), "node": e.get("node"), "reason": e.get("text") or e.get("reason"),
+                   "evidence": e.get("numbers"), "action": _action(e), "outcome": e.get("healed")}
         elif kind == "node_failed":
             nodes = e.get("nodes", [])
             row = {"kind": "node_failed", "node": ", ".join(n["name"] for n in nodes),
@@ -295,9 +300,9 @@ def instability(store: Any, run_id: int) -> list[dict[str, Any]]:
                    "action": {"kind": "retry", "detail": "the guard task fails; its Airflow retry recovers"},
                    "outcome": f"try {e.get('try_number')} failed"}
         else:
-            row = {"kind": "recovered", "node": e.get("node"), "reason": e.get("reason"),
+            row = {"kind": "recovered", "node": e.get("node"), "reason": e.get("text") or e.get("reason"),
                    "evidence": {k: e.get(k) for k in ("state", "try_number") if k in e},
-                   "action": {"kind": "relaunch", "memory_mb": e.get("memory_mb")},
+                   "action": _action(e),
                    "outcome": f"relaunched in {e.get('recovered_in_s', 0):.1f} s by try {e.get('try_number')}"}
         rows.append({"t": e["time"] - t0 if "time" in e else None, "event": kind, **row})
     return clean(rows)

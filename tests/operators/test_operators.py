@@ -163,10 +163,12 @@ def test_operators_against_a_running_job(airflow_db):
             guard.execute(ctx)
         launcher.kill_node(job_id, "worker-0")
         event = asyncio.run(_first_event(deferred.value.trigger))
-        assert event["kind"] == "failed" and event["nodes"][0]["name"] == "worker-0"
+        assert event["kind"] == "observation"  # the failure wakes the guard, whose step reports it
         with pytest.raises(DLRoverNodeFailure) as failure:
             guard.execute_complete(ctx, event)
         assert isinstance(failure.value, AirflowException) and not isinstance(failure.value, AirflowFailException)
+        [failed] = [e for e in history.records(first["run"], "event") if e["event"] == "node_failed"]
+        assert [(n["name"], n["restarts"]) for n in failed["nodes"]] == [("worker-0", 0)] and failed["retryable"]
         TI.try_number = 2
         with pytest.raises(TaskDeferred):  # the retry recovers, then watches again
             guard.execute(ctx)

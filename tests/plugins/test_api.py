@@ -5,20 +5,27 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from airflow_dlrover.history.control import action_event, decision_record, failure_record
 from airflow_dlrover.history.store import HistoryStore
+from airflow_dlrover.optimizer.controller import Fail, Heal, Keep, Relaunch, Resize
 from airflow_dlrover.optimizer.job_model import fit_job_model
 from airflow_dlrover.optimizer.planner import plan
-from airflow_dlrover.optimizer.types import Configuration, Quota
+from airflow_dlrover.optimizer.types import Configuration, NodeState, NodeStatus, Quota, Reason
 from airflow_dlrover.plugins.app import get_store
 from synthetic import model_samples
 
 QUOTA = Quota(cpu=16, memory_mb=64 * 1024)
 T0 = 1_800_000_000.0
+
+
+def hot_evidence():
+    return {"node": "ps-0", "utilisation": 0.97, "cpu_used": 1.94, "cpu_limit": 2.0, "skew": 2.0, "value": 3.0}
 
 
 @pytest.fixture(scope="module")
@@ -42,19 +49,23 @@ def synthetic(tmp_path_factory):
                              "timestamp": T0 + 70 + 3 * i} for i in range(12)])
     store.add_samples(run, windows, stage="finetune")
     store.save_model(run, fit_job_model(pd.concat([profile, windows]), model))
-    store.add(run, "decision", {"action": "keep", "reason": "flat curve", "target": None, "time": T0 + 80,
-                                "current": c.to_row(), "predicted_speedup": 1.01})
-    store.add(run, "decision", {"action": "resize", "reason": "pays 3× its cost", "time": T0 + 100,
-                                "target": {**c.to_row(), "workers": c.workers + 1}, "current": c.to_row(),
-                                "predicted_speedup": 1.2})
+    # The records the fine-tune and the guard leave, from the controller's actions.
+    store.add(run, "decision", decision_record(Keep(Reason.AT_BEST), c, [1000.0], 1e5) | {"time": T0 + 80})
+    pays = {"speedup": 1.2, "speedup_low": 1.1, "saving_s": 900.0, "keep_s": 5000.0, "cost_s": 30.0}
+    resize = Resize(Reason.PAYS, pays, config=replace(c, workers=c.workers + 1), expected_speedup=1.2)
+    store.add(run, "decision", decision_record(resize, c, [1000.0, 1010.0], 2e5,
+                                               {"actions": ["worker-9 added"], "seconds": 1.0}) | {"time": T0 + 100})
     store.add(run, "event", {"event": "launched", "time": T0 + 62, "adopted": False})
-    store.add(run, "event", {"event": "node_failed", "time": T0 + 90, "try_number": 1,
-                             "nodes": [{"name": "worker-1", "state": "oom_killed", "reason": "OOM", "memory_mb": 512}]})
-    store.add(run, "event", {"event": "recovered", "time": T0 + 95, "try_number": 2, "node": "worker-1",
-                             "reason": "OOM", "state": "oom_killed", "memory_mb": 768, "recovered_in_s": 2.5})
-    store.add(run, "event", {"event": "instability", "time": T0 + 97, "time_s": 27.0, "instability": "hot_ps",
-                             "node": "ps-0", "reason": "ps-0 at 97 % of its CPU", "evidence": {"utilisation": 0.97},
-                             "action": {"kind": "raise_cpu", "value": 3.0}, "healed": "ps-0 CPU 2 → 3"})
+    killed = (NodeStatus("worker-1", "worker", 1, NodeState.OOM_KILLED, 1.0, 512, reason="OOM"),)
+    fail = Fail(Reason.NODE_FAILED, {"node": "worker-1", "state": "oom_killed", "detail": "OOM"}, nodes=("worker-1",))
+    store.add(run, "event", failure_record(fail, killed, 1) | {"time": T0 + 90})
+    relaunch = Relaunch(Reason.OOM_KILLED, {"node": "worker-1", "memory_limit_mb": 512, "memory_mb": 768},
+                        node="worker-1", memory_mb=768)
+    store.add(run, "event", action_event({**relaunch.to_record(), "done": ["worker-1 relaunched"], "seconds": 2.5},
+                                         killed, 2) | {"time": T0 + 95})
+    heal = Heal(Reason.HOT_PS, hot_evidence(), node="ps-0", cpu=3.0)
+    store.add(run, "event", action_event({**heal.to_record(), "done": ["ps-0 set to 3 CPU in place"], "seconds": 0.1},
+                                         (), 1) | {"time": T0 + 97})
     store.finish_run(run, "succeeded", {"measured_throughput": 1050.0, "predicted_throughput": chosen.predicted_throughput,
                                         "resizes": 1, "recoveries": [{"node": "worker-1"}]})
     return store, run, model, chosen
@@ -132,8 +143,10 @@ def test_samples_models_plans_decisions_events(synthetic_client, synthetic):
     rows = get(synthetic_client, f"/dlrover/api/runs/{run}/instability").json()
     assert [(r["kind"], r["node"]) for r in rows] == [("node_failed", "worker-1"), ("recovered", "worker-1"),
                                                       ("hot_ps", "ps-0")]
-    assert rows[2]["evidence"] == {"utilisation": 0.97} and rows[2]["action"]["kind"] == "raise_cpu"
+    assert rows[2]["evidence"] == hot_evidence() and rows[2]["action"] == {"kind": "heal", "cpu": 3.0}
+    assert rows[2]["outcome"] == "ps-0 set to 3 CPU in place" and rows[2]["reason"].startswith("ps-0 uses 1.94 of 2")
     assert rows[1]["action"] == {"kind": "relaunch", "memory_mb": 768}
+    assert rows[1]["reason"] == "worker-1 OOM-killed at 512 MB: relaunched with 768 MB"
 
 
 def test_curves_follow_the_model_through_the_plan(synthetic_client, synthetic):
