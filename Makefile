@@ -12,7 +12,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES ?= False
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,sim]'
 	touch $@
 
 DEMO_HOME ?= $(CURDIR)/airflow-home
@@ -34,7 +34,7 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/fit_plan.py
 	$(PY) benchmarks/accuracy.py
 
-# DLRover 0.6.1 in its own venv (locked by constraints-dlrover.txt), for `dlrover-rm simulate
+# DLRover 0.6.1 in its own venv (locked by constraints-dlrover.txt), for `python benchmarks/simulate.py
 # --policies ...,dlrover` (issue 7); `make test` builds it so that the real-DLRover tests run.
 dlrover-venv: .venv-dlrover/bin/python
 .venv-dlrover/bin/python: constraints-dlrover.txt

@@ -8,7 +8,6 @@
     dlrover-rm report JOB [--run ID] [--history-url URL]
     dlrover-rm render --launcher kubernetes PLAN.json [--job-id ID] [--namespace NS] [--image IMG] [--samples N]
                    [--volume-claim PVC] [--data-volume-claim PVC]
-    dlrover-rm simulate --jobs 1000 --seed 1 --policies user,dlrover,ours,oracle --out DIR [--setup-dlrover]
 
 User mistakes print ``error: <field>=<value> is invalid: allowed ...`` and exit with status 2.
 """
@@ -229,39 +228,6 @@ def cmd_render(args: argparse.Namespace) -> None:
     print(to_yaml(objects), end="")
 
 
-def cmd_simulate(args: argparse.Namespace) -> None:
-    from airflow_dlrover.simulate.dlrover_bridge import DLRoverUnavailable
-    from airflow_dlrover.simulate.run import format_table, simulate, write_outputs
-    from airflow_dlrover.simulate.workload import SimConfig
-
-    if args.jobs < 1:
-        raise InvalidInputError("jobs", args.jobs, "an integer ≥ 1")
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    kwargs = {}
-    if args.cluster_cpu is not None:
-        kwargs["cluster_cpu"] = float(args.cluster_cpu)
-    if args.cluster_memory is not None:
-        kwargs["cluster_memory_mb"] = parse_memory_mb(args.cluster_memory, "cluster_memory")
-    if args.no_instability:
-        cfg = SimConfig(jobs=args.jobs, seed=args.seed, **kwargs).without_instability()
-    else:
-        cfg = SimConfig(jobs=args.jobs, seed=args.seed, **kwargs)
-    start = time.perf_counter()
-    try:
-        summary, cis, runs = simulate(cfg, policies, objective=args.objective, dlrover_venv=args.dlrover_venv,
-                                      setup_dlrover=args.setup_dlrover, processes=args.processes)
-    except DLRoverUnavailable as err:
-        raise InvalidInputError("policies", "dlrover", "a dlrover venv", str(err)) from None
-    seconds = time.perf_counter() - start
-    print(f"{cfg.jobs} jobs, seed {cfg.seed}, cluster {cfg.cluster_cpu:g} cores / {cfg.cluster_memory_mb / 1024:g} GiB, "
-          f"objective {args.objective}: simulated in {seconds:.1f} s "
-          f"({', '.join(f'{r.name} {r.seconds:.1f} s' for r in runs)})")
-    print("95% bootstrap intervals over jobs in brackets; JCT over completed jobs")
-    print(format_table(summary, cis))
-    paths = write_outputs(Path(args.out), summary, cis, runs, cfg)
-    print("wrote " + ", ".join(str(p) for p in paths))
-
-
 def _add_quota(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu", required=True, help="cores in the quota, e.g. 64")
     parser.add_argument("--memory", required=True, help="memory in the quota, e.g. 256Gi")
@@ -342,21 +308,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--volume-claim", default="dlrover-jobs", help="ReadWriteMany claim holding the job dirs")
     p.add_argument("--data-volume-claim", default=None, help="claim of the training data, mounted read-only")
     p.set_defaults(func=cmd_render)
-
-    p = sub.add_parser("simulate", help="cluster-scale evaluation: a day of jobs under each policy (trace-driven)")
-    p.add_argument("--jobs", type=int, default=1000)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--policies", default="user,dlrover,ours,oracle", help="comma-separated: user, dlrover, ours, oracle")
-    p.add_argument("--out", required=True, help="folder for summary.csv, summary_ci.csv, jobs.csv, utilisation.csv, PNGs")
-    p.add_argument("--objective", choices=("efficiency", "throughput"), default="efficiency",
-                   help="the pre-tune objective of ours and the oracle (default efficiency: the knee)")
-    p.add_argument("--cluster-cpu", default=None, help="cores of the cluster quota (default 8000)")
-    p.add_argument("--cluster-memory", default=None, help="memory of the cluster quota (default 40000Gi)")
-    p.add_argument("--no-instability", action="store_true", help="no failures, hot PS, stragglers, under-sized users")
-    p.add_argument("--processes", type=int, default=2, help="policies simulated in parallel (default 2)")
-    p.add_argument("--dlrover-venv", default=None, help="venv with dlrover==0.6.1 (default $AIRFLOW_DLROVER_DLROVER_VENV or ./.venv-dlrover)")
-    p.add_argument("--setup-dlrover", action="store_true", help="create the dlrover venv if missing (pip, network)")
-    p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("demo", help="profile table → fit → plan on the bundled example")
     p.add_argument("--out", default="dlrover-demo", help="folder for model.json and plan.json")

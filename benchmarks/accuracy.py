@@ -23,7 +23,7 @@ import pandas as pd
 from airflow_dlrover.optimizer.model import fit_throughput
 from airflow_dlrover.optimizer.probes import design_probes
 from airflow_dlrover.optimizer.types import Quota
-from airflow_dlrover.simulate.queueing import Physics, simulate_samples
+from sim.queueing import Physics, simulate_samples
 
 QUOTA = Quota(cpu=64, memory_mb=256 * 1024)
 SYSTEMS = {

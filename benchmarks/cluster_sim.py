@@ -23,8 +23,8 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from airflow_dlrover.simulate.run import SUMMARY_COLUMNS, format_table, simulate, write_outputs  # noqa: E402
-from airflow_dlrover.simulate.workload import SimConfig  # noqa: E402
+from sim.run import SUMMARY_COLUMNS, format_table, simulate, write_outputs  # noqa: E402
+from sim.workload import SimConfig  # noqa: E402
 
 
 def across_seeds(table: pd.DataFrame) -> pd.DataFrame:

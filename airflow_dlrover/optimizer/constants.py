@@ -160,13 +160,11 @@ REVERT_DELIVERED_FRACTION = 0.25
 #: Observations of the new configuration needed before judging a resize. (ours)
 MIN_OBSERVATIONS_TO_JUDGE = 3
 
-#: The controller refits when a block of this many new windows of one configuration is complete
-#: (or a configuration is new): a refit on every window costs a fit per window and moves the
-#: model by less than its noise. (ours)
-REFIT_EVERY_WINDOWS = 6
 #: A refit uses the profile plus this many most recent windows of each configuration the job ran:
 #: hundreds of windows of one configuration would otherwise out-weigh the probes and the model
-#: would forget every other configuration. (ours, measured with the cluster simulation)
+#: would forget every other configuration. The controller refits on a configuration's first
+#: windows and once it has this many; later ones replace earlier windows of the same configuration
+#: and move the fit by less than its noise. (ours)
 REFIT_WINDOWS_PER_CONFIGURATION = 6
 
 # --------------------------------------------------------------------------------------------

@@ -18,8 +18,8 @@ them decides anything itself. One step looks at the observation in this order:
    straggler is replaced (``Relaunch`` with the planned CPU), a node at OOM risk gets the
    forecast memory for its whole role (``Resize``: nodes of a role are alike). A change that would
    take the job past its quota is not made: ``Keep(PAST_QUOTA)``.
-3. **Windows** (clean measurement windows in the vocabulary's columns): refit when they bring a
-   configuration the model has not seen or complete ``REFIT_EVERY_WINDOWS`` windows of one, then
+3. **Windows** (clean measurement windows in the vocabulary's columns): refit on the first windows
+   of a configuration and once it has ``REFIT_WINDOWS_PER_CONFIGURATION`` of them, then
    the fine-tune policy (``finetune.decide``) for the plan's objective and what is left of its
    deadline: ``Keep`` or ``Resize`` (a revert is a ``Resize`` with ``revert=True``). A resize never
    gives a role less memory than the running configuration has (tables only grow in a run).
@@ -38,10 +38,9 @@ import numpy as np
 import pandas as pd
 
 from airflow_dlrover.optimizer import constants as C
-from airflow_dlrover.optimizer.finetune import ResizeRecord, decide
+from airflow_dlrover.optimizer.finetune import ResizeRecord, decide, plan_within_quota
 from airflow_dlrover.optimizer.instability import METRIC_COLUMNS, detect
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
-from airflow_dlrover.optimizer.planner import plan
 from airflow_dlrover.optimizer.types import (
     CONFIG_COLUMNS, Configuration, InvalidInputError, NodeState, NodeStatus, Objective, Plan, Quota, Reason,
 )
@@ -199,20 +198,9 @@ def step(state: ControllerState, observation: Observation) -> tuple[ControllerSt
 
 def initial_plan(model: JobModel, quota: Quota, objective: Objective | str, *, samples: float | None,
                  deadline_s: float | None = None, batch_size: int = 512) -> Plan:
-    """The pre-tune plan: ``planner.plan`` for the objective. When the PS-table growth forecast for
-    ``samples`` does not fit the quota, the plan is made without the growth (and says so): the
-    guard's OOM-risk forecast grows the PS memory while the job runs, as far as the quota allows."""
-    try:
-        return plan(model.throughput, model.memory, quota, objective, samples=samples, deadline_s=deadline_s,
-                    batch_size=batch_size)
-    except InvalidInputError as err:
-        growing = model.memory is not None and model.memory.table_growth_mb_per_m_samples > 0
-        if not growing or err.field == "deadline":
-            raise
-        chosen = plan(model.throughput, model.memory.with_table_growth(0.0), quota, objective, samples=samples,
-                      deadline_s=deadline_s, batch_size=batch_size)
-        return replace(chosen, reason=f"{chosen.reason}; planned without the PS tables' growth, which does not fit "
-                                      f"the quota ({err})")
+    """The pre-tune plan (the launch task's): ``finetune.plan_within_quota`` for the objective."""
+    return plan_within_quota(model.throughput, model.memory, quota, objective, samples=samples,
+                             deadline_s=deadline_s, batch_size=batch_size)
 
 
 # -- 1. failed nodes --------------------------------------------------------------------------
@@ -229,33 +217,41 @@ def _recover(state: ControllerState, obs: Observation, failed: list[NodeStatus])
         return replace(state, failures_reported=state.failures_reported | keys), [fail]
     actions: list[Action] = []
     config = obs.config
+    grown = _grown_memory(state.quota, obs.nodes, [n for n in failed if n.state == NodeState.OOM_KILLED and n.memory_mb])
     for node in failed:
         numbers = {"node": node.name, "state": _value(node.state), "detail": node.reason}
         if node.state == NodeState.UNSCHEDULABLE and node.role == "worker" and config is not None and config.workers > 1:
             actions.append(Resize(Reason.UNSCHEDULABLE, numbers, config=replace(config, workers=config.workers - 1),
                                   remove=(node.name,)))
-        elif node.state == NodeState.OOM_KILLED and node.memory_mb:
-            grown = _round_up_mb(node.memory_mb * C.OOM_MEMORY_GROWTH)
-            cap = _memory_cap(state.quota, obs.nodes, node.name)
+        elif node.name in grown:
+            memory, cap = grown[node.name]
             oom = {**numbers, "memory_limit_mb": node.memory_mb, "cap_mb": cap}
-            if cap < grown:
-                grown = math.floor(cap / C.MEMORY_GRANULARITY_MB) * C.MEMORY_GRANULARITY_MB
-            if grown <= node.memory_mb:
+            if memory <= node.memory_mb:
                 actions.append(Fail(Reason.OOM_PAST_QUOTA, oom, retryable=False, nodes=(node.name,)))
             else:
-                actions.append(Relaunch(Reason.OOM_KILLED, {**oom, "memory_mb": grown}, node=node.name, memory_mb=grown))
+                actions.append(Relaunch(Reason.OOM_KILLED, {**oom, "memory_mb": memory}, node=node.name,
+                                        memory_mb=memory))
         else:
             actions.append(Relaunch(Reason.NODE_FAILED, numbers, node=node.name))
     return state, actions
 
 
-def _memory_cap(quota: Quota | None, nodes: Iterable[NodeStatus], name: str) -> float:
-    """The most memory node ``name`` may get within the quota, the other PS and workers kept."""
-    if quota is None:
-        return math.inf
+def _grown_memory(quota: Quota | None, nodes: Iterable[NodeStatus], killed: list[NodeStatus]) -> dict[str, tuple]:
+    """(new memory, cap) of each OOM-killed node: ``OOM_MEMORY_GROWTH`` × its limit, rounded up to
+    ``MEMORY_GRANULARITY_MB``. The nodes killed together share what the quota leaves beside the
+    job's other PS and workers, in proportion to their growth, each on the granularity."""
+    want = {n.name: _round_up_mb(n.memory_mb * C.OOM_MEMORY_GROWTH) for n in killed}
+    if quota is None or not want:
+        return {name: (mb, math.inf) for name, mb in want.items()}
     others = sum(n.memory_mb or 0.0 for n in nodes
-                 if n.role in ("ps", "worker") and n.state != NodeState.STOPPED and n.name != name)
-    return quota.memory_mb - others
+                 if n.role in ("ps", "worker") and n.state != NodeState.STOPPED and n.name not in want)
+    room = quota.memory_mb - others
+    scale = min(1.0, room / sum(want.values()))
+    out = {}
+    for name, mb in want.items():
+        cap = mb * scale
+        out[name] = (float(math.floor(cap / C.MEMORY_GRANULARITY_MB) * C.MEMORY_GRANULARITY_MB) if scale < 1 else mb, cap)
+    return out
 
 
 def _round_up_mb(mb: float) -> float:
@@ -271,10 +267,8 @@ def _guard(state: ControllerState, obs: Observation) -> tuple[ControllerState, l
     state = replace(state, node_history=history)
     if not history:
         return state, []
-    table = pd.DataFrame(list(history))
-    if "throughput" not in table:
-        table["throughput"] = np.nan
-    events = detect(table[[*METRIC_COLUMNS, "throughput"]], remaining_s=_remaining_s(state, obs))
+    table = {c: [r.get(c) for r in history] for c in (*METRIC_COLUMNS, "throughput")}
+    events = detect(table, remaining_s=_remaining_s(state, obs))
     actions: list[Action] = []
     acted: set[str] = set()
     for event in events:
@@ -405,15 +399,17 @@ def measured_since_resize(state: ControllerState, config: Configuration | None) 
 
 
 def _needs_refit(windows: tuple[dict, ...], new: tuple[dict, ...]) -> bool:
-    """A new configuration, or a completed block of ``REFIT_EVERY_WINDOWS`` windows of one."""
+    """Refit on the first windows of a configuration, and once it has a full block of
+    ``REFIT_WINDOWS_PER_CONFIGURATION`` (the refit keeps that many of each): later windows of it
+    replace earlier ones of the same configuration and barely move the fit."""
     before: dict[tuple, int] = {}
     for w in windows:
         before[_shape(w)] = before.get(_shape(w), 0) + 1
     after = dict(before)
     for w in new:
         after[_shape(w)] = after.get(_shape(w), 0) + 1
-    return any(before.get(k, 0) == 0 or n // C.REFIT_EVERY_WINDOWS > before.get(k, 0) // C.REFIT_EVERY_WINDOWS
-               for k, n in after.items() if n != before.get(k, 0))
+    block = C.REFIT_WINDOWS_PER_CONFIGURATION
+    return any(before.get(k, 0) == 0 or before.get(k, 0) < block <= n for k, n in after.items())
 
 
 def refit_table(state: ControllerState) -> pd.DataFrame:

@@ -21,7 +21,7 @@ from later plans: the policy cannot oscillate between two configurations.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -30,7 +30,9 @@ from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel
 from airflow_dlrover.optimizer.model import ThroughputModel, features
 from airflow_dlrover.optimizer.planner import plan
-from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, Objective, Plan, Quota, Reason
+from airflow_dlrover.optimizer.types import (
+    Configuration, InfeasibleQuotaError, InvalidInputError, Objective, Plan, Quota, Reason,
+)
 
 
 @dataclass(frozen=True)
@@ -152,13 +154,29 @@ def _target(model, memory, quota, objective, remaining_samples, deadline_s, batc
     if objective == Objective.DEADLINE:
         try:
             if deadline_s > 0:
-                return plan(model, memory, quota, "deadline", samples=remaining_samples, deadline_s=deadline_s,
-                            batch_size=batch_size, exclude=rejected)
+                return plan_within_quota(model, memory, quota, "deadline", samples=remaining_samples,
+                                         deadline_s=deadline_s, batch_size=batch_size, exclude=rejected)
         except InvalidInputError as err:
             if err.field != "deadline":
                 raise
         objective = Objective.THROUGHPUT
-    return plan(model, memory, quota, objective, samples=remaining_samples, batch_size=batch_size, exclude=rejected)
+    return plan_within_quota(model, memory, quota, objective, samples=remaining_samples, batch_size=batch_size,
+                             exclude=rejected)
+
+
+def plan_within_quota(model: ThroughputModel, memory: MemoryModel | None, quota: Quota, objective: Objective | str,
+                      **kwargs) -> Plan:
+    """``planner.plan``; when the PS tables' growth forecast for the samples to train does not fit
+    the quota, the plan is made without the growth (and says so): the guard's OOM-risk forecast
+    grows the PS memory while the job runs, as far as the quota allows."""
+    try:
+        return plan(model, memory, quota, objective, **kwargs)
+    except InfeasibleQuotaError as err:
+        if err.field != "memory" or memory is None or memory.table_growth_mb_per_m_samples <= 0:
+            raise
+        chosen = plan(model, memory.with_table_growth(0.0), quota, objective, **kwargs)
+        return replace(chosen, reason=f"{chosen.reason}; planned without the PS tables' growth, which does not "
+                                      f"fit the quota ({err.detail or err})")
 
 
 def _features(config: Configuration) -> np.ndarray:

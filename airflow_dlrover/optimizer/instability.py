@@ -20,13 +20,13 @@ evidence and a proposed action; nothing here acts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
 
 from airflow_dlrover.optimizer import constants as C
-from airflow_dlrover.optimizer.memory import fit_trend, memory_request_mb
+from airflow_dlrover.optimizer.memory import MemoryTrend, memory_request_mb, theil_sen_many
 from airflow_dlrover.optimizer.types import InvalidInputError
 
 METRIC_COLUMNS = ("time_s", "node", "role", "cpu_used", "cpu_limit", "memory_used_mb", "memory_limit_mb")
@@ -55,68 +55,119 @@ class InstabilityEvent:
                 "action": self.action.to_dict(), "evidence": self.evidence}
 
 
-def _check(metrics: pd.DataFrame, columns) -> pd.DataFrame:
-    missing = [c for c in columns if c not in metrics]
+_TEXT_COLUMNS = ("node", "role")
+
+
+class _Table(dict):
+    """The metrics as numpy columns (floats, or strings for ``node`` and ``role``)."""
+
+    def where(self, mask: np.ndarray) -> "_Table":
+        return _Table({k: v[mask] for k, v in self.items()})
+
+    def rows(self) -> int:
+        return len(next(iter(self.values()))) if dict.__len__(self) else 0
+
+
+def _check(metrics: pd.DataFrame | Mapping[str, Any], columns) -> _Table:
+    """The columns of a DataFrame or of a mapping of column → values, checked and as numpy."""
+    if isinstance(metrics, _Table):
+        table = metrics
+    else:
+        names = list(metrics.columns) if isinstance(metrics, pd.DataFrame) else list(metrics)
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise InvalidInputError("metrics columns", names, f"a table with {', '.join(columns)}",
+                                    f"Missing: {', '.join(missing)}.")
+        table = _Table({c: _column(metrics[c], c) for c in names if c in (*METRIC_COLUMNS, "throughput")})
+    missing = [c for c in columns if c not in table]
     if missing:
-        raise InvalidInputError(
-            "metrics columns", list(metrics.columns), f"a table with {', '.join(columns)}",
-            f"Missing: {', '.join(missing)}.",
-        )
-    return metrics
+        raise InvalidInputError("metrics columns", list(table), f"a table with {', '.join(columns)}",
+                                f"Missing: {', '.join(missing)}.")
+    return table
+
+
+def _column(values: Any, name: str) -> np.ndarray:
+    if name in _TEXT_COLUMNS:
+        return np.asarray(values).astype(str)
+    return pd.to_numeric(pd.Series(values, dtype=object) if not isinstance(values, pd.Series) else values,
+                         errors="coerce").to_numpy(dtype=float)
+
+
+def _by_node(nodes: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """(node, row indices in table order) per node, nodes sorted by name (as ``groupby``)."""
+    names, codes = np.unique(nodes.astype(str), return_inverse=True)
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
+    return [(str(name), order[bounds[k]:bounds[k + 1]]) for k, name in enumerate(names)]
 
 
 def detect_hot_ps(metrics: pd.DataFrame, window_s: float | None = None) -> list[InstabilityEvent]:
     """Hot PS events from the PS rows of the last ``window_s`` seconds (all rows when None)."""
     table = _check(metrics, ("time_s", "node", "role", "cpu_used", "cpu_limit"))
-    ps = table[table["role"] == "ps"]
-    if window_s is not None and len(ps):
-        ps = ps[ps["time_s"] >= ps["time_s"].max() - window_s]
-    if ps.empty:
+    ps = table.where(table["role"] == "ps")
+    if not ps.rows():
         return []
-    per_node = ps.groupby("node").agg(used=("cpu_used", "mean"), limit=("cpu_limit", "last"))
-    if len(per_node) < 2:
+    times, used, limits = ps["time_s"], ps["cpu_used"], ps["cpu_limit"]
+    keep = times >= times.max() - window_s if window_s is not None else np.ones(ps.rows(), bool)
+    groups = _by_node(ps["node"][keep])
+    used, limits = used[keep], limits[keep]
+    if len(groups) < 2:
         # Hot means hotter than the other PS. A lone busy PS is the configuration's own
         # bottleneck, which the planner chose knowingly: resizing it is the fine-tune's decision,
         # under the quota (our measurement: the demo's planned 1 PS × 0.5 core runs at 94 %).
         return []
-    per_node["utilisation"] = per_node["used"] / per_node["limit"]
+    mean_used = np.array([np.nanmean(used[rows]) for _, rows in groups])
+    last_limit = np.array([_last_valid(limits[rows]) for _, rows in groups])
+    utilisation = mean_used / last_limit
     events = []
-    for node, row in per_node.iterrows():
-        others = per_node["utilisation"].drop(node)
-        skew = row.utilisation / others.median() if others.median() > 0 else float("inf")
-        if row.utilisation >= C.HOT_PS_UTILISATION and skew >= C.HOT_PS_SKEW:
-            new_cpu = float(np.ceil(row.used / C.HOT_PS_TARGET_UTILISATION * 2) / 2)  # half cores
+    for k in np.flatnonzero(utilisation >= C.HOT_PS_UTILISATION):  # the rule's first condition
+        node = groups[k][0]
+        median = float(np.median(np.delete(utilisation, k)))
+        skew = utilisation[k] / median if median > 0 else float("inf")
+        if utilisation[k] >= C.HOT_PS_UTILISATION and skew >= C.HOT_PS_SKEW:
+            new_cpu = float(np.ceil(mean_used[k] / C.HOT_PS_TARGET_UTILISATION * 2) / 2)  # half cores
             events.append(InstabilityEvent(
-                "hot_ps", str(node),
-                f"PS {node} uses {row.used:.2f} of {row.limit:g} cores ({row.utilisation:.0%}), "
+                "hot_ps", node,
+                f"PS {node} uses {mean_used[k]:.2f} of {last_limit[k]:g} cores ({utilisation[k]:.0%}), "
                 f"{skew:.1f}× the median PS",
-                Action("set_cpu", str(node), max(new_cpu, float(row.limit) + 0.5)),
-                {"utilisation": float(row.utilisation), "cpu_used": float(row.used),
-                 "cpu_limit": float(row.limit), "skew": float(skew) if np.isfinite(skew) else None},
+                Action("set_cpu", node, max(new_cpu, float(last_limit[k]) + 0.5)),
+                {"utilisation": float(utilisation[k]), "cpu_used": float(mean_used[k]),
+                 "cpu_limit": float(last_limit[k]), "skew": float(skew) if np.isfinite(skew) else None},
             ))
     return events
+
+
+def _last_valid(values: np.ndarray) -> float:
+    valid = values[np.isfinite(values)]
+    return float(valid[-1]) if len(valid) else float("nan")
 
 
 def detect_stragglers(metrics: pd.DataFrame) -> list[InstabilityEvent]:
     """Straggler events from the workers' ``throughput`` over their last observations."""
     table = _check(metrics, ("time_s", "node", "role", "throughput"))
-    workers = table[(table["role"] == "worker") & table["throughput"].notna()].sort_values("time_s")
-    recent = workers.groupby("node").tail(C.STRAGGLER_MIN_OBSERVATIONS)
-    stats = recent.groupby("node")["throughput"].agg(["mean", "count"])
-    stats = stats[stats["count"] >= C.STRAGGLER_MIN_OBSERVATIONS]
+    workers = table.where((table["role"] == "worker") & np.isfinite(table["throughput"]))
+    if not workers.rows():
+        return []
+    times, speed = workers["time_s"], workers["throughput"]
+    order = np.argsort(times, kind="stable")
+    groups = _by_node(workers["node"][order])
+    speed = speed[order]
+    stats = [(node, float(np.mean(speed[rows[-C.STRAGGLER_MIN_OBSERVATIONS:]])), min(len(rows), C.STRAGGLER_MIN_OBSERVATIONS))
+             for node, rows in groups if len(rows) >= C.STRAGGLER_MIN_OBSERVATIONS]
     if len(stats) < 2:
         return []
+    means = np.array([mean for _, mean, _ in stats])
     events = []
-    for node, row in stats.iterrows():
-        median_others = float(stats["mean"].drop(node).median())
-        if median_others > 0 and row["mean"] < C.STRAGGLER_SPEED_FRACTION * median_others:
+    for k in np.flatnonzero(means < C.STRAGGLER_SPEED_FRACTION * means.max()):  # necessary: median ≤ max
+        node, mean, count = stats[k]
+        median_others = float(np.median(np.delete(means, k)))
+        if median_others > 0 and mean < C.STRAGGLER_SPEED_FRACTION * median_others:
             events.append(InstabilityEvent(
-                "straggler", str(node),
-                f"worker {node} runs {row['mean']:.0f} samples/s, {row['mean'] / median_others:.0%} "
+                "straggler", node,
+                f"worker {node} runs {mean:.0f} samples/s, {mean / median_others:.0%} "
                 f"of the other workers' median {median_others:.0f}",
-                Action("replace_node", str(node)),
-                {"throughput": float(row["mean"]), "median_others": median_others,
-                 "ratio": float(row["mean"] / median_others), "windows": int(row["count"])},
+                Action("replace_node", node),
+                {"throughput": mean, "median_others": median_others, "ratio": mean / median_others, "windows": count},
             ))
     return events
 
@@ -126,20 +177,26 @@ def detect_oom_risk(
 ) -> list[InstabilityEvent]:
     """OOM-risk events from each node's memory series against its limit."""
     table = _check(metrics, ("time_s", "node", "memory_used_mb", "memory_limit_mb"))
+    table = table.where(np.isfinite(table["memory_used_mb"]))
+    if not table.rows():
+        return []
+    times, used_all, limits = table["time_s"], table["memory_used_mb"], table["memory_limit_mb"]
+    series = []
+    for node, rows in _by_node(table["node"]):
+        rows = rows[np.argsort(times[rows], kind="stable")]
+        series.append((node, times[rows], used_all[rows], float(limits[rows][-1])))
+    trends = _trends([(t, y) for _, t, y, _ in series])
     events = []
-    for node, series in table.dropna(subset=["memory_used_mb"]).groupby("node"):
-        series = series.sort_values("time_s")
-        limit = float(series["memory_limit_mb"].iloc[-1])
-        used = float(series["memory_used_mb"].iloc[-1])
+    for (node, t, y, limit), trend in zip(series, trends):
+        used = float(y[-1])
         if not limit > 0:
             continue
-        if len(series) >= C.OOM_MIN_POINTS and series["time_s"].nunique() >= 2:
-            trend = fit_trend(series["time_s"], series["memory_used_mb"])
+        if trend is not None:
             slope = trend.slope_mb_per_s
-            rising = slope * np.ptp(series["time_s"].to_numpy(dtype=float)) >= C.OOM_MIN_RISE_MB
+            rising = slope * np.ptp(t) >= C.OOM_MIN_RISE_MB
             seconds = trend.seconds_to(limit) if rising else float("inf")
         else:
-            trend, seconds, slope = None, float("inf"), 0.0
+            seconds, slope = float("inf"), 0.0
         near = used >= C.OOM_USAGE_FRACTION * limit
         if not near and seconds > horizon_s:
             continue
@@ -149,17 +206,35 @@ def detect_oom_risk(
         new_limit = max(new_limit, limit + C.MEMORY_GRANULARITY_MB)
         when = "now" if near else f"in {seconds:.0f}s"
         events.append(InstabilityEvent(
-            "oom_risk", str(node),
+            "oom_risk", node,
             f"{node} uses {used:.0f} of {limit:.0f} MB, growing {slope * 60:.1f} MB/min: limit reached {when}",
-            Action("set_memory", str(node), new_limit),
+            Action("set_memory", node, new_limit),
             {"memory_used_mb": used, "memory_limit_mb": limit, "slope_mb_per_min": slope * 60,
              "seconds_to_limit": None if not np.isfinite(seconds) else float(seconds), "forecast_peak_mb": float(peak)},
         ))
     return events
 
 
-def detect(metrics: pd.DataFrame, remaining_s: float | None = None) -> list[InstabilityEvent]:
-    """All detectors over one metrics table."""
+def _trends(series: list[tuple[np.ndarray, np.ndarray]]) -> list[MemoryTrend | None]:
+    """``fit_trend`` of each (times, used) series with ≥ ``OOM_MIN_POINTS`` points at ≥ 2 distinct
+    times (None for the others); the series of one length are fitted together (``theil_sen_many``)."""
+    out: list[MemoryTrend | None] = [None] * len(series)
+    by_length: dict[int, list[int]] = {}
+    for i, (t, _) in enumerate(series):
+        if len(t) >= C.OOM_MIN_POINTS and np.ptp(t) > 0:
+            by_length.setdefault(len(t), []).append(i)
+    for indices in by_length.values():
+        times = np.stack([series[i][0] for i in indices])
+        used = np.stack([series[i][1] for i in indices])
+        slopes, intercepts = theil_sen_many(times, used)
+        for k, i in enumerate(indices):
+            last = int(np.argmax(times[k]))
+            out[i] = MemoryTrend(float(slopes[k]), float(intercepts[k]), float(times[k, last]), float(used[k, last]))
+    return out
+
+
+def detect(metrics: pd.DataFrame | Mapping[str, Any], remaining_s: float | None = None) -> list[InstabilityEvent]:
+    """All detectors over one metrics table (a DataFrame, or a mapping of column → values)."""
     table = _check(metrics, METRIC_COLUMNS)
     events = detect_hot_ps(table) + detect_oom_risk(table, remaining_s=remaining_s)
     if "throughput" in table:

@@ -25,7 +25,6 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
-from scipy.stats import theilslopes
 
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import InvalidInputError, validate_samples
@@ -147,12 +146,31 @@ class MemoryTrend:
         return (limit_mb - now) / self.slope_mb_per_s
 
 
+def theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Theil–Sen line (Sen 1968), as ``scipy.stats.theilslopes`` computes it: the slope is the
+    median of the pairwise slopes (yj − yi) / (xj − xi) over pairs with xj > xi, the intercept
+    median(y) − slope · median(x)."""
+    slopes, intercepts = theil_sen_many(np.asarray(x, dtype=float)[None, :], np.asarray(y, dtype=float)[None, :])
+    return float(slopes[0]), float(intercepts[0])
+
+
+def theil_sen_many(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``theil_sen`` of each row of ``x`` and ``y`` (shape: series × points; every row has two
+    distinct times) at once: the detectors fit a few points of every node each window."""
+    dx = x[:, None, :] - x[:, :, None]
+    dy = y[:, None, :] - y[:, :, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pairwise = np.where(dx > 0, dy / dx, np.nan).reshape(len(x), -1)
+    slopes = np.nanmedian(pairwise, axis=1)
+    return slopes, np.median(y, axis=1) - slopes * np.median(x, axis=1)
+
+
 def fit_trend(times_s: Sequence[float], used_mb: Sequence[float]) -> MemoryTrend:
     """Theil–Sen slope and intercept of a memory series (needs ≥ 2 points, distinct times)."""
     t = np.asarray(times_s, dtype=float)
     y = np.asarray(used_mb, dtype=float)
     if t.shape != y.shape or len(t) < 2 or np.ptp(t) == 0 or not (np.isfinite(t).all() and np.isfinite(y).all()):
         raise InvalidInputError("memory series", f"{len(t)} points", "≥ 2 finite points at distinct times")
-    slope, intercept, _, _ = theilslopes(y, t)
+    slope, intercept = theil_sen(t, y)
     last = int(np.argmax(t))
     return MemoryTrend(float(slope), float(intercept), float(t[last]), float(y[last]))

@@ -42,8 +42,12 @@ class InvalidInputError(ValueError):
         self.field = field_name
         self.value = value
         self.allowed = allowed
+        self.detail = detail
         message = f"{field_name}={value!r} is invalid: allowed {allowed}"
         super().__init__(f"{message}. {detail}".strip() if detail else message)
+
+    def __reduce__(self):  # picklable: it crosses process pools and Airflow's task runner
+        return (type(self), (self.field, self.value, self.allowed, self.detail))
 
 
 class InfeasibleQuotaError(InvalidInputError):
@@ -53,6 +57,9 @@ class InfeasibleQuotaError(InvalidInputError):
         self.minimum = dict(minimum)
         need = ", ".join(f"{k}={v:g}" for k, v in self.minimum.items())
         super().__init__(field_name, value, f"a quota of at least {need}", detail)
+
+    def __reduce__(self):
+        return (type(self), (self.field, self.value, self.minimum, self.detail))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import fit_memory, fit_trend, memory_request_mb
@@ -53,3 +54,18 @@ def test_missing_memory_columns_are_named():
     assert err.value.field == "samples.ps_memory_used_mb"
     with pytest.raises(InvalidInputError):
         fit_trend([0], [1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.floats(0, 1e4)), min_size=2, max_size=12))
+@pytest.mark.filterwarnings("ignore:invalid value encountered in sqrt:RuntimeWarning")  # scipy's interval, unused
+def test_theil_sen_is_scipys(points):
+    from scipy.stats import theilslopes
+
+    from airflow_dlrover.optimizer.memory import theil_sen
+
+    x, y = (np.array(v, dtype=float) for v in zip(*points))
+    if np.ptp(x) == 0:
+        return
+    slope, intercept, _, _ = theilslopes(y, x)
+    assert theil_sen(x, y) == pytest.approx((slope, intercept), rel=1e-9, abs=1e-9)

@@ -8,13 +8,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from airflow_dlrover.cli import main
+from simulate import main
 from airflow_dlrover.optimizer.types import Configuration
-from airflow_dlrover.simulate.cluster import Cluster, Policy, QuotaExceededError, Start
-from airflow_dlrover.simulate.dlrover_bridge import DLRoverUnavailable, default_venv, venv_python
-from airflow_dlrover.simulate.run import SUMMARY_COLUMNS, run_policy, summarise
-from airflow_dlrover.simulate.truth import QueueingTable, Roofline, measured_roofline
-from airflow_dlrover.simulate.workload import SimConfig, generate_trace
+from sim.cluster import Cluster, Policy, QuotaExceededError, Start
+from sim.dlrover_bridge import DLRoverUnavailable, default_venv, venv_python
+from sim.run import SUMMARY_COLUMNS, run_policy, summarise
+from sim.truth import QueueingTable, Roofline, measured_roofline
+from sim.workload import SimConfig, generate_trace
 
 SMALL = SimConfig(jobs=24, seed=3, cluster_cpu=1500.0, cluster_memory_mb=6e6)
 HAS_DLROVER = venv_python(default_venv()).exists()
@@ -123,7 +123,7 @@ def test_summary_metrics():
 
 def test_cli_writes_the_files_with_the_exact_columns(tmp_path, capsys):
     out = tmp_path / "sim"
-    assert main(["simulate", "--jobs", "12", "--seed", "2", "--policies", "user,oracle", "--out", str(out),
+    assert main(["--jobs", "12", "--seed", "2", "--policies", "user,oracle", "--out", str(out),
                  "--cluster-cpu", "1500", "--processes", "1"]) == 0
     printed = capsys.readouterr().out
     assert "median_jct_s" in printed and "oracle" in printed
@@ -138,13 +138,13 @@ def test_cli_writes_the_files_with_the_exact_columns(tmp_path, capsys):
 
 
 def test_cli_rejects_an_unknown_policy(tmp_path, capsys):
-    assert main(["simulate", "--jobs", "5", "--policies", "user,magic", "--out", str(tmp_path)]) == 2
+    assert main(["--jobs", "5", "--policies", "user,magic", "--out", str(tmp_path)]) == 2
     assert "policies='magic'" in capsys.readouterr().err
 
 
 def test_dlrover_without_its_venv_names_the_setup_command(tmp_path, capsys):
     missing = tmp_path / "no-venv"
-    assert main(["simulate", "--jobs", "5", "--policies", "dlrover", "--out", str(tmp_path),
+    assert main(["--jobs", "5", "--policies", "dlrover", "--out", str(tmp_path),
                  "--dlrover-venv", str(missing)]) == 2
     err = capsys.readouterr().err
     assert "dlrover==0.6.1" in err and "--setup-dlrover" in err and str(missing) in err
@@ -152,7 +152,7 @@ def test_dlrover_without_its_venv_names_the_setup_command(tmp_path, capsys):
 
 @pytest.mark.skipif(not HAS_DLROVER, reason=f"no dlrover venv at {default_venv()} (make dlrover-venv)")
 def test_dlrover_policy_drives_the_real_package():
-    from airflow_dlrover.simulate.dlrover_bridge import DLRoverBridge
+    from sim.dlrover_bridge import DLRoverBridge
 
     with DLRoverBridge() as bridge:
         assert bridge.version == "0.6.1"
@@ -165,7 +165,7 @@ def test_dlrover_policy_drives_the_real_package():
 
 
 def test_bridge_error_is_clear_when_venv_missing(tmp_path):
-    from airflow_dlrover.simulate.dlrover_bridge import DLRoverBridge
+    from sim.dlrover_bridge import DLRoverBridge
 
     with pytest.raises(DLRoverUnavailable, match="python -m venv"):
         DLRoverBridge(tmp_path / "nothing")

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_dlrover.simulate.queueing import (
+from sim.queueing import (
     CONFIG_COLUMNS,
     SAMPLE_COLUMNS,
     Physics,

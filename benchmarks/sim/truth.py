@@ -7,9 +7,9 @@ from three families that are *not* the optimizer's q-norm of nine terms:
               log grid of (w, p, λw, λp) for three physics — default, hot-shard PS (Zipf 1.1, dear
               updates) and network-bound PS (2 Gbit/s, 512-byte rows) — and interpolated
               multilinearly in log space. Throughput there *emerges* from queues. Tables ship in
-              ``airflow_dlrover/data/sim_truth_queueing.csv``; regenerate with
-              ``python -m airflow_dlrover.simulate.truth`` (about 1–3 min per physics).
-``measured``  The grid measured on the real runtime (``data/local_grid.csv``: 21 configurations
+              ``benchmarks/sim/data/sim_truth_queueing.csv``; regenerate with
+              ``python -m sim.truth`` (about 1–3 min per physics).
+``measured``  The grid measured on the real runtime (``benchmarks/sim/data/local_grid.csv``: 21 configurations
               of 1–3 workers) calibrates a roofline (hard bottlenecks: worker cores with Amdahl,
               the hottest PS's cores, a fixed per-request PS cost); the job's size factor scales
               it to cluster sizes.
@@ -33,7 +33,7 @@ import sys
 import time
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib.resources import files
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -46,13 +46,13 @@ TABLE_WORKERS = (1, 2, 4, 8, 16, 32, 64, 128)
 TABLE_PS = (1, 2, 4, 8, 16, 32)
 TABLE_CPU = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 
-QUEUEING_TABLES = files("airflow_dlrover") / "data" / "sim_truth_queueing.csv"
-LOCAL_GRID = files("airflow_dlrover") / "data" / "local_grid.csv"
+QUEUEING_TABLES = Path(__file__).with_name("data") / "sim_truth_queueing.csv"
+LOCAL_GRID = Path(__file__).with_name("data") / "local_grid.csv"
 
 
 def queueing_physics() -> dict:
     """The physics variants tabulated for the ``queueing`` family."""
-    from airflow_dlrover.simulate.queueing import Physics
+    from sim.queueing import Physics
 
     return {
         "default": Physics(),
@@ -105,7 +105,7 @@ def _softmin(caps: list[np.ndarray], k: float = 8.0) -> np.ndarray:
 
 @lru_cache(maxsize=64)
 def _max_share(p: int, skew: float) -> float:
-    from airflow_dlrover.simulate.queueing import _ps_shares
+    from sim.queueing import _ps_shares
 
     shares = _ps_shares(int(p), float(skew), 720720)
     return max(shares) * int(p)
@@ -284,7 +284,7 @@ class MemoryTruth:
 
 
 def generate_queueing_tables(steps_per_worker: int = 30, seed: int = 7) -> pd.DataFrame:
-    from airflow_dlrover.simulate.queueing import simulate_config
+    from sim.queueing import simulate_config
 
     rows = []
     for name, physics in queueing_physics().items():

@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from airflow_dlrover.simulate.cluster import BIN_S, Cluster, JobRun
-from airflow_dlrover.simulate.policies import POLICIES, make_policy
-from airflow_dlrover.simulate.workload import SimConfig, generate_trace
+from sim.cluster import BIN_S, Cluster, JobRun
+from sim.policies import POLICIES, make_policy
+from sim.workload import SimConfig, generate_trace
 
 SUMMARY_COLUMNS = ("policy", "median_jct_s", "p90_jct_s", "cpu_util", "mem_util", "completion_rate",
                    "resource_hours", "queue_delay_s")
@@ -120,7 +120,7 @@ def run_policy(cfg: SimConfig, name: str, *, trace=None, objective: str = "effic
         "cpu_alloc": bins["cpu_alloc"][:last] / BIN_S, "cpu_used": bins["cpu_used"][:last] / BIN_S,
         "mem_alloc_gb": bins["mem_alloc"][:last] / BIN_S / 1024, "mem_used_gb": bins["mem_used"][:last] / BIN_S / 1024,
     })
-    counters = {k: getattr(policy, k) for k in ("fits", "plans") if hasattr(policy, k)}
+    counters = {k: getattr(policy, k) for k in ("fits", "steps") if hasattr(policy, k)}
     if bridge is not None and name == "dlrover":
         counters["bridge_calls"] = bridge.calls
     return PolicyRun(name, job_table(name, jobs), series, seconds, counters)
@@ -202,7 +202,7 @@ def _run_one(args) -> PolicyRun:
     cfg, name, objective, dlrover_venv, setup_dlrover = args
     bridge = None
     if name == "dlrover":
-        from airflow_dlrover.simulate.dlrover_bridge import DLRoverBridge
+        from sim.dlrover_bridge import DLRoverBridge
 
         bridge = DLRoverBridge(dlrover_venv, create=setup_dlrover)
     try:
@@ -225,7 +225,7 @@ def simulate(cfg: SimConfig, policies=POLICIES, *, objective: str = "efficiency"
 
             raise InvalidInputError("policies", name, ", ".join(POLICIES))
     if "dlrover" in policies:  # fail fast, before minutes of other policies
-        from airflow_dlrover.simulate.dlrover_bridge import ensure_venv
+        from sim.dlrover_bridge import ensure_venv
 
         ensure_venv(dlrover_venv, create=setup_dlrover)
     jobs = [(cfg, name, objective, dlrover_venv, False) for name in policies]

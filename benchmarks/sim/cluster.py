@@ -29,8 +29,8 @@ import numpy as np
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.finetune import resize_cost_s
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, Quota
-from airflow_dlrover.simulate.truth import BATCH
-from airflow_dlrover.simulate.workload import JobSpec, SimConfig
+from sim.truth import BATCH
+from sim.workload import JobSpec, SimConfig
 
 BIN_S = 600.0  # resolution of the cluster time series
 

@@ -1,7 +1,7 @@
 """Runs *inside the dlrover==0.6.1 venv*: DLRover's own PS resource optimizer behind JSON lines.
 
 Not imported by airflow_dlrover (it imports dlrover, which is not in the project's environment);
-:mod:`airflow_dlrover.simulate.dlrover_bridge` starts it as ``<venv>/bin/python dlrover_worker.py``.
+:mod:`sim.dlrover_bridge` starts it as ``<venv>/bin/python dlrover_worker.py``.
 
 Protocol: one JSON array of requests per stdin line, one JSON array of replies per stdout line.
 Each request has ``op`` and ``job`` (a string id):

@@ -71,7 +71,7 @@ runs 0.21-0.28 s on this shared VM); ``workers = 32, ps = 8`` takes ~0.11 s and
 ``workers * steps_per_worker * (2 * ps + 3)``. Measured on the 2-core development machine (AMD
 EPYC, Python 3.11, numpy 2.4) from the repository root with::
 
-    python -m timeit -n 1 -r 5 -s "from airflow_dlrover.simulate.queueing import simulate_config
+    python -m timeit -n 1 -r 5 -s "from sim.queueing import simulate_config
     as s; c = dict(workers=32, ps=16, worker_cpu=1, ps_cpu=1)" "s(c)"
 
 (one line; the break after ``simulate_config`` is for this docstring only).

@@ -8,16 +8,15 @@
              its OOM recovery (×2 memory). Its plans are applied as DLRover's auto-scaler applies
              them; a plan past the job's quota is refused (as a Kubernetes ResourceQuota would)
              and counted. DLRover 0.6.1 has no straggler handling for PS jobs.
-``ours``     the optimizer of this package, for real: probes (``design_probes``: a cold start's;
-             a warm start, from the family's history, has none) whose time and samples are the
-             job's, ``fit_job_model``,
-             ``plan`` (the efficiency knee under the job's quota), ``decide`` every period (for the same
-             objective, under what the cluster has free) with
-             refits as new configurations are measured, and the instability detectors
-             (``detect_hot_ps``, ``detect_stragglers``, ``detect_oom_risk``) with their actions.
+``ours``     the product's loop, as the DAG runs it: probes (``design_probes``: a cold start's; a
+             warm start, from the family's history, has none) whose time and samples are the
+             job's, ``fit_job_model`` (the fit task), ``controller.initial_plan`` (the launch task,
+             under the job's quota), then every period ``controller.step`` on what the period
+             measured — its windows, every node's status, the per-node usage — and the actions it
+             returns, applied as the cluster can; an OOM kill is a failed node's observation, the
+             step after it (the guard's retry) relaunches. The policy decides nothing itself.
              After a run the family's history keeps what the history store's ``prior_model``
-             gives the next run: the newest cold fit's throughput model, and the memory growth
-             the run showed.
+             gives the next run: the newest cold fit's throughput model with the newest memory model.
 ``oracle``   knows the truth: the same objective as ``ours`` evaluated on the true function over
              the planner's grid, memory sized for the true peak, instability healed at onset.
 """
@@ -25,19 +24,21 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
 from airflow_dlrover.optimizer import constants as C
-from airflow_dlrover.optimizer.finetune import ResizeRecord, decide
-from airflow_dlrover.optimizer.instability import detect_hot_ps, detect_oom_risk, detect_stragglers
+from airflow_dlrover.optimizer.controller import (
+    ControllerState, Fail, Heal, Observation as Seen, Relaunch, Resize as ResizeAction, initial_plan, step,
+)
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
-from airflow_dlrover.optimizer.memory import fit_memory, memory_request_mb
-from airflow_dlrover.optimizer.planner import _knee, _pareto_front, plan, search_grid
+from airflow_dlrover.optimizer.memory import fit_memory
+from airflow_dlrover.optimizer.planner import knee, pareto_front, search_grid
 from airflow_dlrover.optimizer.probes import design_probes
-from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, Quota
-from airflow_dlrover.simulate.cluster import (
+from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, NodeState, NodeStatus, Quota, Reason
+from sim.cluster import (
     JobRun,
     Observation,
     Policy,
@@ -47,7 +48,7 @@ from airflow_dlrover.simulate.cluster import (
     SetMemory,
     Start,
 )
-from airflow_dlrover.simulate.truth import BATCH
+from sim.truth import BATCH
 
 POLICIES = ("user", "dlrover", "ours", "oracle")
 
@@ -91,7 +92,7 @@ def true_plan(job: JobRun, objective: str, quota: Quota, truth_on_grid: np.ndarr
     if objective == "throughput":
         best = int(np.argmax(xf))
     else:
-        best = _knee(_pareto_front(grid, n, xf), x, grid.cores[:n])
+        best = knee(pareto_front(grid, n, xf), x, grid.cores[:n])
     return _config(w[best], p[best], lw[best], lp[best], worker_mem, ps_need[p[best] - 1])
 
 
@@ -162,181 +163,112 @@ class OursPolicy(Policy):
         self.objective = objective
         self.history: dict[int, JobModel] = {}
         self.fits = 0
-        self.plans = 0
+        self.steps = 0
 
-    # --- pre-tune
+    # --- the profile, fit and launch tasks
     def start(self, job: JobRun) -> Start:
         family = job.spec.family
         prior = self.history.get(family.index)
         if prior is None and family.history:
             prior = self.history[family.index] = _history_model(job, job.limit)
-        job.state["prior"] = prior
-        if prior is not None:
-            probes = design_probes(job.limit, batch_size=BATCH, prior=prior.throughput, memory=prior.memory)
-        else:
-            probes = design_probes(job.limit, batch_size=BATCH)
+        job.state["controller"] = ControllerState(job.limit, self.objective, prior=prior)
+        probes = design_probes(job.limit, batch_size=BATCH, prior=prior.throughput if prior else None,
+                               memory=prior.memory if prior else None)
         if probes.empty:  # a warm start: the prior is the run's model and plans (as the fit task)
-            job.state["rows"], job.state["probe_rows"], job.state["model"] = [], [], prior
-            return Start(config=self._plan(job, prior, job.limit, job.spec.samples))
+            return Start(config=self._launch(job, prior, job.spec.samples))
         return Start(probes=[Configuration(**row) for row in probes.to_dict("records")])
 
     def after_profile(self, job: JobRun, samples: list[dict]) -> Configuration:
-        job.state["rows"] = list(samples)
-        job.state["probe_rows"] = list(samples)
-        model = self._fit(job)
-        return self._plan(job, model, job.limit, job.remaining)
-
-    def _fit(self, job: JobRun) -> JobModel:
-        prior: JobModel | None = job.state["prior"]
-        table = pd.DataFrame(job.state["rows"])
-        model = fit_job_model(table, prior, leave_one_out=False)
+        state: ControllerState = job.state["controller"]
+        model = fit_job_model(pd.DataFrame(samples), state.prior)
         self.fits += 1
-        memory = model.memory
-        if memory is not None and prior is not None and prior.memory is not None and "table_growth_mb_per_m_samples" in memory.pinned:
-            memory = memory.with_table_growth(prior.memory.table_growth_mb_per_m_samples)
-        if "growth" in job.state:  # measured on this run (OOM guard's trend): keep the larger
-            memory = memory.with_table_growth(max(memory.table_growth_mb_per_m_samples, job.state["growth"]))
-        model = JobModel(model.throughput, memory)
-        job.state["model"] = model
-        return model
+        job.state["controller"] = replace(state, profile=tuple(samples))
+        return self._launch(job, model, job.remaining)
 
-    def _plan(self, job: JobRun, model: JobModel, quota: Quota, remaining: float) -> Configuration:
-        self.plans += 1
-        try:
-            chosen = plan(model.throughput, model.memory, quota, self.objective, samples=remaining, batch_size=BATCH)
-        except InvalidInputError:
-            # Memory forecast too large for the quota: plan without the growth, the guard watches.
-            chosen = plan(model.throughput, model.memory.with_table_growth(0.0), quota, self.objective, batch_size=BATCH)
-        return chosen.config
+    def _launch(self, job: JobRun, model: JobModel, samples: float) -> Configuration:
+        config = initial_plan(model, job.limit, self.objective, samples=samples, batch_size=BATCH).config
+        job.state["controller"] = replace(job.state["controller"], model=model, since_s=self.cluster.now)
+        return config
 
-    # --- fine-tune + guard
+    # --- the fine-tune and the guard: observe, step, apply
     def check(self, job: JobRun, obs: Observation) -> list:
-        actions = self._guard(job, obs)
-        if actions:
-            return actions
         config = obs.config
-        # The runtime's windows enter the sample table as one row per configuration (their
-        # median, refreshed each period): hundreds of windows of one configuration would
-        # otherwise out-weigh the probes and the model would forget everything else.
-        runtime = job.state.setdefault("runtime", {})
-        key = (config.workers, config.ps, config.worker_cpu, config.ps_cpu)
-        windows = runtime.setdefault(key, [])
-        windows.extend(obs.windows)
-        row = dict(config.to_row(), throughput=float(np.median(windows)), worker_cpu_used=obs.worker_cpu_used,
-                   ps_cpu_used=float(np.mean(obs.ps_cpu_used)), worker_memory_used_mb=obs.worker_memory_used_mb,
-                   ps_memory_used_mb=obs.ps_memory_used_mb, samples_seen=obs.samples_done, timestamp=obs.now_s)
-        job.state.setdefault("runtime_rows", {})[key] = row
-        if obs.config.ps == job.state.get("series_ps", obs.config.ps):
-            job.state["series_ps"] = obs.config.ps
-            job.state.setdefault("memory_series", []).append(row)
-        job.state["rows"] = job.state["probe_rows"] + list(job.state["runtime_rows"].values())
-        model = job.state["model"]
-        if len(runtime) != job.state.get("fitted_runtime", 0) or len(windows) in (3, 12):
-            job.state["fitted_runtime"] = len(runtime)
-            model = self._fit(job)
-        since = job.state.setdefault("since_resize", [])
-        since.extend(obs.windows)
-        free = self.cluster.free_quota(job)
-        # A healed hot PS keeps its extra cores through a resize: the fine-tune plans without them.
-        extra = max(obs.hot_ps_cpu - config.ps_cpu, 0.0)
-        quota = Quota(cpu=max(free.cpu - extra, config.cores), memory_mb=free.memory_mb)
-        if quota.cpu < config.cores or quota.memory_mb < config.memory_mb:
-            return []
-        # A "keep" stays a keep while nothing it rests on changed: the same model, quota, measured
-        # speed (±5 %) and resize history — its saving only shrinks as the remaining samples do.
-        # Skipping those repeats saves most of the planner calls of a long job.
-        x_now = float(np.median(since))
-        signature = (id(model), quota.cpu, round(quota.memory_mb, -3), round(math.log(max(x_now, 1e-9)) / 0.05),
-                     len(job.state.setdefault("rejected", [])), id(job.state.get("last_resize")), len(since) >= C.MIN_OBSERVATIONS_TO_JUDGE)
-        if job.state.get("kept") == signature:
-            return []
-        try:
-            decision = decide(model.throughput, model.memory, quota, config, since, obs.remaining, obs.now_s,
-                              job.state.get("last_resize"), job.state["rejected"], objective=self.objective)
-        except InvalidInputError:
-            return []
-        if decision.action == "keep":
-            if not decision.reason.startswith(("last resize", "judging")):
-                job.state["kept"] = signature
-            return []
-        if decision.reject is not None:
-            job.state["rejected"].append(decision.reject)
-        target = decision.target
-        job.state["last_resize"] = ResizeRecord(obs.now_s, config, target, x_now, decision.predicted_speedup or 1.0,
-                                                is_revert=decision.action == "revert")
-        job.state["since_resize"] = []
-        return [Resize(target, decision.reason)]
-
-    def _guard(self, job: JobRun, obs: Observation) -> list:
-        """The instability detectors, each behind an exact pre-filter of its own rule (the filter
-        is a necessary condition of the detector's, so it changes no decision, only the cost)."""
-        actions = []
-        config = obs.config
-        ps_limit = [obs.hot_ps_cpu] + [config.ps_cpu] * (config.ps - 1)
-        util = [used / limit for used, limit in zip(obs.ps_cpu_used, ps_limit)]
-        hot = [i for i in range(config.ps) if util[i] >= C.HOT_PS_UTILISATION
-               and util[i] >= C.HOT_PS_SKEW * float(np.median(util[:i] + util[i + 1:]))] if config.ps >= 2 else []
-        if hot:
-            table = pd.DataFrame(dict(time_s=obs.now_s, node=[f"ps-{i}" for i in range(config.ps)], role="ps",
-                                      cpu_used=obs.ps_cpu_used, cpu_limit=ps_limit))
-            for event in detect_hot_ps(table):
-                cpu = float(event.action.value)
-                if job.alloc_cpu + cpu - obs.hot_ps_cpu <= job.limit.cpu:  # healing stays in the quota
-                    actions.append(SetHotPsCpu(cpu))
-        speeds = obs.worker_speeds
-        if len(speeds) >= 2 and min(speeds) < C.STRAGGLER_SPEED_FRACTION * max(speeds):
-            table = pd.DataFrame(dict(time_s=np.repeat(obs.now_s - np.arange(3)[::-1] * obs.window_s, len(speeds)),
-                                      node=[f"worker-{i}" for i in range(len(speeds))] * 3, role="worker",
-                                      throughput=speeds * 3))
-            if detect_stragglers(table):
-                actions.append(ReplaceWorker())
-        history = obs.memory_history + [(obs.now_s, obs.ps_memory_used_mb)]
-        limit = config.ps_memory_mb
-        if len(history) >= 2:
-            times, used = zip(*history[-6:])
-            # The steepest slope between any two points bounds the detector's Theil–Sen slope.
-            steepest = max([(used[j] - used[i]) / (times[j] - times[i]) for i in range(len(times))
-                            for j in range(i + 1, len(times)) if times[j] != times[i]] + [0.0])
-            reach = used[-1] + steepest * (C.OOM_HORIZON_S + max(times) - min(times))
-            if used[-1] >= C.OOM_USAGE_FRACTION * limit or reach >= limit:
-                table = pd.DataFrame(dict(time_s=times, node="ps", memory_used_mb=used, memory_limit_mb=limit))
-                remaining_s = obs.remaining / max(np.median(obs.windows), 1e-9)
-                for event in detect_oom_risk(table, remaining_s=remaining_s):
-                    new = float(event.action.value)
-                    if job.alloc_mem + (new - limit) * config.ps <= job.limit.memory_mb:
-                        actions.append(SetMemory(ps_memory_mb=new))
-                        growth = event.evidence["slope_mb_per_min"] / 60.0 * config.ps / max(np.median(obs.windows), 1e-9) * 1e6
-                        job.state["growth"] = max(job.state.get("growth", 0.0), growth)
-        return actions
+        windows = tuple(dict(config.to_row(), throughput=x, worker_cpu_used=obs.worker_cpu_used,
+                             ps_cpu_used=float(np.mean(obs.ps_cpu_used)), worker_memory_used_mb=obs.worker_memory_used_mb,
+                             ps_memory_used_mb=obs.ps_memory_used_mb, samples_seen=obs.samples_done,
+                             timestamp=obs.now_s) for x in obs.windows)
+        actions = self._step(job, _seen(job, obs, windows=windows, usage=_usage(obs)))
+        out = []
+        for action in actions:
+            if isinstance(action, ResizeAction):
+                out.append(Resize(action.config, action.describe()))
+            elif isinstance(action, Heal) and action.node == "ps-0" and action.cpu:
+                out.append(SetHotPsCpu(action.cpu))
+            elif isinstance(action, Relaunch) and action.reason == Reason.STRAGGLER:
+                out.append(ReplaceWorker(int(action.node.split("-")[1])))
+        return out
 
     def on_oom(self, job: JobRun, obs: Observation, node: str) -> SetMemory | None:
-        config = obs.config
-        if node == "worker":
-            return SetMemory(worker_memory_mb=float(memory_request_mb(obs.worker_memory_used_mb * 1.5)))
-        history = obs.memory_history + [(obs.now_s, obs.ps_memory_used_mb)]
-        times, used = np.array(history[-6:]).T
-        remaining_s = obs.remaining / max(np.median(obs.windows), 1e-9)
-        table = pd.DataFrame(dict(time_s=times, node="ps", memory_used_mb=used, memory_limit_mb=config.ps_memory_mb))
-        events = detect_oom_risk(table, remaining_s=remaining_s) if len(times) >= 1 else []
-        new = float(events[0].action.value) if events else float(memory_request_mb(obs.ps_memory_used_mb * 1.3))
-        new = max(new, config.ps_memory_mb * 1.25)
-        cap = (job.limit.memory_mb - config.workers * config.worker_memory_mb) / config.ps
-        return SetMemory(ps_memory_mb=min(new, cap)) if cap > config.ps_memory_mb else None
+        """Every node of the killed role is OOM-killed (they hold equal shares): the guard's try
+        reports it, its retry relaunches them with the memory the controller gives."""
+        killed = _seen(job, obs, oom_role=node)
+        self._step(job, killed)  # Fail(retryable): the try reports the failure
+        actions = self._step(job, killed)
+        if any(isinstance(a, Fail) for a in actions):
+            return None
+        grown = [a.memory_mb for a in actions if isinstance(a, Relaunch) and a.memory_mb]
+        if not grown:
+            return None
+        return SetMemory(worker_memory_mb=min(grown)) if node == "worker" else SetMemory(ps_memory_mb=min(grown))
+
+    def _step(self, job: JobRun, seen: Seen) -> list:
+        self.steps += 1
+        before: ControllerState = job.state["controller"]
+        job.state["controller"], actions = step(before, seen)
+        if job.state["controller"].model is not before.model:
+            self.fits += 1
+        return actions
 
     def finish(self, job: JobRun) -> None:
-        model: JobModel | None = job.state.get("model")
-        if model is None:
+        state: ControllerState | None = job.state.get("controller")
+        if state is None or state.model is None:
             return
-        memory = model.memory
-        series = job.state.get("memory_series", [])
-        if len({r["samples_seen"] for r in series}) >= 2:
-            growth = fit_memory(pd.DataFrame(series)).table_growth_mb_per_m_samples
-            memory = memory.with_table_growth(max(growth, memory.table_growth_mb_per_m_samples))
         # The history store's prior (``HistoryStore.prior_model``): the newest cold fit's throughput
         # model with the newest memory model; a warm-started refit never becomes a prior.
+        model = state.model
         prior = self.history.get(job.spec.family.index)
         throughput = prior.throughput if prior is not None and model.throughput.report.warm_start else model.throughput
-        self.history[job.spec.family.index] = JobModel(throughput, memory)
+        self.history[job.spec.family.index] = JobModel(throughput, model.memory)
+
+
+def _seen(job: JobRun, obs: Observation, *, windows: tuple = (), usage: tuple = (), oom_role: str | None = None) -> Seen:
+    """The controller's observation of a simulated period: the nodes (ps-0 with its own CPU once
+    healed), those of ``oom_role`` OOM-killed (one incarnation per kill: ``restarts`` = the kills)."""
+    config = obs.config
+    nodes = [NodeStatus("master", "master", 0, NodeState.RUNNING, C.MASTER_CPU, C.MASTER_MEMORY_MB)]
+    for role, count, cpu, memory in (("ps", config.ps, config.ps_cpu, config.ps_memory_mb),
+                                     ("worker", config.workers, config.worker_cpu, config.worker_memory_mb)):
+        state = NodeState.OOM_KILLED if role == oom_role else NodeState.RUNNING
+        for i in range(count):
+            node_cpu = obs.hot_ps_cpu if role == "ps" and i == 0 else cpu
+            nodes.append(NodeStatus(f"{role}-{i}", role, i, state, node_cpu, memory, restarts=job.ooms,
+                                    reason="OOM-killed" if role == oom_role else ""))
+    return Seen(obs.now_s, config, samples_done=obs.samples_done, samples_total=job.spec.samples, windows=windows,
+                nodes=tuple(nodes), usage=usage)
+
+
+def _usage(obs: Observation) -> tuple:
+    """The period's per-node usage rows (the workers the cluster reports speeds of, every PS)."""
+    config = obs.config
+    rows = [{"time_s": obs.now_s, "node": f"ps-{i}", "role": "ps", "cpu_used": used,
+             "cpu_limit": obs.hot_ps_cpu if i == 0 else config.ps_cpu, "memory_used_mb": obs.ps_memory_used_mb,
+             "memory_limit_mb": config.ps_memory_mb, "throughput": None, "age_s": math.inf}
+            for i, used in enumerate(obs.ps_cpu_used)]
+    rows += [{"time_s": obs.now_s, "node": f"worker-{k}", "role": "worker", "cpu_used": obs.worker_cpu_used,
+              "cpu_limit": config.worker_cpu, "memory_used_mb": obs.worker_memory_used_mb,
+              "memory_limit_mb": config.worker_memory_mb, "throughput": speed, "age_s": math.inf}
+             for k, speed in enumerate(obs.worker_speeds)]
+    return tuple(rows)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ import numpy as np
 
 from airflow_dlrover.optimizer.types import Configuration
 
-from airflow_dlrover.simulate.truth import (
+from sim.truth import (
     MemoryTruth,
     QueueingTable,
     Roofline,

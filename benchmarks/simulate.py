@@ -1,0 +1,81 @@
+"""Cluster-scale evaluation: a day of DLRM jobs under each policy, on one trace (``sim``).
+
+    python benchmarks/simulate.py --jobs 1000 --seed 1 --policies user,dlrover,ours,oracle --out DIR
+
+The simulator is not part of the installed provider (an Airflow worker installs neither it nor
+matplotlib): it lives in ``benchmarks/sim`` and drives the product's public API — the ``ours``
+policy runs ``optimizer.controller.step``. ``benchmarks/cluster_sim.py`` runs several seeds.
+User mistakes print ``error: <field>=<value> is invalid: allowed ...`` and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from airflow_dlrover.optimizer.types import InvalidInputError, parse_memory_mb
+
+
+def run(args: argparse.Namespace) -> None:
+    from sim.dlrover_bridge import DLRoverUnavailable
+    from sim.run import format_table, simulate, write_outputs
+    from sim.workload import SimConfig
+
+    if args.jobs < 1:
+        raise InvalidInputError("jobs", args.jobs, "an integer ≥ 1")
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    kwargs = {}
+    if args.cluster_cpu is not None:
+        kwargs["cluster_cpu"] = float(args.cluster_cpu)
+    if args.cluster_memory is not None:
+        kwargs["cluster_memory_mb"] = parse_memory_mb(args.cluster_memory, "cluster_memory")
+    cfg = SimConfig(jobs=args.jobs, seed=args.seed, **kwargs)
+    if args.no_instability:
+        cfg = cfg.without_instability()
+    start = time.perf_counter()
+    try:
+        summary, cis, runs = simulate(cfg, policies, objective=args.objective, dlrover_venv=args.dlrover_venv,
+                                      setup_dlrover=args.setup_dlrover, processes=args.processes)
+    except DLRoverUnavailable as err:
+        raise InvalidInputError("policies", "dlrover", "a dlrover venv", str(err)) from None
+    seconds = time.perf_counter() - start
+    print(f"{cfg.jobs} jobs, seed {cfg.seed}, cluster {cfg.cluster_cpu:g} cores / {cfg.cluster_memory_mb / 1024:g} GiB, "
+          f"objective {args.objective}: simulated in {seconds:.1f} s "
+          f"({', '.join(f'{r.name} {r.seconds:.1f} s' for r in runs)})")
+    print("95% bootstrap intervals over jobs in brackets; JCT over completed jobs")
+    print(format_table(summary, cis))
+    paths = write_outputs(Path(args.out), summary, cis, runs, cfg)
+    print("wrote " + ", ".join(str(p) for p in paths))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="simulate.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--jobs", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--policies", default="user,dlrover,ours,oracle", help="comma-separated: user, dlrover, ours, oracle")
+    p.add_argument("--out", required=True, help="folder for summary.csv, summary_ci.csv, jobs.csv, utilisation.csv, PNGs")
+    p.add_argument("--objective", choices=("efficiency", "throughput"), default="efficiency",
+                   help="the pre-tune objective of ours and the oracle (default efficiency: the knee)")
+    p.add_argument("--cluster-cpu", default=None, help="cores of the cluster quota (default 8000)")
+    p.add_argument("--cluster-memory", default=None, help="memory of the cluster quota (default 40000Gi)")
+    p.add_argument("--no-instability", action="store_true", help="no failures, hot PS, stragglers, under-sized users")
+    p.add_argument("--processes", type=int, default=2, help="policies simulated in parallel (default 2)")
+    p.add_argument("--dlrover-venv", default=None, help="venv with dlrover==0.6.1 (default $AIRFLOW_DLROVER_DLROVER_VENV or ./.venv-dlrover)")
+    p.add_argument("--setup-dlrover", action="store_true", help="create the dlrover venv if missing (pip, network)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        run(args)
+    except InvalidInputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
