@@ -11,8 +11,9 @@ them decides anything itself. One step looks at the observation in this order:
    reported yet gives ``Fail(retryable=True)`` (the guard's try fails); a reported one is
    recovered — ``Relaunch`` (an OOM-killed node with ``OOM_MEMORY_GROWTH`` × its limit, rounded
    up to ``MEMORY_GRANULARITY_MB``, once per kill: ``(name, restarts)`` names the killed
-   incarnation), or, for a worker the cluster cannot place, a ``Resize`` without it. An OOM kill
-   the quota leaves no room to grow is ``Fail(retryable=False)``.
+   incarnation; the memory model's forecast for the job when that is more), or, for a worker the
+   cluster cannot place, a ``Resize`` without it. An OOM kill the quota leaves no room to grow is
+   ``Fail(retryable=False)``.
 2. **Usage** (per-node rows): the instability detectors (``instability``) on the last
    ``DETECTOR_HISTORY_WINDOWS`` windows of each node. A hot PS gets CPU in place (``Heal``), a
    straggler is replaced (``Relaunch`` with the planned CPU), a node at OOM risk gets the
@@ -217,7 +218,8 @@ def _recover(state: ControllerState, obs: Observation, failed: list[NodeStatus])
         return replace(state, failures_reported=state.failures_reported | keys), [fail]
     actions: list[Action] = []
     config = obs.config
-    grown = _grown_memory(state.quota, obs.nodes, [n for n in failed if n.state == NodeState.OOM_KILLED and n.memory_mb])
+    killed = [n for n in failed if n.state == NodeState.OOM_KILLED and n.memory_mb]
+    grown = _grown_memory(state.quota, obs.nodes, killed, _forecast_mb(state, obs))
     for node in failed:
         numbers = {"node": node.name, "state": _value(node.state), "detail": node.reason}
         if node.state == NodeState.UNSCHEDULABLE and node.role == "worker" and config is not None and config.workers > 1:
@@ -236,11 +238,26 @@ def _recover(state: ControllerState, obs: Observation, failed: list[NodeStatus])
     return state, actions
 
 
-def _grown_memory(quota: Quota | None, nodes: Iterable[NodeStatus], killed: list[NodeStatus]) -> dict[str, tuple]:
-    """(new memory, cap) of each OOM-killed node: ``OOM_MEMORY_GROWTH`` × its limit, rounded up to
+def _forecast_mb(state: ControllerState, obs: Observation) -> dict[str, float]:
+    """The memory model's request per role for the running configuration over the whole job
+    (PS tables at the samples the job trains), where the controller has a model."""
+    memory = state.model.memory if state.model is not None else None
+    config = obs.config
+    if memory is None or config is None:
+        return {}
+    samples = obs.samples_total if obs.samples_total is not None else obs.samples_done
+    return {"ps": float(memory.ps_request_mb(config.ps, samples)),
+            "worker": float(memory.worker_request_mb(config.batch_size))}
+
+
+def _grown_memory(quota: Quota | None, nodes: Iterable[NodeStatus], killed: list[NodeStatus],
+                  forecast_mb: dict[str, float]) -> dict[str, tuple]:
+    """(new memory, cap) of each OOM-killed node: ``OOM_MEMORY_GROWTH`` × its limit, or the memory
+    model's forecast for its role over the job when that is more, rounded up to
     ``MEMORY_GRANULARITY_MB``. The nodes killed together share what the quota leaves beside the
     job's other PS and workers, in proportion to their growth, each on the granularity."""
-    want = {n.name: _round_up_mb(n.memory_mb * C.OOM_MEMORY_GROWTH) for n in killed}
+    want = {n.name: _round_up_mb(max(n.memory_mb * C.OOM_MEMORY_GROWTH, forecast_mb.get(n.role, 0.0)))
+            for n in killed}
     if quota is None or not want:
         return {name: (mb, math.inf) for name, mb in want.items()}
     others = sum(n.memory_mb or 0.0 for n in nodes
