@@ -27,8 +27,8 @@ import pandas as pd
 
 from airflow_dlrover.launchers.cgroups import CgroupManager
 from airflow_dlrover.launchers.local import LocalLauncher
-from airflow_dlrover.launchers.run import Fault, run_job
-from airflow_dlrover.optimizer.types import Configuration
+from airflow_dlrover.launchers.run import run_job
+from airflow_dlrover.optimizer.types import Configuration, parse_faults
 from airflow_dlrover.runtime.spec import JobSpec
 
 WARMUP_S = 4.0
@@ -155,9 +155,9 @@ def cmd_recovery(args) -> None:
             launcher = LocalLauncher(Path(tmp) / fault, CgroupManager())
             spec = JobSpec(job_id="rec", samples=600_000, checkpoint_interval_s=5)
             summary = run_job(launcher, spec, Configuration(2, 1, 0.75, 0.5, 2048, 1024), Path(tmp) / fault / "out",
-                              [Fault.parse(fault)])
+                              parse_faults(fault))
             series = pd.DataFrame(summary["throughput_series"])
-            at = Fault.parse(fault).at_s
+            at = parse_faults(fault)[0].at_s
             before = series[(series.time_s > at - 6) & (series.time_s < at)].throughput.median()
             # Reports lag by up to a second: find the dip the fault caused, then the recovery.
             dip = series[(series.time_s > at) & (series.throughput < 0.5 * before)].time_s.min()

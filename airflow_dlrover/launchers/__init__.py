@@ -1,12 +1,15 @@
-"""Where a job runs: the launcher interface (``base``) and its implementations."""
+"""Where a job runs: the one launcher (``base.Launcher``) and its backends (``local``, ``kubernetes``)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_dlrover.optimizer.types import InvalidInputError
+
+if TYPE_CHECKING:
+    from airflow_dlrover.launchers.base import Launcher
 
 
 def default_jobs_dir() -> Path:
@@ -22,7 +25,7 @@ _PLACEMENT = ("namespace", "image", "volume_claim", "data_volume_claim", "servic
               "tolerations")
 
 
-def make_launcher(kind: str = "local", jobs_dir: str | None = None, options: dict[str, Any] | None = None) -> Any:
+def make_launcher(kind: str = "local", jobs_dir: str | None = None, options: dict[str, Any] | None = None) -> "Launcher":
     """The launcher of a connection's settings; plain arguments so that triggers can carry them.
     ``options`` are the Kubernetes launcher's settings (:data:`KUBERNETES_OPTIONS`)."""
     if kind == "local":

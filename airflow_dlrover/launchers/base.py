@@ -50,7 +50,7 @@ def torch_threads(cpu: float | None) -> int:
     return max(1, math.floor(cpu or 1))
 
 
-def call_master(base_url: str, path: str, body: dict[str, Any] | None = None, timeout: float = 120.0) -> Any:
+def call_master(base_url: str, path: str, body: dict[str, Any] | None = None, timeout: float = C.MASTER_CALL_TIMEOUT_S) -> Any:
     """One request to a job master's HTTP API (GET without ``body``, POST with it), retried until
     ``timeout`` while the master is unreachable; raises ``ConnectionError`` after that."""
     url = f"{base_url.rstrip('/')}{path}"
@@ -155,7 +155,7 @@ class Launcher:
     def status(self, job_id: str) -> list[NodeStatus]:
         return statuses(self.read_job(job_id))
 
-    def master_call(self, job_id: str, path: str, body: dict[str, Any] | None = None, timeout: float = 120.0) -> Any:
+    def master_call(self, job_id: str, path: str, body: dict[str, Any] | None = None, timeout: float = C.MASTER_CALL_TIMEOUT_S) -> Any:
         try:
             return call_master(self._master_url(job_id), path, body, timeout)
         except ConnectionError as err:

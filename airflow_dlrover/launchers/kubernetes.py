@@ -224,17 +224,20 @@ class KubernetesLauncher(Launcher):
             out[name] = (*pod_state(pod, self.pending_timeout_s, now), started or 0)
         return out
 
-    def _node_state(self, job_id: str, record: dict[str, Any], name: str) -> str:
-        """One node's state from its pod, read by name."""
+    def _read_pod(self, name: str) -> Any:
+        """The pod by name; None when it does not exist."""
         from kubernetes.client.exceptions import ApiException
 
         try:
-            pod = self.core.read_namespaced_pod(record["nodes"][name]["pod"], self.namespace)
+            return self.core.read_namespaced_pod(name, self.namespace)
         except ApiException as err:
             if not self._not_found(err):
                 raise
-            pod = None
-        return pod_state(pod, self.pending_timeout_s)[0]
+            return None
+
+    def _node_state(self, job_id: str, record: dict[str, Any], name: str) -> str:
+        """One node's state from its pod, read by name."""
+        return pod_state(self._read_pod(record["nodes"][name]["pod"]), self.pending_timeout_s)[0]
 
     def _master_url(self, job_id: str) -> str:
         return self.master_url.format(job_id=job_id, namespace=self.namespace)
@@ -277,19 +280,12 @@ class KubernetesLauncher(Launcher):
 
     def _wait_ready(self, job_id: str, record: dict[str, Any], names: list[str]) -> None:
         """Wait until the nodes' pods are Ready; raise with the pod's reason when one cannot start."""
-        from kubernetes.client.exceptions import ApiException
-
         timeout_s = C.POD_START_TIMEOUT_S
         deadline = time.monotonic() + timeout_s
         for name in names:
             pod_name = record["nodes"][name]["pod"]
             while True:
-                try:
-                    pod = self.core.read_namespaced_pod(pod_name, self.namespace)
-                except ApiException as err:
-                    if not self._not_found(err):
-                        raise
-                    pod = None
+                pod = self._read_pod(pod_name)
                 if pod is not None and _ready(pod):
                     break
                 state, _, reason, _ = pod_state(pod, self.pending_timeout_s)
@@ -367,7 +363,7 @@ class KubernetesLauncher(Launcher):
 
         record = self._record(job_id)
         try:
-            metrics = self.master_call(job_id, "/metrics", timeout=5.0)
+            metrics = self.master_call(job_id, "/metrics", timeout=C.MASTER_POLL_TIMEOUT_S)
         except ConnectionError:
             metrics = {"throughput": 0.0, "nodes": {}, "status": None}
         by_pod = {n["pod"]: n for n in record["nodes"].values() if n.get("state") != STOPPED}

@@ -225,7 +225,7 @@ class LocalLauncher(Launcher):
         """The master's metrics plus each node's cgroup usage (CPU seconds, memory)."""
         job = self._record(job_id)
         try:
-            metrics = self.master_call(job_id, "/metrics", timeout=5.0)
+            metrics = self.master_call(job_id, "/metrics", timeout=C.MASTER_POLL_TIMEOUT_S)
         except ConnectionError:
             metrics = {"throughput": 0.0, "nodes": {}, "status": None}
         usage = {}

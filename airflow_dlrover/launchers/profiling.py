@@ -34,21 +34,12 @@ import pandas as pd
 
 from airflow_dlrover.launchers.cgroups import CgroupManager, Limits
 from airflow_dlrover.launchers.watch import JobMeter, all_running
+from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError
 from airflow_dlrover.runtime.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
-#: Seconds each probe is measured for. Our measurement (benchmarks/probe_window.py, one run,
-#: 2w×0.5 + 1ps×0.5, against the shards done over 40 s): median |error| 5.9 % for 1 s windows,
-#: 6.6 % for 2 s, 6.5 % for 3 s, 4.9 % for 4 s (max 47 %, 20 %, 23 %, 11 %: windows across a
-#: periodic checkpoint). Beyond 1 s the median barely moves; each second costs every probe.
-PROBE_WINDOW_S = 2.0
-#: A probe's measurement starts once every worker has reported this long after the resize
-#: (one report interval of the worker: its rate then covers the new configuration only).
-PROBE_REPORT_AFTER_S = 1.0
-PROBE_SETTLE_TIMEOUT_S = 60.0
-POLL_S = 0.25
 
 
 def order_probes(probes: pd.DataFrame) -> list[Configuration]:
@@ -64,7 +55,7 @@ def order_probes(probes: pd.DataFrame) -> list[Configuration]:
     return [Configuration(**row) for row in pd.concat(groups).to_dict("records")]
 
 
-def profile_job(launcher: Any, spec: JobSpec, probes: pd.DataFrame, window_s: float = PROBE_WINDOW_S) -> pd.DataFrame:
+def profile_job(launcher: Any, spec: JobSpec, probes: pd.DataFrame, window_s: float = C.PROBE_WINDOW_S) -> pd.DataFrame:
     """Launch (or adopt) the job and measure it on each probe; returns the sample table with
     ``probe_s`` (seconds the probe took, resize included)."""
     rows = []
@@ -81,9 +72,9 @@ def profile_job(launcher: Any, spec: JobSpec, probes: pd.DataFrame, window_s: fl
         meter = JobMeter(launcher, job_id)
         status = {"state": "training"}
         while meter.elapsed_s < window_s and status["state"] != "done":
-            status = launcher.master_call(job_id, "/status", timeout=10.0)
+            status = launcher.master_call(job_id, "/status", timeout=C.MASTER_POLL_TIMEOUT_S)
             meter.observe(status, healthy=all_running(launcher.status(job_id)))
-            time.sleep(POLL_S)
+            time.sleep(C.SUPERVISOR_POLL_S)
         row, _ = meter.close(time.monotonic() - started)
         if row is None:
             log.warning("probe %s was not measured cleanly (a node failed or the job ended)", config.describe())
@@ -96,17 +87,17 @@ def profile_job(launcher: Any, spec: JobSpec, probes: pd.DataFrame, window_s: fl
 def _settle(launcher: Any, job_id: str, since: float) -> bool:
     """Wait until every active worker reported ``PROBE_REPORT_AFTER_S`` after ``since``;
     False when the job is done."""
-    deadline = time.monotonic() + PROBE_SETTLE_TIMEOUT_S
+    deadline = time.monotonic() + C.PROBE_SETTLE_TIMEOUT_S
     while time.monotonic() < deadline:
         metrics = launcher.metrics(job_id)
         if metrics.get("status") and metrics["status"]["state"] == "done":
             return False
         workers = [s.name for s in launcher.status(job_id) if s.role == "worker" and s.state == "running"]
         reports = metrics["nodes"]
-        if workers and all(reports.get(w, {}).get("reported_at", 0) >= since + PROBE_REPORT_AFTER_S for w in workers):
+        if workers and all(reports.get(w, {}).get("reported_at", 0) >= since + C.PROBE_REPORT_AFTER_S for w in workers):
             return True
-        time.sleep(POLL_S)
-    raise TimeoutError(f"job {job_id}: workers did not report within {PROBE_SETTLE_TIMEOUT_S:.0f}s of a probe resize")
+        time.sleep(C.SUPERVISOR_POLL_S)
+    raise TimeoutError(f"job {job_id}: workers did not report within {C.PROBE_SETTLE_TIMEOUT_S:.0f}s of a probe resize")
 
 
 def profile_command(command: str, probes: pd.DataFrame, workdir: str | Path, *, window_s: float,

@@ -1,6 +1,6 @@
 """Run one training job to completion with a launcher: faults, recovery, profile samples, summary.
 
-This is what ``dlrover-rm train`` does. It watches the job every ``POLL_S`` and hands what it
+This is what ``dlrover-rm train`` does. It watches the job every ``SUPERVISOR_POLL_S`` and hands what it
 sees to the controller (``optimizer.controller.step``: the node statuses every poll, the per-node
 usage every ``WINDOW_S``) and carries out its actions — a failed node is relaunched (with more
 memory after a real OOM) on the step after the one that reported it, instability is healed in
@@ -29,13 +29,13 @@ import pandas as pd
 
 from airflow_dlrover.launchers.local import LocalLauncher
 from airflow_dlrover.launchers.watch import SAMPLE_TABLE_COLUMNS, WINDOW_S, JobMeter
+from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.controller import ControllerState, Fail, Observation, step
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, Fault, FaultKind
 from airflow_dlrover.runtime.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.25
 SLOW_WORKER_CPU_FRACTION = 0.25  # slow-worker cuts the worker's CPU quota to this fraction
 #: hot-ps trains on ids this skewed: with rows partitioned by id % p, the PS that holds the
 #: hottest ids takes ~2× the lookups of the others at p = 2 (data.py's measurement at skew 2.0:
@@ -73,7 +73,7 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
             usage: list[dict[str, Any]] = []
             status = None
             try:
-                status = launcher.master_call(job_id, "/status", timeout=2.0)
+                status = launcher.master_call(job_id, "/status", timeout=C.MASTER_POLL_TIMEOUT_S)
             except ConnectionError:  # the master is down: its node status says so
                 pass
             if status is not None and meter.elapsed_s >= WINDOW_S:
@@ -90,7 +90,7 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
             done = launcher.apply(job_id, actions)
             events += [{**record, "time_s": time.time() - started} for record in done]
             if status is None:
-                time.sleep(POLL_S)
+                time.sleep(C.SUPERVISOR_POLL_S)
                 continue
             meter.observe(status, healthy=not any(n.failed for n in nodes) and not done)
             series.append({"time_s": now, "throughput": status["throughput"], "samples_done": status["samples_done"]})
@@ -98,7 +98,7 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
                 break
             if time.time() - started > timeout_s:
                 raise TimeoutError(f"job {job_id} did not finish in {timeout_s:.0f}s")
-            time.sleep(POLL_S)
+            time.sleep(C.SUPERVISOR_POLL_S)
         summary = _summarize(launcher, job_id, spec, events, series, started)
     finally:
         pd.DataFrame(rows, columns=[*CONFIG_COLUMNS, *SAMPLE_TABLE_COLUMNS]).to_csv(out / "samples.csv", index=False)

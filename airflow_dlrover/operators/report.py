@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_dlrover.operators.base import DLRoverBaseOperator
+from airflow_dlrover.optimizer import constants as C
 
 
 class DLRoverReportOperator(DLRoverBaseOperator):
@@ -31,7 +32,7 @@ class DLRoverReportOperator(DLRoverBaseOperator):
             self.history.finish_run(run, "failed", {"error": "the job was never launched"})
             raise AirflowFailException(f"job {job_id} was never launched: see the upstream tasks")
         try:
-            status = self.launcher.master_call(job_id, "/status", timeout=10.0)
+            status = self.launcher.master_call(job_id, "/status", timeout=C.MASTER_POLL_TIMEOUT_S)
         except ConnectionError:
             status = {"state": "unreachable"}
         try:

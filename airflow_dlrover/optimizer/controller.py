@@ -94,23 +94,26 @@ class Resize(Action):
 
 
 @dataclass(frozen=True)
-class Heal(Action):
-    """New limits for one node in place (it keeps running, and its state)."""
+class NodeAction(Action):
+    """An action on one node, with its new resources (None: unchanged)."""
 
-    kind: ClassVar[str] = "heal"
     node: str = ""
     cpu: float | None = None
     memory_mb: float | None = None
 
 
 @dataclass(frozen=True)
-class Relaunch(Action):
+class Heal(NodeAction):
+    """New limits for one node in place (it keeps running, and its state)."""
+
+    kind: ClassVar[str] = "heal"
+
+
+@dataclass(frozen=True)
+class Relaunch(NodeAction):
     """Restart one node from the job's checkpoint, optionally with new resources."""
 
     kind: ClassVar[str] = "relaunch"
-    node: str = ""
-    cpu: float | None = None
-    memory_mb: float | None = None
 
 
 @dataclass(frozen=True)

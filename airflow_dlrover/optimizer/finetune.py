@@ -16,7 +16,8 @@ only (the others keep training), a per-node CPU/memory change (that node relaunc
 count change (checkpoint → re-partition → restart). After ``MIN_OBSERVATIONS_TO_JUDGE`` windows
 on the new configuration, a resize that delivered less than ``REVERT_DELIVERED_FRACTION`` of its
 predicted gain is reverted, and its target is returned in ``reject`` so the caller excludes it
-from later plans: the policy cannot oscillate between two configurations.
+from later plans: the policy cannot oscillate between two configurations. ``decide`` is one part
+of ``controller.step``, which every caller goes through.
 """
 
 from __future__ import annotations
@@ -60,10 +61,6 @@ class Decision:
     predicted_saving_s: float | None = None
     resize_cost_s: float | None = None
     reject: Configuration | None = None
-
-    def describe(self) -> str:
-        text = self.reason.describe(self.numbers)
-        return f"{self.target.describe()}: {text}" if self.action == "resize" and self.target else text
 
 def _shape(config: Configuration) -> tuple:
     return (config.workers, config.ps, config.worker_cpu, config.ps_cpu, config.worker_gpu)

@@ -28,6 +28,8 @@ from typing import Any, AsyncIterator
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_dlrover.optimizer import constants as C
+
 PURPOSES = ("finetune", "guard")
 
 
@@ -95,7 +97,7 @@ class DLRoverJobTrigger(BaseTrigger):
         if failed and self.purpose == "guard":
             return {"kind": "observation", "usage": [], "history": watch.history}
         try:
-            status = watch.launcher.master_call(self.job_id, "/status", timeout=5.0)
+            status = watch.launcher.master_call(self.job_id, "/status", timeout=C.MASTER_POLL_TIMEOUT_S)
         except ConnectionError:
             status = None  # the master is down: the guard sees it as a failed node
         if status is not None and status["state"] == "done":

@@ -117,3 +117,27 @@ def test_a_deadline_run_needs_its_deadline():
 
     with pytest.raises(InvalidInputError):
         ControllerState(QUOTA, "fastest")
+
+
+def test_nodes_killed_together_share_what_the_quota_leaves():
+    # Both PS killed at 1024 MB; the workers hold 2 × 2048 of 6656 MB: 2560 MB remain for the PS.
+    both = nodes(ps_0={"state": NodeState.OOM_KILLED}, ps_1={"state": NodeState.OOM_KILLED})
+    quota = Quota(cpu=4.0, memory_mb=6656)
+    state, _ = step(ControllerState(quota), observe(nodes=both))
+    _, actions = step(state, observe(nodes=both))
+    assert [(a.node, a.memory_mb) for a in actions] == [("ps-0", 1280), ("ps-1", 1280)]  # not 2 × 1536
+    assert sum(a.memory_mb for a in actions) + 2 * 2048 <= quota.memory_mb
+
+
+def test_an_oom_kill_gets_at_least_the_memory_models_forecast_for_the_job():
+    from airflow_dlrover.optimizer.job_model import JobModel
+    from airflow_dlrover.optimizer.memory import MemoryModel
+    from airflow_dlrover.optimizer.model import fit_throughput
+    from synthetic import model_samples
+
+    memory = MemoryModel(ps_base_mb=400, table_mb=8000, worker_base_mb=900, activation_mb_per_sample=0.5)
+    killed = nodes(ps_0={"state": NodeState.OOM_KILLED})
+    state = ControllerState(Quota(cpu=4.0, memory_mb=64 * 1024), model=JobModel(fit_throughput(model_samples(), leave_one_out=False), memory))
+    state, _ = step(state, observe(nodes=killed))
+    _, (relaunch,) = step(state, observe(nodes=killed))
+    assert relaunch.memory_mb == memory.ps_request_mb(CONFIG.ps) > 1024 * C.OOM_MEMORY_GROWTH

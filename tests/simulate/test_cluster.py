@@ -169,3 +169,15 @@ def test_bridge_error_is_clear_when_venv_missing(tmp_path):
 
     with pytest.raises(DLRoverUnavailable, match="python -m venv"):
         DLRoverBridge(tmp_path / "nothing")
+
+
+def test_ours_decides_nothing_itself_the_products_controller_does(monkeypatch):
+    """The ours policy's resizes, heals and OOM answers all come out of ``controller.step``:
+    with a controller that never acts, ours never changes a job."""
+    import sim.policies
+
+    acting = run_policy(SMALL, "ours")
+    assert acting.counters["steps"] > 0 and acting.jobs["resizes"].sum() > 0
+    monkeypatch.setattr(sim.policies, "step", lambda state, observation: (state, []))
+    idle = run_policy(SMALL, "ours").jobs
+    assert idle["resizes"].sum() == 0
