@@ -20,7 +20,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException
 
-from airflow_dlrover.optimizer.types import InvalidInputError
+from airflow_dlrover.optimizer.types import InvalidInputError, Objective
 from airflow_dlrover.plugins import queries
 from airflow_dlrover.plugins.queries import NotFound
 
@@ -90,12 +90,12 @@ def api_router() -> APIRouter:
     @api.get("/jobs/{job}/what-if", summary="Plan the job under another quota and objective", responses=errors)
     def what_if(job: str, cpu: str = Query(..., description="cores, e.g. 8"),
                 memory: str = Query(..., description="e.g. 16Gi, 512Mi, 64GB"), gpu: str = "0",
-                max_nodes: str | None = None, objective: Literal["throughput", "deadline", "efficiency"] = "throughput",
+                max_nodes: str | None = None, objective: Objective = Objective.THROUGHPUT,
                 samples: str | None = Query(None, description="samples to train (deadline objective; PS growth)"),
                 deadline: str | None = Query(None, description="e.g. 2h, 45m (deadline objective)"),
                 store=Depends(get_store)) -> dict[str, Any]:
         return _call(queries.what_if, store, job, cpu=cpu, memory=memory, gpu=gpu, max_nodes=max_nodes,
-                     objective=objective, samples=samples, deadline=deadline)
+                     objective=objective.value, samples=samples, deadline=deadline)
 
     @api.get("/dag-runs/{dag_id}/{run_id}", summary="The history runs an Airflow DAG run recorded")
     def dag_run(dag_id: str, run_id: str, store=Depends(get_store)) -> list[dict[str, Any]]:
