@@ -25,7 +25,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import math
 import time
 from datetime import datetime, timezone
 from functools import cached_property

@@ -57,7 +57,6 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
     events: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     series: list[dict[str, Any]] = []
-    history: list[dict[str, Any]] = []  # per-node metrics windows for the instability detectors
     meter = JobMeter(launcher, job_id)
     state = ControllerState(quota=None)
     try:

@@ -18,7 +18,6 @@ import time
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from airflow_dlrover.launchers.base import FAILED_STATES, RUNNING
 from airflow_dlrover.optimizer import constants as C
