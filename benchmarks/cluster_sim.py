@@ -3,7 +3,7 @@
     python benchmarks/cluster_sim.py [--jobs 1000] [--seeds 1 2 3] [--policies user,dlrover,ours,oracle]
                                      [--objective efficiency] [--processes 2] [--out benchmarks/out/cluster]
 
-For each seed it runs ``dlrover-rm simulate``'s engine (one trace, every policy) and prints the
+For each seed it runs ``benchmarks/simulate.py``'s engine (one trace, every policy) and prints the
 seed's table with 95 % bootstrap intervals over jobs; then the mean over seeds with a 95 %
 t-interval across seeds, and the targets of the issue checked against those means. The dlrover
 policy needs its venv (``make dlrover-venv``; ``--setup-dlrover`` creates it).

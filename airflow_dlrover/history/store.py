@@ -179,7 +179,7 @@ class HistoryStore:
         them compounds the errors of a few probes run after run (in the cluster simulation the
         chain shrank one family's plan from 80 to 15 workers over three runs; anchoring on the
         cold fit cut the median JCT of ``ours`` by 14, 9 and 17 % on three seeds of 300 jobs, and
-        by 5 % on the 1,000-job day: ``benchmarks/cluster_sim.py``, ``dlrover-rm simulate``).
+        by 5 % on the 1,000-job day: ``benchmarks/cluster_sim.py``, ``benchmarks/simulate.py``).
         """
         with Session(self.engine) as session:
             newest, cold = None, None

@@ -89,7 +89,7 @@ KNEE_MARGINAL_FRACTION = 0.5
 #: largest the model was fitted on, no further: a fit on probes of ≤ 4 cores that plans one PS of
 #: 32 cores extrapolates 8×, and in the cluster simulation such plans ran at 4 % CPU utilisation
 #: for days while the model predicted 40× their throughput. The fine-tune's measurements extend
-#: the range as the job grows. (ours, measured with `dlrover-rm simulate`)
+#: the range as the job grows. (ours, measured with `benchmarks/simulate.py`)
 NODE_CPU_TRUST_MULTIPLE = 2.0
 
 #: Number of alternative plans reported beside the chosen one. (ours)
@@ -122,7 +122,7 @@ PROBES_BEYOND_PARAMETERS = 2
 #: A warm start (a prior throughput and memory model of the same job exist) profiles this many:
 #: none. The prior plans, and the fine-tune re-scales it from the job's own windows at the
 #: planned configuration, which cost no relaunch and train at full speed. (paper: recurring jobs
-#: are pre-tuned from history; ours, measured with `dlrover-rm simulate`, 300 jobs, seeds 1-3:
+#: are pre-tuned from history; ours, measured with `benchmarks/simulate.py`, 300 jobs, seeds 1-3:
 #: median JCT ×1.33, ×1.33, ×1.21 of the oracle's with no warm probe against ×1.41, ×1.43,
 #: ×1.65 with two)
 MIN_PROBES_WARM = 0

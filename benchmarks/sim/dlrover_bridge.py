@@ -37,7 +37,7 @@ def venv_python(venv: Path) -> Path:
 
 def setup_command(venv: Path) -> str:
     return (f"{sys.executable} -m venv {venv} && {venv_python(venv)} -m pip install "
-            + " ".join(DLROVER_REQUIREMENTS) + "   (or: dlrover-rm simulate --setup-dlrover ...)")
+            + " ".join(DLROVER_REQUIREMENTS) + "   (or: python benchmarks/simulate.py --setup-dlrover ...)")
 
 
 def ensure_venv(venv: Path | None = None, *, create: bool = False) -> Path:

@@ -1,4 +1,4 @@
-"""Run policies over one trace and summarise: the engine behind ``dlrover-rm simulate``.
+"""Run policies over one trace and summarise: the engine behind ``benchmarks/simulate.py``.
 
 Metrics per policy (``SUMMARY_COLUMNS``):
 
