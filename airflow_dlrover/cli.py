@@ -316,7 +316,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return run_command(build_parser(), argv)
+
+
+def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
+    """Parse ``argv`` and run the command's ``func``; a user mistake prints one line, exit status 2."""
+    args = parser.parse_args(argv)
     try:
         args.func(args)
     except InvalidInputError as err:

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from airflow_dlrover.cli import run_command
 from airflow_dlrover.optimizer.types import InvalidInputError, parse_memory_mb
 
 
@@ -64,17 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=int, default=2, help="policies simulated in parallel (default 2)")
     p.add_argument("--dlrover-venv", default=None, help="venv with dlrover==0.6.1 (default $AIRFLOW_DLROVER_DLROVER_VENV or ./.venv-dlrover)")
     p.add_argument("--setup-dlrover", action="store_true", help="create the dlrover venv if missing (pip, network)")
+    p.set_defaults(func=run)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        run(args)
-    except InvalidInputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return run_command(build_parser(), argv)
 
 
 if __name__ == "__main__":
