@@ -84,12 +84,14 @@ RECOVERY_REASONS = (Reason.NODE_FAILED, Reason.OOM_KILLED, Reason.UNSCHEDULABLE)
 def action_event(record: dict[str, Any], nodes: Iterable[NodeStatus], try_number: int) -> dict[str, Any]:
     """The guard's event for an applied action (``Launcher.apply``'s record): ``recovered`` for
     a failed node's relaunch (or its removal), ``instability`` for healing."""
-    node = record.get("node") or (record.get("remove") or [""])[0]
+    node = record.get("node") or record["numbers"].get("node") or (record.get("remove") or [""])[0]
     before = next((n for n in nodes if n.name == node), None)
     if Reason(record["reason"]) in RECOVERY_REASONS:
+        memory = record.get("memory_mb") or (before.memory_mb if before else None)  # None: unchanged
         return {**record, "event": EventKind.RECOVERED.value, "node": node,
-                "state": before.state.value if before else None, "memory_mb": record.get("memory_mb"),
+                "state": before.state.value if before else None, "memory_mb": memory,
                 "recovered_in_s": record.get("seconds", 0.0), "time": time.time(), "try_number": try_number}
-    return {**record, "event": EventKind.INSTABILITY.value, "node": node, "instability": record["reason"],
+    return {**record, "event": EventKind.INSTABILITY.value, "node": node,
+            "instability": record["numbers"].get("event", record["reason"]),
             "healed": "; ".join(record.get("done") or [record["text"]]), "time": time.time(),
             "try_number": try_number}

@@ -292,7 +292,7 @@ def _guard(state: ControllerState, obs: Observation) -> tuple[ControllerState, l
     actions: list[Action] = []
     acted: set[str] = set()
     for event in events:
-        numbers = {"node": event.node, **event.evidence, **_event_numbers(event)}
+        numbers = {"node": event.node, "event": event.kind, **event.evidence, **_event_numbers(event)}
         action = _heal(state, obs, event, numbers)
         if not isinstance(action, Keep):
             acted.add(event.node)
@@ -307,11 +307,11 @@ def _guard(state: ControllerState, obs: Observation) -> tuple[ControllerState, l
 def _heal(state: ControllerState, obs: Observation, event: Any, numbers: dict) -> Action:
     quota, config = state.quota, obs.config
     if event.kind == "hot_ps":
-        over = _past_quota(quota, obs.nodes, event.node, "cpu", event.action.value)
+        over = _past_quota(quota, obs.nodes, event.node, "cpu", event.action.value, numbers)
         return over or Heal(Reason.HOT_PS, numbers, node=event.node, cpu=float(event.action.value))
     if event.kind == "straggler":
         cpu = config.worker_cpu if config is not None else None
-        over = _past_quota(quota, obs.nodes, event.node, "cpu", cpu) if cpu is not None else None
+        over = _past_quota(quota, obs.nodes, event.node, "cpu", cpu, numbers) if cpu is not None else None
         return over or Relaunch(Reason.STRAGGLER, numbers, node=event.node, cpu=cpu)
     role = _role(event.node)
     if config is None or role not in ("ps", "worker"):
@@ -324,9 +324,11 @@ def _heal(state: ControllerState, obs: Observation, event: Any, numbers: dict) -
     return Resize(Reason.OOM_RISK, numbers, config=target)
 
 
-def _past_quota(quota: Quota | None, nodes: Iterable[NodeStatus], name: str, resource: str, value: float) -> Keep | None:
-    """``Keep(PAST_QUOTA)`` when giving node ``name`` ``value`` would take the job's PS and
-    workers past the quota (the master is not planned, so it does not count)."""
+def _past_quota(quota: Quota | None, nodes: Iterable[NodeStatus], name: str, resource: str, value: float,
+                numbers: dict) -> Keep | None:
+    """``Keep(PAST_QUOTA)`` (with the event's ``numbers``) when giving node ``name`` ``value``
+    would take the job's PS and workers past the quota (the master is not planned, so it does
+    not count)."""
     if quota is None:
         return None
     active = [n for n in nodes if n.role in ("ps", "worker") and n.state != NodeState.STOPPED and n.name != name]
@@ -334,7 +336,8 @@ def _past_quota(quota: Quota | None, nodes: Iterable[NodeStatus], name: str, res
     total = sum(getattr(n, attribute) or 0.0 for n in active) + value
     if total <= limit + 1e-9:
         return None
-    return Keep(Reason.PAST_QUOTA, {"node": name, "value": value, "total": total, "unit": unit, "limit": limit})
+    return Keep(Reason.PAST_QUOTA, {**numbers, "node": name, "value": value, "total": total, "unit": unit,
+                                    "limit": limit})
 
 
 def _recent(rows: tuple[dict, ...]) -> tuple[dict, ...]:

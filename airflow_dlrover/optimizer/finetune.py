@@ -139,7 +139,8 @@ def decide(
     numbers = {"speedup": speedup, "speedup_low": speedup_low, "saving_s": saving, "keep_s": keep_s, "cost_s": cost}
     if speedup_low < C.MIN_RESIZE_SPEEDUP or saving < C.RESIZE_GAIN_MULTIPLE * cost:
         return Decision("keep", Reason.NOT_WORTH_IT,
-                        numbers | {"min_speedup": C.MIN_RESIZE_SPEEDUP, "gain_multiple": C.RESIZE_GAIN_MULTIPLE},
+                        numbers | {"min_speedup": C.MIN_RESIZE_SPEEDUP, "gain_multiple": C.RESIZE_GAIN_MULTIPLE,
+                                   "target": target.describe()},
                         target=target, predicted_speedup=speedup, predicted_saving_s=saving, resize_cost_s=cost)
     return Decision("resize", Reason.PAYS, numbers, target=target, predicted_speedup=speedup,
                     predicted_saving_s=saving, resize_cost_s=cost)

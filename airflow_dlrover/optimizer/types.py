@@ -514,7 +514,7 @@ _REASON_TEXT = {
     Reason.MIN_INTERVAL: "last resize {since_s:.0f}s ago, minimum interval {interval_s:.0f}s",
     Reason.JUDGING: "judging the last resize: {windows}/{needed} windows measured",
     Reason.AT_BEST: "the current configuration is the model's best under the quota",
-    Reason.NOT_WORTH_IT: ("best alternative predicts ×{speedup:.2f} (pessimistic ×{speedup_low:.2f}), saving "
+    Reason.NOT_WORTH_IT: ("best alternative ({target}) predicts ×{speedup:.2f} (pessimistic ×{speedup_low:.2f}), saving "
                           "{saving_s:.0f}s against a {cost_s:.0f}s resize: not worth it (needs ×{min_speedup} and "
                           "{gain_multiple:g}× the cost)"),
     Reason.PAYS: ("predicts ×{speedup:.2f} (pessimistic ×{speedup_low:.2f}): saves {saving_s:.0f}s of {keep_s:.0f}s "

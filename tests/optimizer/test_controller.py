@@ -76,6 +76,8 @@ def test_a_hot_ps_gets_cpu_in_place_within_the_quota_and_is_refused_past_it():
     assert isinstance(heal, Heal) and heal.node == "ps-0" and heal.cpu == 1.0
     _, (refused,) = step(ControllerState(Quota(cpu=3.0, memory_mb=8192)), observe(nodes=nodes(), usage=rows))
     assert refused == Keep(Reason.PAST_QUOTA, refused.numbers) and refused.numbers["total"] == 3.5
+    assert (refused.numbers["event"], refused.numbers["node"]) == ("hot_ps", "ps-0")  # what was refused, on whom
+    assert refused.describe() == "ps-0 at 1 would make 3.5 cores, past the quota's 3: not healed"
 
 
 def test_a_node_at_oom_risk_grows_its_whole_role_and_is_judged_afresh():
