@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 TODO, DOING, DONE = "todo", "doing", "done"
 WAIT_S = 0.2  # how long a worker waits before asking again while the master is paused
-REPORT_TIMEOUT_S = 10.0  # a worker silent this long has lost its leases
+REPORT_TIMEOUT_S = 10.0  # a worker silent this long (no report, no shard asked or done) has lost its leases
 #: faults the job injects into itself (POST /faults), as the command the worker receives
 FAULT_COMMANDS = {"kill-worker": "kill", "oom-worker": "oom"}
 
@@ -66,6 +66,7 @@ class Master:
         self.paused = 0  # > 0 while a checkpoint or restore runs
         self.leases: dict[int, Lease] = {}
         self.latest: dict[str, dict[str, Any]] = {}  # node → its last report
+        self.heard: dict[str, float] = {}  # node → when it last spoke to the master (monotonic)
         self.commands: dict[str, str] = {}
         self.draining: set[str] = set()
         self.peers: list[Peer] = []
@@ -116,6 +117,7 @@ class Master:
 
     def next_shard(self, worker: str, generation: int | None = None) -> dict[str, Any]:
         with self.lock:
+            self.heard[worker] = time.monotonic()  # a worker asking for a shard is alive
             self._expire_leases()
             if worker in self.draining:
                 self.draining.discard(worker)
@@ -135,6 +137,7 @@ class Master:
 
     def shard_done(self, worker: str, shard: int, generation: int) -> dict[str, Any]:
         with self.lock:
+            self.heard[worker] = time.monotonic()
             lease = self.leases.get(shard)
             if generation != self.generation:
                 return {"accepted": False, "reason": "stale generation"}
@@ -166,7 +169,7 @@ class Master:
     def _expire_leases(self) -> None:
         now = time.monotonic()
         for shard, lease in list(self.leases.items()):
-            silent = now - self.latest.get(lease.worker, {}).get("_seen", now) > REPORT_TIMEOUT_S
+            silent = now - self.heard.get(lease.worker, now) > REPORT_TIMEOUT_S
             if lease.deadline < now or silent or lease.generation != self.generation:
                 del self.leases[shard]
                 self.counters["shards_requeued"] += 1
@@ -174,7 +177,7 @@ class Master:
     # -- metrics -------------------------------------------------------------------------------
     def report(self, node: str, **metrics: Any) -> dict[str, Any]:
         with self.lock:
-            metrics["_seen"] = time.monotonic()
+            metrics["_seen"] = self.heard[node] = time.monotonic()
             metrics["reported_at"] = time.time()
             if metrics.get("final"):  # the node leaves: its rate no longer counts
                 self.latest.pop(node, None)

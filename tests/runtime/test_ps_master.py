@@ -151,3 +151,32 @@ def test_prometheus_text(cluster):
     text = master.prometheus()
     assert 'dlrover_shards{job="unit",state="todo"} 10' in text
     assert "# TYPE dlrover_throughput_samples_per_second gauge" in text
+
+
+def test_a_fresh_lease_is_not_revoked_as_silent(cluster, monkeypatch):
+    """A worker blocked longer than ``REPORT_TIMEOUT_S`` (waiting for the PS after a PS change)
+    asks for a shard: asking is a sign of life, so the next lease check, by another worker, must
+    not revoke the lease at once and hand the same shard out again (both would train it)."""
+    import time
+    from types import SimpleNamespace
+
+    from airflow_dlrover.runtime import master as master_module
+
+    master, _, _ = cluster(1)
+    clock = [time.monotonic()]
+    monkeypatch.setattr(master_module, "time", SimpleNamespace(monotonic=lambda: clock[0], time=time.time,
+                                                               sleep=time.sleep))
+    master.report("worker-0", role="worker", samples=0, samples_per_s=0.0)
+    master.report("worker-1", role="worker", samples=0, samples_per_s=0.0)
+    clock[0] += master_module.REPORT_TIMEOUT_S + 5  # worker-0 was blocked, silent, this long
+    master.report("worker-1", role="worker", samples=0, samples_per_s=0.0)
+    first = master.next_shard("worker-0")
+    second = master.next_shard("worker-1")
+    assert first["shard"] != second["shard"]
+    assert master.leases[first["shard"]].worker == "worker-0"
+    assert master.counters["shards_requeued"] == 0
+    clock[0] += master_module.REPORT_TIMEOUT_S + 5  # silent for real now: its lease goes back
+    master.report("worker-1", role="worker", samples=0, samples_per_s=0.0)
+    master.next_shard("worker-1")
+    assert first["shard"] not in master.leases or master.leases[first["shard"]].worker == "worker-1"
+    assert master.counters["shards_requeued"] == 1
