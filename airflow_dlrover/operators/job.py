@@ -5,6 +5,7 @@ to inject, durations — each checked, a user's mistake failing the task without
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +20,19 @@ from airflow.sdk.exceptions import AirflowFailException
 JOB_ARGS = {
     "samples": int, "data": str, "table_size": int, "tables": int, "embedding_dim": int, "batch_size": int,
     "shard_size": int, "eval_samples": int, "zipf_skew": float, "seed": int, "checkpoint_interval_s": float,
+}
+#: What each ``job_args`` value allows; the runtime would fail on the others later, and be retried.
+JOB_ARG_RULES: dict[str, tuple[Any, str]] = {
+    "samples": (lambda v: v >= 1, "an integer ≥ 1"),
+    "table_size": (lambda v: v >= 2, "an integer ≥ 2 (rows per embedding table)"),
+    "tables": (lambda v: v >= 1, "an integer ≥ 1"),
+    "embedding_dim": (lambda v: v >= 1, "an integer ≥ 1"),
+    "batch_size": (lambda v: v >= 1, "an integer ≥ 1"),
+    "shard_size": (lambda v: v >= 1, "an integer ≥ 1"),
+    "eval_samples": (lambda v: v >= 1, "an integer ≥ 1"),
+    "zipf_skew": (lambda v: v >= 0, "a finite number ≥ 0 (0 = uniform ids)"),
+    "seed": (lambda v: 0 <= v < 2**32, "an integer in [0, 2**32)"),
+    "checkpoint_interval_s": (lambda v: v > 0, "a finite number of seconds > 0"),
 }
 QUOTA_FIELDS = ("cpu", "memory", "gpu", "max_nodes")
 
@@ -57,6 +71,10 @@ def _coerce(field: str, value: Any, kind: type) -> Any:
     return number
 
 
+def _finite(value: Any) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)
+
+
 def build_spec(job_id: str, job_args: dict[str, Any] | None):
     """The ``JobSpec`` of ``job_args`` (keys: ``JOB_ARGS``; ``table_size`` × ``tables`` embedding tables;
     ``data``: ``synthetic`` or an existing Criteo-format file)."""
@@ -70,21 +88,28 @@ def build_spec(job_id: str, job_args: dict[str, Any] | None):
     if unknown:
         raise InvalidInputError(f"job_args.{unknown[0]}", args[unknown[0]], "one of the keys " + ", ".join(JOB_ARGS))
     values = {k: _coerce(f"job_args.{k}", v, JOB_ARGS[k]) for k, v in args.items() if v is not None}
+    for key, value in values.items():
+        rule = JOB_ARG_RULES.get(key)
+        if rule is not None and not (_finite(value) and rule[0](value)):
+            raise InvalidInputError(f"job_args.{key}", value, rule[1])
     data = values.get("data", "synthetic")
-    if data != "synthetic" and not Path(data).is_file():
-        raise InvalidInputError("job_args.data", data, "synthetic or the path of an existing Criteo-format file")
+    if data != "synthetic":
+        if not Path(data).is_file():
+            raise InvalidInputError("job_args.data", data, "synthetic or the path of an existing Criteo-format file")
+        from airflow_dlrover.runtime.data import count_rows
+
+        samples = values.get("samples", JobSpec.samples)
+        try:
+            rows = count_rows(data)
+        except ValueError as err:
+            raise InvalidInputError("job_args.data", data, "a Criteo-format file", str(err)) from None
+        if samples >= rows:  # the rows after ``samples`` are the held-out split
+            raise InvalidInputError("job_args.samples", samples, f"< the {rows} rows of {data} (the rows after "
+                                    "the trained ones are held out for evaluation)")
     tables = values.pop("tables", 26)
-    if tables < 1:
-        raise InvalidInputError("job_args.tables", tables, "≥ 1")
     table_size = values.pop("table_size", None)
     if table_size is not None:
         values["table_sizes"] = (table_size,) * tables
-    minimums = {"samples": 1, "table_sizes": 2, "embedding_dim": 1, "batch_size": 1, "shard_size": 1, "eval_samples": 1}
-    for key, minimum in minimums.items():
-        value = values.get(key)
-        if value is not None and min(value if isinstance(value, tuple) else (value,)) < minimum:
-            name = "table_size" if key == "table_sizes" else key
-            raise InvalidInputError(f"job_args.{name}", table_size if key == "table_sizes" else value, f"≥ {minimum}")
     if "embedding_dim" in values:  # the bottom MLP ends in the embedding dimension
         values["bottom_mlp"] = (64, values["embedding_dim"])
     return JobSpec(job_id=job_id, **values)
@@ -120,6 +145,35 @@ def parse_faults(inject: str | list[str] | None) -> list[dict[str, Any]]:
 
     kinds = tuple(FaultKind(kind) for kind in FAULT_COMMANDS)
     return [fault.to_dict() for fault in parse(inject, allowed=kinds)]
+
+
+def parse_configuration(field: str, value: Any):
+    """A configuration row (``baseline``): a mapping of the vocabulary's columns."""
+    from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError
+
+    if not isinstance(value, dict):
+        raise InvalidInputError(field, value, "a mapping of " + ", ".join(CONFIG_COLUMNS))
+    unknown = sorted(set(value) - set(CONFIG_COLUMNS))
+    if unknown:
+        raise InvalidInputError(f"{field}.{unknown[0]}", value[unknown[0]], "one of the keys " + ", ".join(CONFIG_COLUMNS))
+    missing = [c for c in ("workers", "ps", "worker_cpu", "ps_cpu") if c not in value]
+    if missing:
+        raise InvalidInputError(f"{field}.{missing[0]}", None, "a value: workers, ps, worker_cpu and ps_cpu are needed")
+    try:
+        return Configuration(**value)
+    except InvalidInputError as err:
+        raise InvalidInputError(f"{field}.{err.field}", err.value, err.allowed) from None
+
+
+def check_fault_nodes(faults: list[dict[str, Any]], config: Any) -> None:
+    """Every fault names a worker the plan has (``worker-N``, N < workers)."""
+    from airflow_dlrover.optimizer.types import InvalidInputError
+
+    for fault in faults:
+        index = int(fault["node"].rsplit("-", 1)[1])
+        if index >= config.workers:
+            raise InvalidInputError("inject", f"{fault['kind']}:{index}@{fault['at_s']:g}s",
+                                    f"a worker index < {config.workers} (the plan has {config.workers} workers)")
 
 
 def positive_int(field: str, value: Any) -> int:

@@ -6,7 +6,9 @@ import time
 from typing import Any, Sequence
 
 from airflow_dlrover.operators.base import DLRoverBaseOperator
-from airflow_dlrover.operators.job import build_spec, duration_s, parse_faults, user_errors
+from airflow_dlrover.operators.job import (
+    build_spec, check_fault_nodes, duration_s, parse_configuration, parse_faults, user_errors,
+)
 
 
 class DLRoverLaunchOperator(DLRoverBaseOperator):
@@ -49,7 +51,7 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
             faults = parse_faults(self.inject)
             objective = Objective.parse(self.objective)
             deadline_s = duration_s("deadline", self.deadline) if self.deadline else None
-            baseline = Configuration(**self.baseline) if self.baseline else None
+            baseline = parse_configuration("baseline", self.baseline) if self.baseline else None
         model = self.history.latest_model(self.job)
         if model is None:
             with user_errors():
@@ -57,6 +59,7 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
         with user_errors():
             chosen = initial_plan(model, quota, objective, samples=spec.samples, deadline_s=deadline_s,
                                   batch_size=spec.batch_size)
+            check_fault_nodes(faults, chosen.config)
         record = {**chosen.to_dict(), "deadline_s": deadline_s, "time": time.time()}
         if baseline is not None:
             record["baseline"] = {**baseline.to_row(), "predicted_throughput": predict(model, baseline)}

@@ -496,6 +496,22 @@ def _bad(path: str, line: int, column: str, value: str, allowed: str) -> ValueEr
     return ValueError(f"{path}: line {line}, column {column}: {value!r} is invalid: allowed {allowed}")
 
 
+def count_rows(path: str | os.PathLike) -> int:
+    """Data rows of a Criteo-format file (its header and blank lines not counted), streamed: the
+    operators check ``samples`` against it without reading the file into memory."""
+    path = os.fspath(path)
+    rows, first = 0, True
+    with _open_binary(path) as f:
+        for line in f:
+            if first:
+                first = False
+                fields = line.decode("utf-8", errors="replace").rstrip("\r\n")
+                if not _is_number(fields.split("\t" if "\t" in fields else ",")[0]):
+                    continue  # the header
+            rows += bool(line.strip())
+    return rows
+
+
 def read_criteo(path: str | os.PathLike, spec: FeatureSpec = FeatureSpec(), *, max_rows: int | None = None) -> Batch:
     """Read a Criteo-layout file into a :class:`Batch`.
 

@@ -6,6 +6,7 @@ import importlib
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowRescheduleException, TaskDeferred
@@ -22,6 +23,7 @@ from airflow_dlrover.sensors import DLRoverInstabilitySensor, DLRoverNodeFailure
 from airflow_dlrover.triggers.job import DLRoverJobTrigger
 
 QUOTA = {"cpu": 1.5, "memory": "4Gi"}
+CRITEO = Path(__file__).resolve().parents[1] / "data" / "criteo_sample.csv"
 JOB_ARGS = {"samples": 3_000_000, "table_size": 5000}
 
 
@@ -46,7 +48,11 @@ def test_a_bad_quota_is_a_user_error_naming_the_field(airflow_db, quota, field):
 @pytest.mark.parametrize("args, field", [
     ({"data": "/no/such.tsv"}, "job_args.data"), ({"samples": "many"}, "job_args.samples"),
     ({"table_size": 1}, "job_args.table_size"), ({"epochs": 2}, "job_args.epochs"), ({"samples": 1.5}, "job_args.samples"),
-    ({"tables": 0}, "job_args.tables"),
+    ({"tables": 0}, "job_args.tables"), ({"zipf_skew": -1}, "job_args.zipf_skew"), ({"seed": -1}, "job_args.seed"),
+    ({"checkpoint_interval_s": 0}, "job_args.checkpoint_interval_s"),
+    ({"checkpoint_interval_s": float("nan")}, "job_args.checkpoint_interval_s"),
+    ({"zipf_skew": "inf"}, "job_args.zipf_skew"),
+    ({"data": str(CRITEO), "samples": 200}, "job_args.samples"),  # the file has 200 rows: none held out
 ])
 def test_bad_job_args_name_the_field(args, field):
     with pytest.raises(InvalidInputError) as err:
@@ -54,6 +60,26 @@ def test_bad_job_args_name_the_field(args, field):
     assert err.value.field == field
     with pytest.raises(InvalidInputError, match="^job_args="):
         build_spec("j", "samples=5")
+
+
+def test_a_criteo_file_long_enough_is_accepted():
+    assert build_spec("j", {"data": str(CRITEO), "samples": 160}).samples == 160
+
+
+def test_a_misspelt_baseline_and_a_fault_on_a_missing_worker_are_user_errors():
+    from airflow_dlrover.operators.job import check_fault_nodes, parse_configuration
+    from airflow_dlrover.optimizer.types import Configuration
+
+    row = {"workers": 2, "ps": 1, "worker_cpu": 0.5, "ps_cpu": 0.5}
+    assert parse_configuration("baseline", row) == Configuration(2, 1, 0.5, 0.5)
+    for bad, field in (({**row, "worker_mem": 512}, "baseline.worker_mem"), ({"workers": 2}, "baseline.ps"),
+                       ({**row, "workers": 0}, "baseline.workers"), ("2w", "baseline")):
+        with pytest.raises(InvalidInputError) as err:
+            parse_configuration("baseline", bad)
+        assert err.value.field == field
+    check_fault_nodes(parse_faults("kill-worker:1@3s"), Configuration(2, 1, 0.5, 0.5))
+    with pytest.raises(InvalidInputError, match="a worker index < 2"):
+        check_fault_nodes(parse_faults("oom-worker:5@3s"), Configuration(2, 1, 0.5, 0.5))
 
 
 def test_job_args_faults_and_ids():
