@@ -180,3 +180,31 @@ def test_a_fresh_lease_is_not_revoked_as_silent(cluster, monkeypatch):
     master.next_shard("worker-1")
     assert first["shard"] not in master.leases or master.leases[first["shard"]].worker == "worker-1"
     assert master.counters["shards_requeued"] == 1
+
+
+def test_a_wrong_key_or_a_silent_client_never_stops_a_server_from_serving(monkeypatch):
+    """The handshake runs in the connection's thread with a time-out: a client with a wrong key,
+    or one that connects and says nothing, leaves the accept loop serving everybody else."""
+    import socket
+    import threading
+    from multiprocessing import AuthenticationError
+    from multiprocessing.connection import Client
+
+    from airflow_dlrover.runtime import transport
+
+    monkeypatch.setattr(transport, "HANDSHAKE_TIMEOUT_S", 1.0)
+    server = Server(lambda method, **kw: method.upper(), b"k" * 32).start()
+    try:
+        with pytest.raises(AuthenticationError):
+            Client(server.address, authkey=b"wrong" * 8)
+        silent = socket.create_connection(server.address)  # connects, never answers the challenge
+        answers = []
+        caller = threading.Thread(target=lambda: answers.append(Peer(server.address, b"k" * 32, retry_s=3).call("ping")))
+        caller.start()
+        caller.join(timeout=10)
+        assert answers == ["PING"]
+        silent.settimeout(5)
+        assert len(silent.recv(1024)) > 0 and silent.recv(1024) == b""  # challenged, then dropped after the time-out
+        silent.close()
+    finally:
+        server.close()
