@@ -7,13 +7,14 @@ trained while profiling count for the job — nothing is thrown away, as DLRover
 the job's first steps — so the launch that follows is a resize of the running job.
 
 ``profile_command`` profiles a user's own trainer ("bring your own"): for each probe the command
-runs with the probe's configuration in its arguments (``{workers}``, ``{ps}``, ``{worker_cpu}``,
+(an argv list, or a string split as a shell would split it; it runs without a shell) runs with the
+probe's configuration in its arguments (``{workers}``, ``{ps}``, ``{worker_cpu}``,
 ``{ps_cpu}``, ``{worker_memory_mb}``, ``{ps_memory_mb}``, ``{worker_gpu}``, ``{batch_size}``) and in
 ``DLROVER_CONFIG`` (JSON), in a cgroup holding the probe's total CPU and memory, for
 ``window_s``; its CPU and peak memory are shared evenly over the probe's nodes (one process
 tree runs the whole job); its throughput (samples/s) is read from a metrics file (JSON lines or CSV with a
 ``throughput`` column; the median of the values written) or from log lines matching a regex whose
-first group is the throughput.
+first group is the throughput. The metrics file is a relative path inside the probe's folder.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -100,7 +102,33 @@ def _settle(launcher: Any, job_id: str, since: float) -> bool:
     raise TimeoutError(f"job {job_id}: workers did not report within {C.PROBE_SETTLE_TIMEOUT_S:.0f}s of a probe resize")
 
 
-def profile_command(command: str, probes: pd.DataFrame, workdir: str | Path, *, window_s: float,
+def command_argv(command: str | list[str], row: dict[str, Any]) -> list[str]:
+    """The argv of a trainer's ``command`` for one configuration: a list of arguments (or a string,
+    split as a shell would split it, ``shlex``), each with its ``{workers}``… placeholders filled.
+    It runs without a shell: no templated value is ever parsed as shell text."""
+    if isinstance(command, str):
+        try:
+            command = shlex.split(command)
+        except ValueError as err:
+            raise InvalidInputError("command", command, f"a command line with balanced quotes ({err})") from None
+    if not command or not all(isinstance(arg, str) for arg in command):
+        raise InvalidInputError("command", command, "a non-empty command line or list of strings")
+    try:
+        return [arg.format(**row) for arg in command]
+    except (KeyError, IndexError, ValueError) as err:
+        raise InvalidInputError("command", command, f"placeholders among {{{'}, {'.join(CONFIG_COLUMNS)}}} ({err})") from None
+
+
+def metrics_path_in(folder: Path, metrics_file: str) -> Path:
+    """``metrics_file`` inside ``folder`` (it is deleted before each probe): a relative path that
+    stays in the folder, else a user error."""
+    path = (folder / metrics_file).resolve()
+    if Path(metrics_file).is_absolute() or folder.resolve() not in path.parents:
+        raise InvalidInputError("metrics_file", metrics_file, "a relative path inside the probe's working folder")
+    return path
+
+
+def profile_command(command: str | list[str], probes: pd.DataFrame, workdir: str | Path, *, window_s: float,
                     metrics_file: str | None = None, log_regex: str | None = None,
                     cgroups: CgroupManager | None = None) -> pd.DataFrame:
     """Run a user's trainer on each probe (see the module docstring); returns the sample table."""
@@ -121,14 +149,11 @@ def profile_command(command: str, probes: pd.DataFrame, workdir: str | Path, *, 
     rows = []
     for index, config in enumerate(order_probes(probes)):
         row = config.to_row()
-        try:
-            argv = command.format(**row)
-        except (KeyError, IndexError, ValueError) as err:
-            raise InvalidInputError("command", command, f"placeholders among {{{'}, {'.join(CONFIG_COLUMNS)}}} ({err})") from None
+        argv = command_argv(command, row)
         probe_dir = workdir / f"probe-{index}"
         probe_dir.mkdir(exist_ok=True)
         out_file = probe_dir / "output.log"
-        metrics_path = probe_dir / metrics_file if metrics_file else None
+        metrics_path = metrics_path_in(probe_dir, metrics_file) if metrics_file else None
         if metrics_path is not None:
             metrics_path.unlink(missing_ok=True)
         memory = config.memory_mb or None
@@ -137,7 +162,7 @@ def profile_command(command: str, probes: pd.DataFrame, workdir: str | Path, *, 
                    OMP_NUM_THREADS=str(max(1, math.floor(config.cores))))
         started = time.monotonic()
         with open(out_file, "wb") as out:
-            process = subprocess.Popen(argv, shell=True, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=probe_dir,
+            process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=probe_dir,
                                        start_new_session=True, preexec_fn=group.preexec_fn())
             group.add_pid(process.pid)
             try:
@@ -159,7 +184,7 @@ def profile_command(command: str, probes: pd.DataFrame, workdir: str | Path, *, 
         if not values:
             tail = out_file.read_text(errors="replace")[-1000:]
             raise InvalidInputError(
-                "command", argv,
+                "command", shlex.join(argv),
                 f"a trainer that reports its throughput ({'in ' + metrics_file if metrics_file else 'matching ' + log_regex}) "
                 f"within window_s={window_s:g}s; exit code {process.returncode}, output tail:\n{tail}",
             )

@@ -22,7 +22,8 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
     :param job_args: the job: samples, data (``synthetic`` or a Criteo-format path), table_size,
         tables, embedding_dim, batch_size, ... (templated)
     :param probe_window: measurement time per probe, for ``command`` (templated)
-    :param command: bring-your-own trainer command (local launcher) (templated)
+    :param command: bring-your-own trainer command, an argv list (or a string split like a shell
+        does); it runs without a shell (local launcher) (templated)
     :param metrics_file: file (in the probe's working folder) where the trainer writes its throughput (templated)
     :param log_regex: regex on the trainer's output whose first group is its throughput (templated)
     Shared arguments (``job``, ``quota``, ``kubernetes``, ``dlrover_conn_id``): ``DLRoverBaseOperator``.
@@ -33,7 +34,7 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
     ui_color = "#e8f4fd"
 
     def __init__(self, *, job_args: dict[str, Any] | None = None, probe_window: str | float = "20s",
-                 command: str | None = None, metrics_file: str | None = None, log_regex: str | None = None,
+                 command: str | list[str] | None = None, metrics_file: str | None = None, log_regex: str | None = None,
                  **kwargs: Any):
         super().__init__(**kwargs)
         self.job_args, self.probe_window = job_args, probe_window

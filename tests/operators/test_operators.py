@@ -227,3 +227,22 @@ def test_bring_your_own_trainer_through_profile_fit_and_plan(airflow_db, tmp_pat
     config = planned["config"]
     assert config["workers"] * config["worker_cpu"] + config["ps"] * config["ps_cpu"] <= QUOTA["cpu"] + 1e-9
     assert not (DLRoverLaunchOperator(task_id="l", job=job).launcher.job_dir(planned["job_id"]) / "job.json").exists()
+
+
+def test_a_trainer_command_runs_without_a_shell_and_its_metrics_file_stays_in_its_folder(tmp_path):
+    from airflow_dlrover.launchers.profiling import command_argv, metrics_path_in
+
+    row = {"workers": 2, "ps": 1}
+    # A templated value with shell syntax is one argument, never shell text.
+    assert command_argv("train.py --workers {workers} --name 'a; rm -rf /'", row) == [
+        "train.py", "--workers", "2", "--name", "a; rm -rf /"]
+    assert command_argv(["train.py", "--ps={ps}"], row) == ["train.py", "--ps=1"]
+    for bad in ("train.py --x {nope}", "train.py 'unbalanced", [], ["ok", 3]):
+        with pytest.raises(InvalidInputError) as err:
+            command_argv(bad, row)
+        assert err.value.field == "command"
+    assert metrics_path_in(tmp_path, "out/metrics.jsonl") == (tmp_path / "out" / "metrics.jsonl").resolve()
+    for outside in ("../../etc/passwd", "/etc/passwd", "a/../../x"):
+        with pytest.raises(InvalidInputError) as err:
+            metrics_path_in(tmp_path, outside)
+        assert err.value.field == "metrics_file"
