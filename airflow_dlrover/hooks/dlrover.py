@@ -89,9 +89,14 @@ class DLRoverHook(BaseHook):
 
     @cached_property
     def settings(self) -> DLRoverSettings:
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
         try:
             connection = self.get_connection(self.dlrover_conn_id)
-        except Exception as err:  # AirflowNotFoundException, or no metadata DB/API reachable
+        except AirflowNotFoundException as err:
+            # Only a connection that does not exist falls back to the embedded defaults. Any other
+            # error (the metadata API did not answer) propagates and the task is retried: falling
+            # back then would turn a Kubernetes job into a local one, and a retry start a second copy.
             if self.dlrover_conn_id != self.default_conn_name:
                 raise InvalidInputError(
                     "dlrover_conn_id", self.dlrover_conn_id, "an existing connection of type dlrover",

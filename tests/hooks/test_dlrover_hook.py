@@ -68,3 +68,14 @@ def test_history_store_comes_from_the_connection(monkeypatch, tmp_path):
     assert store.url == url
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "home"))
     assert DLRoverHook().get_history().url == f"sqlite:///{tmp_path / 'home' / 'dlrover_history.db'}"
+
+
+def test_an_unreachable_metadata_api_is_not_taken_for_an_absent_connection(monkeypatch):
+    """Only a missing connection means the embedded defaults; a metadata-API error propagates (the
+    task is retried), so a Kubernetes job never becomes a local one on a hiccup."""
+    def unreachable(cls, conn_id):
+        raise ConnectionError("api-server: connection refused")
+
+    monkeypatch.setattr(DLRoverHook, "get_connection", classmethod(unreachable))
+    with pytest.raises(ConnectionError):
+        _ = DLRoverHook().settings
