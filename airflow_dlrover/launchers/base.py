@@ -123,7 +123,7 @@ class Launcher:
         raise NotImplementedError
 
     def _adoptable(self, record: dict[str, Any]) -> bool:
-        """Whether a launched job's record describes a running job that a retry adopts."""
+        """Whether the record of a job launched to the end describes a running job to adopt."""
         raise NotImplementedError
 
     def _discard(self, job_id: str, record: dict[str, Any]) -> None:
@@ -183,7 +183,7 @@ class Launcher:
         resuming = self.exists(job_id)
         if resuming:
             record = self.read_job(job_id)
-            if self._adoptable(record):
+            if record.get("launched") and self._adoptable(record):  # a half-launched job is redone
                 log.info("job %s already running: adopted", job_id)
                 return job_id
             self._discard(job_id, record)

@@ -325,7 +325,7 @@ class KubernetesLauncher(Launcher):
         return km.ps_addresses(job_id, len(names), self.namespace)
 
     def _adoptable(self, record: dict[str, Any]) -> bool:
-        return bool(record.get("launched")) and record["nodes"]["master"]["state"] in (RUNNING, PENDING)
+        return record["nodes"]["master"]["state"] in (RUNNING, PENDING)
 
     def _discard(self, job_id: str, record: dict[str, Any]) -> None:
         self._delete_job(job_id)  # a lost master, or a launch that failed half-way

@@ -98,6 +98,26 @@ def test_resize_keeps_training_going(tmp_path):
     assert summary["config"]["ps"] == 2 and summary["config"]["workers"] == 1
 
 
+def test_a_half_launched_job_is_launched_again_not_adopted(tmp_path):
+    """A launcher that died after starting the master but before the workers left a record
+    without ``launched``: the retry must not adopt a job that has no workers."""
+    launcher = LocalLauncher(tmp_path)
+    job = spec("half", samples=10_000_000)
+    launcher.launch(job, CONFIG)
+    try:
+        record = launcher.read_job("half")
+        old_master = record["nodes"]["master"]["pid"]
+        del record["launched"]
+        launcher._write("half", record)  # as the launch left it half-way
+        assert LocalLauncher(tmp_path).launch(job, CONFIG) == "half"
+        again = launcher.read_job("half")
+        assert again["launched"] and again["nodes"]["master"]["pid"] != old_master
+        assert sorted(n for n, node in again["nodes"].items() if node["state"] == RUNNING) == [
+            "master", "ps-0", "worker-0", "worker-1"]
+    finally:
+        launcher.stop("half")
+
+
 def test_second_launch_adopts_the_running_job_and_limits_are_applied(tmp_path):
     manager = CgroupManager()
     first = LocalLauncher(tmp_path, manager)
