@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -72,7 +73,15 @@ class JobSpec:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def save(self, path: Path) -> None:
-        path.write_text(self.to_json())
+        """Write the spec readable by its owner only (mode 0600, from the first byte): it holds the
+        job's key, which authenticates every connection to the PS and so guards their unpickling."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.to_json())
+        os.replace(tmp, path)
 
     @classmethod
     def load(cls, path: Path) -> "JobSpec":

@@ -208,3 +208,18 @@ def test_a_wrong_key_or_a_silent_client_never_stops_a_server_from_serving(monkey
         silent.close()
     finally:
         server.close()
+
+
+def test_the_job_spec_with_its_key_is_readable_by_its_owner_only(tmp_path):
+    import os
+    import stat
+
+    old = os.umask(0)  # even under a permissive umask
+    try:
+        SPEC.save(tmp_path / "spec.json")
+        SPEC.save(tmp_path / "spec.json")  # rewriting keeps it private
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE(os.stat(tmp_path / "spec.json").st_mode)
+    assert mode == 0o600, oct(mode)
+    assert JobSpec.load(tmp_path / "spec.json") == SPEC
