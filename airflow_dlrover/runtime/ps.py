@@ -135,7 +135,7 @@ class ParameterServer:
     def __init__(self, spec: JobSpec, index: int, count: int):
         self.spec, self.index, self.count = spec, index, count
         self.generation = -1  # not serving until the master sets or restores the generation
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # held across a request's generation check and its work
         self.tables = [
             EmbeddingShard(t, size, spec.embedding_dim, index, count, spec.seed) for t, size in enumerate(spec.table_sizes)
         ]
@@ -147,13 +147,15 @@ class ParameterServer:
     def handle(self, method: str, **kwargs: Any) -> Any:
         if method not in _METHODS:
             raise ValueError(f"unknown method {method!r}")
-        if method in _DATA_METHODS:
-            generation = kwargs.pop("generation")
+        if method not in _DATA_METHODS:
+            return getattr(self, method)(**kwargs)
+        generation = kwargs.pop("generation")
+        with self.lock:  # checked and served under one lock: a restore cannot come in between
             if self.generation < 0:
                 raise StaleGeneration("this PS has not been restored by the master yet")
             if generation != self.generation:
                 raise StaleGeneration(f"generation {generation} is stale: the job was restored to {self.generation}")
-        return getattr(self, method)(**kwargs)
+            return getattr(self, method)(**kwargs)
 
     def lookup(self, ids: list[np.ndarray], dense: bool = False) -> dict[str, Any]:
         with self.lock:

@@ -223,3 +223,35 @@ def test_the_job_spec_with_its_key_is_readable_by_its_owner_only(tmp_path):
     mode = stat.S_IMODE(os.stat(tmp_path / "spec.json").st_mode)
     assert mode == 0o600, oct(mode)
     assert JobSpec.load(tmp_path / "spec.json") == SPEC
+
+
+def test_a_push_of_the_old_generation_never_lands_in_the_restored_state():
+    """The PS checks a request's generation under the lock that its work takes: a restore that
+    comes in between a push's check and its update cannot happen."""
+    import threading
+    import time
+
+    from airflow_dlrover.runtime.ps import StaleGeneration
+
+    ps = ParameterServer(SPEC, 0, 1)
+    ps.set_generation(3)
+    ids = [np.array([5], dtype=np.int64), np.array([], dtype=np.int64)]
+    before = ps.lookup(ids)["rows"][0].copy()
+    grads = [np.ones((1, SPEC.embedding_dim), np.float32), np.zeros((0, SPEC.embedding_dim), np.float32)]
+    outcome = []
+
+    def push():
+        try:
+            ps.handle("push", generation=3, ids=ids, grads=grads)
+            outcome.append("applied")
+        except StaleGeneration:
+            outcome.append("stale")
+
+    with ps.lock:  # the restore holds the lock; the push arrives meanwhile
+        pusher = threading.Thread(target=push)
+        pusher.start()
+        time.sleep(0.2)
+        ps.generation = 4  # what restore() sets, with the restored rows
+    pusher.join(timeout=5)
+    assert outcome == ["stale"]
+    assert np.array_equal(ps.lookup(ids)["rows"][0], before)
