@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import threading
 import time
@@ -45,6 +46,9 @@ log = logging.getLogger(__name__)
 TODO, DOING, DONE = "todo", "doing", "done"
 WAIT_S = 0.2  # how long a worker waits before asking again while the master is paused
 REPORT_TIMEOUT_S = 10.0  # a worker silent this long (no report, no shard asked or done) has lost its leases
+#: Checkpoints kept on disk: the newest, and older ones to fall back on when the newest cannot be
+#: read (a node died while it was written). Older ones are deleted (~70 MB each in the demo). (ours)
+CHECKPOINTS_KEPT = 3
 #: faults the job injects into itself (POST /faults), as the command the worker receives
 FAULT_COMMANDS = {"kill-worker": "kill", "oom-worker": "oom"}
 
@@ -102,9 +106,7 @@ class Master:
             "checkpoints": self.checkpoints, "counters": self.counters, "plan": self.plan,
             "faults": self.faults,
         }
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, self.state_path)
+        write_durably(self.state_path, json.dumps(state))
 
     def _connect_ps(self) -> None:
         for peer in self.peers:
@@ -317,10 +319,13 @@ class Master:
                 manifest = {"id": number, "done": sorted(self.done), "generation": self.generation,
                             "ps_count": len(files), "files": files, "time": time.time(),
                             "stall_s": time.monotonic() - started}
-                (folder / "manifest.json").write_text(json.dumps(manifest))
+                write_durably(folder / "manifest.json", json.dumps(manifest))
                 self.checkpoints.append({k: v for k, v in manifest.items() if k != "done"} | {"path": str(folder)})
                 self.counters["checkpoints"] = number
+                retired, self.checkpoints = self.checkpoints[:-CHECKPOINTS_KEPT], self.checkpoints[-CHECKPOINTS_KEPT:]
                 self._persist()
+                for old in retired:  # only once the state no longer names them
+                    shutil.rmtree(old["path"], ignore_errors=True)
                 return self.checkpoints[-1]
         finally:
             self.paused -= 1
@@ -334,11 +339,13 @@ class Master:
             with self.lock:
                 self.generation += 1
                 self.leases.clear()
-                if self.checkpoints:
-                    manifest = json.loads((Path(self.checkpoints[-1]["path"]) / "manifest.json").read_text())
-                    files, self.done = manifest["files"], set(manifest["done"])
-                else:
-                    files, self.done = [], set()
+                files, self.done = [], set()
+                for checkpoint in reversed(self.checkpoints):  # the newest that can be read whole
+                    manifest = _readable_manifest(Path(checkpoint["path"]))
+                    if manifest is not None:
+                        files, self.done = manifest["files"], set(manifest["done"])
+                        break
+                    log.warning("checkpoint %s cannot be read: falling back to an older one", checkpoint["path"])
                 for peer in self.peers:
                     peer.call("restore", paths=files, generation=self.generation)
                 self.counters["restores"] += 1
@@ -423,3 +430,37 @@ def serve(spec: JobSpec, workdir: Path, port: int = 0, ready_file: Path | None =
                 log.exception("periodic checkpoint failed")
             last_checkpoint = time.monotonic()
     server.shutdown()
+
+
+def write_durably(path: Path, text: str) -> None:
+    """Write ``path`` so that a crash leaves the old file or the new one, whole: a temporary file,
+    fsync, rename, fsync of the folder."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+def _readable_manifest(folder: Path) -> dict[str, Any] | None:
+    """A checkpoint's manifest when it and every file it names can be read; None otherwise."""
+    import zipfile
+
+    import numpy as np
+
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        for name in manifest["files"]:
+            with np.load(name) as data:  # an .npz: opening it reads the archive's directory
+                if not data.files:
+                    return None
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    return manifest

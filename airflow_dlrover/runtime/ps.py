@@ -214,7 +214,10 @@ class ParameterServer:
             arrays["applied"] = self.applied
             arrays["ps_index"] = np.array(self.index)
             tmp = Path(path).with_suffix(".tmp.npz")
-            np.savez(tmp, **arrays)
+            with open(tmp, "wb") as f:  # durable before it is named: a crash leaves no half file
+                np.savez(f, **arrays)
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(tmp, path)
             return {"rows": int(sum(t.used for t in self.tables)), "applied": int(self.applied.sum())}
 

@@ -1,6 +1,8 @@
 """The PS and the master in one process (real transport, no training): exactly-once bookkeeping,
 checkpoint/restore consistency, re-partitioning, master restart."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -255,3 +257,22 @@ def test_a_push_of_the_old_generation_never_lands_in_the_restored_state():
     pusher.join(timeout=5)
     assert outcome == ["stale"]
     assert np.array_equal(ps.lookup(ids)["rows"][0], before)
+
+
+def test_old_checkpoints_are_deleted_and_an_unreadable_newest_falls_back_to_an_older_one(cluster):
+    from airflow_dlrover.runtime.master import CHECKPOINTS_KEPT
+
+    master, ps, peers = cluster(2)
+    rng = np.random.default_rng(4)
+    folders = []
+    for _ in range(CHECKPOINTS_KEPT + 2):
+        train_shard(master, peers, "w", rng)
+        folders.append(Path(master.checkpoint()["path"]))
+    assert [Path(c["path"]) for c in master.checkpoints] == folders[-CHECKPOINTS_KEPT:]
+    assert not any(f.exists() for f in folders[:-CHECKPOINTS_KEPT])  # the retired ones are gone
+    assert not list(folders[-1].glob(".*.tmp")) and not list(folders[-1].glob("*.tmp.npz"))
+    # The newest checkpoint lost a PS file half-written (its node died): restore takes the one before.
+    (folders[-1] / "ps-1.npz").write_bytes(b"PK\x03\x04 half a zip")
+    result = master.restore()
+    assert result["done"] == CHECKPOINTS_KEPT + 1  # the shards the previous checkpoint held
+    assert np.array(master.ledger()).sum() == (CHECKPOINTS_KEPT + 1) * 100
