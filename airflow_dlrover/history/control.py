@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 import time
+
+import numpy as np
 from typing import Any, Iterable
 
 from airflow_dlrover.optimizer.controller import Action, ControllerState, Fail, Resize
@@ -64,9 +66,7 @@ def decision_record(action: Action, current: Configuration, measured: list[float
     if isinstance(action, Resize):
         record.update(action="revert" if action.revert else "resize", target=action.config.to_row(),
                       predicted_speedup=action.expected_speedup)
-    measured = sorted(measured)
-    median = measured[len(measured) // 2] if measured else 0.0
-    record.update(current=current.to_row(), throughput_before=median, samples_done=samples_done, time=time.time(),
+    record.update(current=current.to_row(), throughput_before=float(np.median(measured)) if measured else 0.0, samples_done=samples_done, time=time.time(),
                   resize=resize)
     return record
 

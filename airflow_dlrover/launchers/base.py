@@ -148,9 +148,7 @@ class Launcher:
     def read_job(self, job_id: str) -> dict[str, Any]:
         """The record with each node's live ``state``, ``exit_code``, ``reason``, ``oom_kills``, ``started``."""
         record = self._record(job_id)
-        for name, (state, code, reason, ooms, started) in self._live_states(job_id, record).items():
-            record["nodes"][name].update(state=state, exit_code=code, reason=reason, oom_kills=ooms, started=started)
-        return record
+        return with_live_states(record, self._live_states(job_id, record))
 
     def status(self, job_id: str) -> list[NodeStatus]:
         return statuses(self.read_job(job_id))
@@ -379,6 +377,13 @@ class Launcher:
         _, actions = step(ControllerState(quota, failures_reported=failed),
                           Observation(time.time(), config, nodes=tuple(nodes)))
         return [a.to_record() for a in actions if isinstance(a, Fail)] + self.apply(job_id, actions)
+
+
+def with_live_states(record: dict[str, Any], states: dict[str, tuple]) -> dict[str, Any]:
+    """The record with each node's ``(state, exit code, reason, OOM kills, start time)`` written in."""
+    for name, (state, code, reason, ooms, started) in states.items():
+        record["nodes"][name].update(state=state, exit_code=code, reason=reason, oom_kills=ooms, started=started)
+    return record
 
 
 def statuses(record: dict[str, Any]) -> list[NodeStatus]:

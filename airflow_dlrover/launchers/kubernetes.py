@@ -35,7 +35,7 @@ from airflow_dlrover.launchers import default_jobs_dir
 from airflow_dlrover.launchers import kubernetes_manifests as km
 from airflow_dlrover.launchers.base import (
     FAILED, FAILED_STATES, LOST, OOM_KILLED, PENDING, RUNNING, STOPPED, SUCCEEDED, UNSCHEDULABLE, Launcher,
-    NodeStatus, statuses,
+    NodeStatus, statuses, with_live_states,
 )
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError
@@ -212,7 +212,9 @@ class KubernetesLauncher(Launcher):
 
     def _live_states(self, job_id: str, record: dict[str, Any]) -> dict[str, tuple]:
         """Each node's state from its pod (one list call); a stopped node has none."""
-        pods = self._pods(job_id)
+        return self._pod_states(record, self._pods(job_id))
+
+    def _pod_states(self, record: dict[str, Any], pods: dict[str, Any]) -> dict[str, tuple]:
         now = time.time()
         out = {}
         for name, node in record["nodes"].items():
@@ -345,13 +347,7 @@ class KubernetesLauncher(Launcher):
             config_map = await v1.read_namespaced_config_map(km.spec_config_map_name(job_id), self.namespace)
             pods = await v1.list_namespaced_pod(self.namespace, label_selector=self._selector(job_id))
         record = json.loads(config_map.data["job.json"])
-        by_pod = {p.metadata.name: p for p in pods.items}
-        now = time.time()
-        for node in record["nodes"].values():
-            if node.get("state") != STOPPED:
-                node.update(zip(("state", "exit_code", "reason", "oom_kills"),
-                                pod_state(by_pod.get(node["pod"]), self.pending_timeout_s, now)))
-        return statuses(record)
+        return statuses(with_live_states(record, self._pod_states(record, {p.metadata.name: p for p in pods.items})))
 
     def metrics(self, job_id: str) -> dict[str, Any]:
         """The master's metrics plus each pod's CPU (cores, ``cpu_rate``) and memory from the

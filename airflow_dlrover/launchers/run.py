@@ -27,11 +27,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from airflow_dlrover.launchers.base import statuses
 from airflow_dlrover.launchers.local import LocalLauncher
-from airflow_dlrover.launchers.watch import SAMPLE_TABLE_COLUMNS, WINDOW_S, JobMeter
+from airflow_dlrover.launchers.watch import WINDOW_S, JobMeter
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.controller import ControllerState, Fail, Observation, step
-from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, Fault, FaultKind
+from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, SAMPLE_TABLE_COLUMNS, Configuration, Fault, FaultKind
 from airflow_dlrover.runtime.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -79,9 +80,10 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
                 row, usage = meter.close(time.time())
                 if row:
                     rows.append(row)
-            nodes = tuple(launcher.status(job_id))
-            state, actions = step(state, Observation(time.time(), Configuration(**launcher.read_job(job_id)["config"]),
-                                                     nodes=nodes, usage=tuple(usage)))
+            record = launcher.read_job(job_id)  # once a poll: it reads every node's process and cgroup
+            nodes = tuple(statuses(record))
+            state, actions = step(state, Observation(time.time(), Configuration(**record["config"]), nodes=nodes,
+                                                     usage=tuple(usage)))
             for action in (a for a in actions if isinstance(a, Fail)):
                 events.append({**action.to_record(), "time_s": now})
                 if not action.retryable:

@@ -24,8 +24,6 @@ from airflow_dlrover.optimizer import constants as C
 
 WINDOW_S = C.MEASUREMENT_WINDOW_S
 
-SAMPLE_TABLE_COLUMNS = ("throughput", "worker_cpu_used", "ps_cpu_used", "worker_memory_used_mb",
-                        "ps_memory_used_mb", "samples_seen", "timestamp")
 
 
 def _fingerprint(job: dict[str, Any]) -> tuple:

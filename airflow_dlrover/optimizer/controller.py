@@ -39,11 +39,12 @@ import numpy as np
 import pandas as pd
 
 from airflow_dlrover.optimizer import constants as C
-from airflow_dlrover.optimizer.finetune import ResizeRecord, decide, plan_within_quota
+from airflow_dlrover.optimizer.finetune import ResizeRecord, decide, plan_within_quota, shape
 from airflow_dlrover.optimizer.instability import METRIC_COLUMNS, detect
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
 from airflow_dlrover.optimizer.types import (
-    CONFIG_COLUMNS, Configuration, InvalidInputError, NodeState, NodeStatus, Objective, Plan, Quota, Reason,
+    CONFIG_COLUMNS, SAMPLE_TABLE_COLUMNS, Configuration, InvalidInputError, NodeState, NodeStatus, Objective, Plan,
+    Quota, Reason,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -385,8 +386,6 @@ def _finetune(state: ControllerState, obs: Observation) -> tuple[ControllerState
         return state, Keep(Reason.NOT_MEASURED)
     measured = measured_since_resize(state, config)
     deadline_s = None if state.deadline_at_s is None else state.deadline_at_s - obs.now_s
-    if state.objective == Objective.DEADLINE and deadline_s is None:
-        raise InvalidInputError("deadline", None, "a deadline, with the deadline objective")
     model = state.model
     decision = decide(model.throughput, model.memory, state.quota, config, measured, remaining, obs.now_s,
                       state.last_resize, state.rejected, objective=state.objective, deadline_s=deadline_s)
@@ -406,19 +405,13 @@ def _finetune(state: ControllerState, obs: Observation) -> tuple[ControllerState
                          revert=revert, reject=decision.reject)
 
 
-def _shape(row: dict | Configuration) -> tuple:
-    get = row.get if isinstance(row, dict) else (lambda k: getattr(row, k))
-    return (int(get("workers")), int(get("ps")), float(get("worker_cpu")), float(get("ps_cpu")),
-            int(get("worker_gpu") or 0))
-
-
 def measured_since_resize(state: ControllerState, config: Configuration | None) -> list[float]:
     """Throughput of the windows on the running configuration since it was planned / resized to."""
     if config is None:
         return []
-    shape = _shape(config)
+    running = shape(config)
     return [float(w["throughput"]) for w in state.windows
-            if w.get("timestamp", math.inf) >= state.since_s and _shape(w) == shape]
+            if w.get("timestamp", math.inf) >= state.since_s and shape(w) == running]
 
 
 def _needs_refit(windows: tuple[dict, ...], new: tuple[dict, ...]) -> bool:
@@ -427,10 +420,10 @@ def _needs_refit(windows: tuple[dict, ...], new: tuple[dict, ...]) -> bool:
     replace earlier ones of the same configuration and barely move the fit."""
     before: dict[tuple, int] = {}
     for w in windows:
-        before[_shape(w)] = before.get(_shape(w), 0) + 1
+        before[shape(w)] = before.get(shape(w), 0) + 1
     after = dict(before)
     for w in new:
-        after[_shape(w)] = after.get(_shape(w), 0) + 1
+        after[shape(w)] = after.get(shape(w), 0) + 1
     block = C.REFIT_WINDOWS_PER_CONFIGURATION
     return any(before.get(k, 0) == 0 or before.get(k, 0) < block <= n for k, n in after.items())
 
@@ -441,14 +434,13 @@ def refit_table(state: ControllerState) -> pd.DataFrame:
     the probes, and the model would forget every other configuration)."""
     kept: dict[tuple, list[dict]] = {}
     for w in state.windows:
-        kept.setdefault(_shape(w), []).append(w)
+        kept.setdefault(shape(w), []).append(w)
     rows = list(state.profile) + [w for group in kept.values() for w in group[-C.REFIT_WINDOWS_PER_CONFIGURATION:]]
     table = pd.DataFrame(rows)
     return table[[c for c in table.columns if c in _SAMPLE_COLUMNS]]
 
 
-_SAMPLE_COLUMNS = (*CONFIG_COLUMNS, "throughput", "worker_cpu_used", "ps_cpu_used", "worker_memory_used_mb",
-                   "ps_memory_used_mb", "samples_seen", "timestamp")
+_SAMPLE_COLUMNS = (*CONFIG_COLUMNS, *SAMPLE_TABLE_COLUMNS)
 
 
 def refit_model(state: ControllerState) -> JobModel:

@@ -62,8 +62,12 @@ class Decision:
     resize_cost_s: float | None = None
     reject: Configuration | None = None
 
-def _shape(config: Configuration) -> tuple:
-    return (config.workers, config.ps, config.worker_cpu, config.ps_cpu, config.worker_gpu)
+def shape(config: Configuration | dict) -> tuple:
+    """What a resize changes the speed of: (workers, ps, worker_cpu, ps_cpu, worker_gpu) of a
+    configuration or of a sample row (memory changes no throughput)."""
+    get = config.get if isinstance(config, dict) else (lambda k: getattr(config, k))
+    return (int(get("workers")), int(get("ps")), float(get("worker_cpu")), float(get("ps_cpu")),
+            int(get("worker_gpu") or 0))
 
 
 def resize_cost_s(current: Configuration, target: Configuration) -> float:
@@ -109,7 +113,7 @@ def decide(
         since = now_s - last_resize.at_s
         if since < C.MIN_RESIZE_INTERVAL_S:
             return Decision("keep", Reason.MIN_INTERVAL, {"since_s": since, "interval_s": C.MIN_RESIZE_INTERVAL_S})
-        if not last_resize.is_revert and _shape(last_resize.after) == _shape(current):
+        if not last_resize.is_revert and shape(last_resize.after) == shape(current):
             if measured.size < C.MIN_OBSERVATIONS_TO_JUDGE:
                 return Decision("keep", Reason.JUDGING, {"windows": int(measured.size),
                                                          "needed": C.MIN_OBSERVATIONS_TO_JUDGE})
@@ -127,7 +131,7 @@ def decide(
 
     best = _target(model, memory, quota, objective, remaining_samples, deadline_s, current.batch_size, tuple(rejected))
     target = best.config
-    if _shape(target) == _shape(current):
+    if shape(target) == shape(current):
         return Decision("keep", Reason.AT_BEST)
     x_current = float(model.predict_features(_features(current), band=False)[0])
     speedup = best.predicted_throughput / x_current

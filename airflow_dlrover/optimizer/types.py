@@ -31,6 +31,8 @@ CONFIG_COLUMNS = (
     "batch_size",
 )
 USAGE_COLUMNS = ("worker_cpu_used", "ps_cpu_used", "worker_memory_used_mb", "ps_memory_used_mb")
+#: A measured sample's columns beside its configuration's.
+SAMPLE_TABLE_COLUMNS = ("throughput", *USAGE_COLUMNS, "samples_seen", "timestamp")
 SAMPLE_REQUIRED = ("workers", "ps", "worker_cpu", "ps_cpu", "batch_size", "throughput")
 INTEGER_COLUMNS = ("workers", "ps", "worker_gpu", "batch_size")
 

@@ -112,8 +112,10 @@ class Server:
                 answer_challenge(conn, self._authkey)
                 _receive_timeout(conn, 0)
                 _no_delay(conn)
-            except (AuthenticationError, OSError, EOFError) as err:
-                log.warning("refused a connection: %s", type(err).__name__)
+            except AuthenticationError:
+                log.warning("refused a connection that does not know the job's key")
+                return
+            except (OSError, EOFError):  # hung up or said nothing (a TCP readiness probe does that)
                 return
             while True:
                 try:

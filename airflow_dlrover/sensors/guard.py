@@ -52,32 +52,33 @@ class DLRoverInstabilitySensor(DLRoverBaseOperator, BaseSensorOperator):
         self.window, self.turn, self.deferrable = window, turn, deferrable
 
     def execute(self, context: Any) -> Any:
-        _, job_id = self.run_ids(context)
+        run, job_id = self.run_ids(context)
         self.parsed_quota(required=False)  # a bad quota fails now, not at the first healing
-        self._step(context, job_id)  # a failure seen now is reported (this try fails) or recovered
+        self._step(context, run, job_id)  # a failure seen now is reported (this try fails) or recovered
         if not self.deferrable:
             return super().execute(context)
         self._defer(job_id, self.turn_ends_at())
 
     def poke(self, context: Any) -> bool:
         """One check (non-deferrable mode): True when the job is done."""
-        _, job_id = self.run_ids(context)
-        self._step(context, job_id)
+        run, job_id = self.run_ids(context)
+        self._step(context, run, job_id)
         return self.launcher.master_call(job_id, "/status")["state"] == "done"
 
-    def _step(self, context: Any, job_id: str, usage: tuple = (), node_history: tuple = ()) -> tuple:
+    def _step(self, context: Any, run: int, job_id: str, usage: tuple = (), node_history: tuple = ()) -> tuple:
         """Observe the nodes (plus ``usage``), ``controller.step``, carry out and record its
         actions; returns the detectors' history to carry on."""
         from airflow_dlrover.history.control import action_event, controller_state, failure_record
+        from airflow_dlrover.launchers.base import statuses
         from airflow_dlrover.optimizer.controller import Fail, Keep, Observation, step
         from airflow_dlrover.optimizer.types import Configuration
 
-        run, _ = self.run_ids(context)
-        nodes = tuple(self.launcher.status(job_id))
+        record = self.launcher.read_job(job_id)
+        nodes = tuple(statuses(record))
         if not usage and not any(n.failed for n in nodes):
             return node_history
         state = controller_state(self.history, self.job, run, self.parsed_quota(required=False), node_history)
-        config = Configuration(**self.launcher.read_job(job_id)["config"])
+        config = Configuration(**record["config"])
         new_state, actions = step(state, Observation(time.time(), config, nodes=nodes, usage=usage))
         try_number = context["ti"].try_number
         for fail in (a for a in actions if isinstance(a, Fail)):
@@ -106,7 +107,7 @@ class DLRoverInstabilitySensor(DLRoverBaseOperator, BaseSensorOperator):
         run, job_id = self.run_ids(context)
         history = tuple(event.get("history") or ())
         if event["kind"] == "observation":
-            history = self._step(context, job_id, tuple(event.get("usage") or ()), history)
+            history = self._step(context, run, job_id, tuple(event.get("usage") or ()), history)
         elif event["kind"] == "turn":
             raise AirflowRescheduleException(datetime.now(timezone.utc) + timedelta(seconds=1))
         elif event["kind"] == "done":
