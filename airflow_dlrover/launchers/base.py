@@ -8,7 +8,8 @@ protocol with the job's master is the runtime's, the same on every backend:
 
 * workers join as new nodes and leave by ``/drain`` (finish the shard, then exit) — a node that
   is not running leaves by ``/node_lost`` (its shards are requeued);
-* a new PS count is ``/checkpoint`` → new PS → ``/cluster`` → ``/restore`` (re-partition);
+* a new PS count is ``/checkpoint {hold}`` → new PS → ``/cluster`` (which restores the new set
+  from that checkpoint: the re-partition);
 * a relaunched worker's shards are requeued (``/node_lost``), a relaunched PS rolls the job back
   to its last checkpoint (``/restore``), a relaunched master reloads its persisted state;
 * a node's new CPU / memory is applied in place where the backend can and the node keeps its
@@ -24,16 +25,15 @@ backend fields), ``_create_job`` (the job's objects and its master), ``_start_no
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any, Iterable
 
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import FAILED_STATES, Configuration, NodeState, NodeStatus
+from airflow_dlrover.runtime.auth import call_master
 from airflow_dlrover.runtime.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -50,29 +50,14 @@ def torch_threads(cpu: float | None) -> int:
     return max(1, math.floor(cpu or 1))
 
 
-def call_master(base_url: str, path: str, body: dict[str, Any] | None = None, timeout: float = C.MASTER_CALL_TIMEOUT_S) -> Any:
-    """One request to a job master's HTTP API (GET without ``body``, POST with it), retried until
-    ``timeout`` while the master is unreachable; raises ``ConnectionError`` after that."""
-    url = f"{base_url.rstrip('/')}{path}"
-    data = None if body is None else json.dumps(body).encode()
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(request, timeout=timeout) as reply:
-                text = reply.read()
-            return text.decode() if path.endswith("prometheus") else json.loads(text)
-        except OSError as err:
-            if time.monotonic() > deadline:
-                raise ConnectionError(f"master unreachable at {url}: {err}") from None
-            time.sleep(0.2)
-
-
 class Launcher:
     """See the module docstring. Subclasses implement the primitives; ``poll_s`` is theirs."""
 
     poll_s: float = C.LOCAL_POLL_S
     start_timeout_s: float = C.NODE_START_TIMEOUT_S
+
+    def __init__(self) -> None:
+        self._keys: dict[str, bytes] = {}
 
     # -- primitives (per backend) ----------------------------------------------------------------
     def job_dir(self, job_id: str) -> Path:
@@ -155,9 +140,15 @@ class Launcher:
 
     def master_call(self, job_id: str, path: str, body: dict[str, Any] | None = None, timeout: float = C.MASTER_CALL_TIMEOUT_S) -> Any:
         try:
-            return call_master(self._master_url(job_id), path, body, timeout)
+            return call_master(self._master_url(job_id), path, body, timeout=timeout, key=self._key(job_id))
         except ConnectionError as err:
             raise ConnectionError(f"master of {job_id}: {err}") from None
+
+    def _key(self, job_id: str) -> bytes:
+        """The job's key (read once per job and launcher: it does not change while the job runs)."""
+        if self._keys.get(job_id) is None:
+            self._keys[job_id] = self.spec(job_id).key
+        return self._keys[job_id]
 
     def _new_node(self, record: dict[str, Any], name: str, role: str, index: int, cpu: float,
                   memory_mb: float | None, gpu: int = 0, count: int = 1,
@@ -175,9 +166,10 @@ class Launcher:
     def launch(self, spec: JobSpec, config: Configuration) -> str:
         """Start master, PS and workers for ``config`` — or adopt the job when it already runs (an
         Airflow retry never starts a second copy). What is left of a launch whose master died is
-        removed first, and the new job resumes from its checkpoint (``/restore``: the master
-        reloaded its state, the new PS are empty)."""
+        removed first, and the new job resumes from its checkpoint (the master reloaded its state;
+        ``/cluster`` restores the new, empty PS)."""
         job_id = spec.job_id
+        self._keys.pop(job_id, None)  # an adopted job keeps its own key; a new one gets spec's
         resuming = self.exists(job_id)
         if resuming:
             record = self.read_job(job_id)
@@ -191,8 +183,6 @@ class Launcher:
         self._create_job(spec, record)
         self._wait_ready(job_id, record, ["master"])
         self._start_ps(job_id, record, config)
-        if resuming:
-            self.master_call(job_id, "/restore", {})
         for index in range(config.workers):
             self._add_worker(job_id, record, config, index)
         record["launched"] = True  # only now may a retry adopt the job
@@ -201,7 +191,8 @@ class Launcher:
 
     def _start_ps(self, job_id: str, record: dict[str, Any], config: Configuration,
                   previous: dict[str, dict[str, Any]] | None = None) -> None:
-        """Start ``config.ps`` PS (each in the place of the PS it replaces) and tell the master."""
+        """Start ``config.ps`` PS (each in the place of the PS it replaces) and hand them to the master
+        (``/cluster``: a new job's start at generation 0, any other's are restored)."""
         names = []
         for index in range(config.ps):
             name = f"ps-{index}"
@@ -298,12 +289,11 @@ class Launcher:
                 self._set_limits(job_id, node)
             actions.append(f"ps resized in place to {config.ps_cpu:g} CPU / {config.ps_memory_mb:g} MB")
         elif config.ps != current.ps or ps_resources:
-            self.master_call(job_id, "/checkpoint", {})
+            self.master_call(job_id, "/checkpoint", {"hold": True})
             for name, node in ps_nodes.items():
                 self._stop_node(job_id, record, node, replacing=False)
                 del record["nodes"][name]
             self._start_ps(job_id, record, config, previous=ps_nodes)
-            self.master_call(job_id, "/restore", {})
             actions.append(f"ps {current.ps}×{current.ps_cpu:g} → {config.ps}×{config.ps_cpu:g} "
                            "(checkpoint, re-partition)")
         workers = sorted((n for n in record["nodes"].values() if n["role"] == "worker" and n.get("state") != STOPPED),

@@ -122,6 +122,7 @@ class KubernetesLauncher(Launcher):
                  jobs_dir: str | Path | None = None, master_url: str | None = None,
                  pending_timeout_s: float = C.PENDING_TIMEOUT_S, in_place_resize: bool = False,
                  poll_s: float = C.POD_POLL_S, hook: Any = None, async_hook: Any = None):
+        super().__init__()
         if not isinstance(placement, km.Placement):
             raise InvalidInputError("placement", type(placement).__name__, "a kubernetes_manifests.Placement")
         if not placement.image:

@@ -50,6 +50,7 @@ class LocalLauncher(Launcher):
     """See the module docstring. ``base_dir`` holds one folder per job."""
 
     def __init__(self, base_dir: str | Path, cgroups: CgroupManager | None = None, python: str = sys.executable):
+        super().__init__()
         self.base_dir = Path(base_dir)
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.cgroups = cgroups or CgroupManager()

@@ -6,14 +6,9 @@ usage every ``WINDOW_S``) and carries out its actions — a failed node is relau
 memory after a real OOM) on the step after the one that reported it, instability is healed in
 place — while every clean window becomes a profile sample (the configuration row plus measured
 throughput and per-node CPU / memory) and injected faults fire on schedule. Without a quota
-healing is unbounded; the configuration is only changed by the ``resizes`` asked for. The summary accounts for every sample from the PS ledger:
-
-    samples_trained    = Σ_shards applied(shard)
-    samples_lost       = Σ_shards max(0, size(shard) − applied(shard))   (must be 0)
-    samples_duplicated = Σ_shards max(0, applied(shard) − size(shard))   (≤ one shard per failure)
-
-where applied(shard) counts the samples of the shard whose gradients the model holds (a rollback
-to a checkpoint rolls the ledger back with the model).
+healing is unbounded; the configuration is only changed by the ``resizes`` asked for. The summary
+accounts for every sample from the PS journals, per batch (``runtime.accounting``: samples_trained,
+samples_lost, samples_duplicated and by which failure, duplicates refused).
 """
 
 from __future__ import annotations
@@ -133,23 +128,20 @@ def _summarize(launcher, job_id, spec, events, series, started) -> dict[str, Any
 
 
 def job_summary(launcher: LocalLauncher, job_id: str, spec: JobSpec) -> dict[str, Any]:
-    """What the finished job did, from its master and PS: the sample ledger (see the module
-    docstring), restarts, resizes, checkpoints, and the held-out loss and AUC."""
+    """What the finished job did, from its master and PS: the exactly-once accounting from the PS
+    journals, restarts, resizes, checkpoints, and the held-out loss and AUC."""
     from airflow_dlrover.runtime.evaluate import evaluate
 
     status = launcher.master_call(job_id, "/status")
-    ledger = np.array(launcher.master_call(job_id, "/ledger"), dtype=np.int64)
-    sizes = np.array([spec.shard_range(s)[1] - spec.shard_range(s)[0] for s in range(spec.num_shards)])
+    accounting = launcher.master_call(job_id, "/accounting")
     job = launcher.read_job(job_id)
     evaluation = evaluate(spec, status["ps"], status["generation"])
     losses = [m.get("loss") for m in launcher.metrics(job_id)["nodes"].values() if m.get("role") == "worker"]
     losses = [l for l in losses if l is not None]
     return {
         "job_id": job_id,
-        "samples_expected": int(spec.samples),
-        "samples_trained": int(ledger.sum()),
-        "samples_lost": int(np.maximum(sizes - ledger, 0).sum()),
-        "samples_duplicated": int(np.maximum(ledger - sizes, 0).sum()),
+        **{k: accounting[k] for k in ("samples_expected", "samples_trained", "samples_lost", "samples_duplicated",
+                                      "duplicated_by", "duplicates_refused", "duplicates_refused_by")},
         "restarts": int(sum(n.get("restarts", 0) for n in job["nodes"].values())),
         "resizes": int(job.get("resizes", 0)),
         "checkpoints": status["counters"]["checkpoints"],

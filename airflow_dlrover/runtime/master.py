@@ -8,18 +8,36 @@ restart loses nothing; time series go to an append-only ``metrics.jsonl``.
 Checkpoints are consistent: the master stops handing out shards, waits until no shard is in
 flight (every pushed update of a done shard is on the PS), has every PS save, then records the
 done set with the PS files in a manifest. A restore (after a PS is lost, or to change the number
-of PS) rolls *everything* back to the latest manifest — PS rows, dense parameters, the ledger and
-the done set — and bumps the generation so that stragglers of the old state are refused. Samples
-trained after the checkpoint are trained again; samples before it are not.
+of PS) rolls *everything* back to the latest manifest — PS rows, dense parameters, the applied
+batches and the done set — and bumps the generation so that stragglers of the old state are
+refused. Samples trained after the checkpoint are trained again; samples before it are not.
 
-HTTP API on localhost (JSON bodies):
-  GET  /status  /metrics  /metrics/prometheus  /plan
+What each state change survives (a node may die at any point of it):
+
+* a lease is persisted when it is granted: a restarted master keeps every lease (with a fresh
+  deadline), so the workers that hold them finish their shards and nobody else redoes them;
+* a restore is written ahead: the rolled-back done set, the new generation and ``restoring`` are
+  persisted before any PS is told, and a master that finds ``restoring`` set (it died half-way,
+  or a PS was unreachable) restores again until every PS serves its generation;
+* a new PS set (``/cluster``) is restored to the latest checkpoint in the same step, so no request
+  and no checkpoint ever sees a new, empty PS under the old done set; ``/checkpoint {hold: true}``
+  (a PS change follows) hands out no shard and takes no periodic checkpoint until that ``/cluster``
+  or a ``/restore`` — or, when the launcher died, until ``HOLD_S`` passes and the master restores
+  itself onto the PS it has;
+* every requeue is appended to ``requeues.jsonl`` with its reason (``runtime.accounting``
+  attributes duplicates to it).
+
+HTTP API (JSON bodies). Every request but ``GET /metrics/prometheus`` must carry a signature
+with the job's key (``runtime.auth``) and is refused with 401 otherwise; the Prometheus endpoint
+stays open because a scraper holds no job's key, and it only reads throughput, shard counts and
+the generation — nothing that can change the job or reveal its data:
+  GET  /status  /metrics  /metrics/prometheus  /plan  /accounting
   POST /shard/next {worker, generation}        → {shard,start,stop,generation,ps} | {wait} | {exit} | {done}
   POST /shard/done {worker, shard, generation}  POST /shard/abandon {worker, shard}
   POST /report {node, role, ...metrics}        → {command}
   POST /cluster {ps: ["host:port", ...]}       POST /plan {...}
   POST /node_lost {node}  POST /drain {node}  POST /command {node, command}
-  POST /checkpoint                             POST /restore
+  POST /checkpoint {hold?}                     POST /restore
   POST /faults {faults: [{kind, at_s, node}]}  fault injection for demos, due at_s after this call:
                                                the node's next report is answered with the command
 """
@@ -38,6 +56,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from airflow_dlrover.runtime.accounting import JOURNAL_DIR, REQUEUES_FILE, reconcile
+from airflow_dlrover.runtime.auth import HEADER, Refused, Verifier
 from airflow_dlrover.runtime.spec import JobSpec
 from airflow_dlrover.runtime.transport import Peer, announce, parse_address
 
@@ -49,6 +69,9 @@ REPORT_TIMEOUT_S = 10.0  # a worker silent this long (no report, no shard asked 
 #: Checkpoints kept on disk: the newest, and older ones to fall back on when the newest cannot be
 #: read (a node died while it was written). Older ones are deleted (~70 MB each in the demo). (ours)
 CHECKPOINTS_KEPT = 3
+#: How long a master held for a PS change waits for the new PS set before it restores onto the PS
+#: it has (the launcher died mid-resize; a PS change takes ~10–40 s in the demo). (ours)
+HOLD_S = 300.0
 #: faults the job injects into itself (POST /faults), as the command the worker receives
 FAULT_COMMANDS = {"kill-worker": "kill", "oom-worker": "oom"}
 
@@ -88,15 +111,20 @@ class Master:
             self.counters: dict[str, int] = state["counters"]
             self.plan: dict[str, Any] = state.get("plan", {})
             self.faults: list[dict[str, Any]] = state.get("faults", [])
+            self.restoring: bool = state.get("restoring", False)
+            self.held_until: float | None = state.get("held_until")
             self.counters["master_restarts"] = self.counters.get("master_restarts", 0) + 1
-            # Leases of the previous life are unknown: their shards are redone (the workers that
-            # still hold them will find the generation unchanged and may finish them first).
+            now = time.monotonic()
+            for shard, (worker, generation) in state.get("leases", {}).items():  # kept, with a fresh deadline
+                self.leases[int(shard)] = Lease(worker, now + self.spec.shard_timeout_s, generation)
+                self.heard[worker] = now
             log.info("master restored: %d/%d shards done, generation %d", len(self.done), self.spec.num_shards, self.generation)
         else:
             self.done, self.generation, self.ps_addresses, self.checkpoints = set(), 0, [], []
             self.counters = {"shards_requeued": 0, "checkpoints": 0, "restores": 0, "master_restarts": 0}
             self.plan = {}
             self.faults = []
+            self.restoring, self.held_until = False, None
         self._connect_ps()
         self._persist()
 
@@ -104,7 +132,8 @@ class Master:
         state = {
             "done": sorted(self.done), "generation": self.generation, "ps": self.ps_addresses,
             "checkpoints": self.checkpoints, "counters": self.counters, "plan": self.plan,
-            "faults": self.faults,
+            "faults": self.faults, "restoring": self.restoring, "held_until": self.held_until,
+            "leases": {str(s): [lease.worker, lease.generation] for s, lease in self.leases.items()},
         }
         write_durably(self.state_path, json.dumps(state))
 
@@ -127,11 +156,12 @@ class Master:
                 return {"exit": True}
             if len(self.done) == self.spec.num_shards:
                 return {"done": True}
-            if self.paused or not self.ps_addresses:
+            if self.paused or self.restoring or self.held_until is not None or not self.ps_addresses:
                 return {"wait": WAIT_S}
             for shard in range(self.spec.num_shards):
                 if shard not in self.done and shard not in self.leases:
                     self.leases[shard] = Lease(worker, time.monotonic() + self.spec.shard_timeout_s, self.generation)
+                    self._persist()  # a restarted master keeps the lease
                     start, stop = self.spec.shard_range(shard)
                     return {"shard": shard, "start": start, "stop": stop, "generation": self.generation,
                             "ps": self.ps_addresses}
@@ -151,11 +181,18 @@ class Master:
 
     def abandon(self, worker: str, shard: int) -> dict[str, Any]:
         with self.lock:
+            self.heard[worker] = time.monotonic()
             lease = self.leases.get(shard)
             if lease is not None and lease.worker == worker:
-                del self.leases[shard]
-                self.counters["shards_requeued"] += 1
+                self._requeue(shard, f"abandoned by {worker} (its PS state was replaced)")
             return {"ok": True}
+
+    def _requeue(self, shard: int, reason: str) -> None:
+        """Return a leased shard to todo, and say why in the append-only ``requeues.jsonl``."""
+        del self.leases[shard]
+        self.counters["shards_requeued"] += 1
+        with open(self.workdir / REQUEUES_FILE, "a") as f:
+            f.write(json.dumps({"t": time.time(), "shard": shard, "reason": reason}) + "\n")
 
     def node_lost(self, node: str) -> dict[str, Any]:
         """The launcher saw ``node`` die: its shards go back to todo now, not at lease expiry."""
@@ -163,18 +200,18 @@ class Master:
             self.latest.pop(node, None)
             lost = [s for s, lease in self.leases.items() if lease.worker == node]
             for shard in lost:
-                del self.leases[shard]
-            self.counters["shards_requeued"] += len(lost)
-            self.latest.pop(node, None)
+                self._requeue(shard, f"{node} lost")
             return {"requeued": lost}
 
     def _expire_leases(self) -> None:
         now = time.monotonic()
         for shard, lease in list(self.leases.items()):
-            silent = now - self.heard.get(lease.worker, now) > REPORT_TIMEOUT_S
-            if lease.deadline < now or silent or lease.generation != self.generation:
-                del self.leases[shard]
-                self.counters["shards_requeued"] += 1
+            if lease.generation != self.generation:
+                self._requeue(shard, f"rolled back to generation {self.generation}")
+            elif now - self.heard.get(lease.worker, now) > REPORT_TIMEOUT_S:
+                self._requeue(shard, f"{lease.worker} silent for {REPORT_TIMEOUT_S:g} s")
+            elif lease.deadline < now:
+                self._requeue(shard, f"lease of {lease.worker} expired")
 
     # -- metrics -------------------------------------------------------------------------------
     def report(self, node: str, **metrics: Any) -> dict[str, Any]:
@@ -205,7 +242,7 @@ class Master:
         with self.lock:
             counts = {TODO: 0, DOING: len(self.leases), DONE: len(self.done)}
             counts[TODO] = self.spec.num_shards - counts[DOING] - counts[DONE]
-            state = "done" if counts[DONE] == self.spec.num_shards else "paused" if self.paused else "training"
+            state = "done" if counts[DONE] == self.spec.num_shards else "paused" if self.paused or self.restoring or self.held_until is not None else "training"
             return {
                 "job_id": self.spec.job_id, "state": state, "generation": self.generation, "shards": counts,
                 "samples_done": sum(self.spec.shard_range(s)[1] - self.spec.shard_range(s)[0] for s in self.done),
@@ -238,13 +275,18 @@ class Master:
 
     # -- cluster, plan, commands ----------------------------------------------------------------
     def set_cluster(self, ps: list[str]) -> dict[str, Any]:
-        """A new PS set: it serves the current generation (a restore follows if it must roll back)."""
+        """A new PS set: a new job's serves generation 0; any other is restored to the latest
+        checkpoint in the same step (see the module docstring)."""
         with self.lock:
+            fresh = not self.done and not self.checkpoints and self.generation == 0 and not self.restoring
             self.ps_addresses = list(ps)
             self._connect_ps()
-            for peer in self.peers:
-                peer.call("set_generation", generation=self.generation)
+            self.held_until = None
+            if not fresh:
+                return {"ps": self.ps_addresses, **self._restore()}
             self._persist()
+            for peer in self.peers:
+                peer.call("set_generation", generation=self.generation, journal=str(self.workdir / JOURNAL_DIR))
             return {"ps": self.ps_addresses}
 
     def set_plan(self, **plan: Any) -> dict[str, Any]:
@@ -297,13 +339,13 @@ class Master:
                     return
                 if time.monotonic() > end:
                     for shard in list(self.leases):
-                        del self.leases[shard]
-                        self.counters["shards_requeued"] += 1
+                        self._requeue(shard, f"checkpoint waited {deadline_s:g} s for it")
                     return
             time.sleep(0.02)
 
-    def checkpoint(self) -> dict[str, Any]:
-        """A consistent checkpoint (see the module docstring); returns its manifest."""
+    def checkpoint(self, hold: bool = False) -> dict[str, Any]:
+        """A consistent checkpoint (see the module docstring); returns its manifest. ``hold``: a PS
+        change follows, so the master stays paused until the new set arrives."""
         started = time.monotonic()
         self._quiesce(self.spec.shard_timeout_s)
         try:
@@ -322,6 +364,8 @@ class Master:
                 write_durably(folder / "manifest.json", json.dumps(manifest))
                 self.checkpoints.append({k: v for k, v in manifest.items() if k != "done"} | {"path": str(folder)})
                 self.counters["checkpoints"] = number
+                if hold:
+                    self.held_until = time.time() + HOLD_S
                 retired, self.checkpoints = self.checkpoints[:-CHECKPOINTS_KEPT], self.checkpoints[-CHECKPOINTS_KEPT:]
                 self._persist()
                 for old in retired:  # only once the state no longer names them
@@ -332,36 +376,61 @@ class Master:
 
     def restore(self) -> dict[str, Any]:
         """Roll the job back to the latest checkpoint (or to the start) on the current PS set."""
-        started = time.monotonic()
         with self.lock:
-            self.paused += 1
-        try:
-            with self.lock:
-                self.generation += 1
-                self.leases.clear()
-                files, self.done = [], set()
-                for checkpoint in reversed(self.checkpoints):  # the newest that can be read whole
-                    manifest = _readable_manifest(Path(checkpoint["path"]))
-                    if manifest is not None:
-                        files, self.done = manifest["files"], set(manifest["done"])
-                        break
-                    log.warning("checkpoint %s cannot be read: falling back to an older one", checkpoint["path"])
-                for peer in self.peers:
-                    peer.call("restore", paths=files, generation=self.generation)
-                self.counters["restores"] += 1
-                self._persist()
-                return {"generation": self.generation, "checkpoint": self.checkpoints[-1]["id"] if self.checkpoints else None,
-                        "done": len(self.done), "stall_s": time.monotonic() - started}
-        finally:
-            with self.lock:
-                self.paused -= 1
+            self.held_until = None
+            return self._restore()
 
-    def ledger(self) -> list[int]:
-        return self.peers[0].call("ledger") if self.peers else [0] * self.spec.num_shards
+    def _restore(self) -> dict[str, Any]:
+        """The restore, written ahead (see the module docstring); the caller holds the lock."""
+        started = time.monotonic()
+        self.generation += 1
+        for shard in list(self.leases):
+            self._requeue(shard, f"rolled back to generation {self.generation}")
+        files, self.done, restored_from = [], set(), None
+        for checkpoint in reversed(self.checkpoints):  # the newest that can be read whole
+            manifest = _readable_manifest(Path(checkpoint["path"]))
+            if manifest is not None:
+                files, self.done, restored_from = manifest["files"], set(manifest["done"]), manifest["id"]
+                break
+            log.warning("checkpoint %s cannot be read: falling back to an older one", checkpoint["path"])
+        self.restoring = True
+        self._persist()
+        for peer in self.peers:
+            peer.call("restore", paths=files, generation=self.generation, journal=str(self.workdir / JOURNAL_DIR))
+        self.restoring = False
+        self.counters["restores"] += 1
+        self._persist()
+        return {"generation": self.generation, "checkpoint": restored_from, "done": len(self.done),
+                "stall_s": time.monotonic() - started}
+
+    def accounting(self) -> dict[str, Any]:
+        """The exactly-once figures from the PS journals (``runtime.accounting``)."""
+        with self.lock:
+            generation = self.generation
+        return reconcile(self.workdir, self.spec, generation)
+
+
+#: The one request anyone may make (see the module docstring).
+OPEN_ROUTES = {("GET", "/metrics/prometheus")}
 
 
 class _Handler(BaseHTTPRequestHandler):
     master: Master  # set on the subclass
+    verifier: Verifier
+
+    def _refused(self, body: bytes) -> bool:
+        """Reply 401 and return True unless the request proves the job's key."""
+        if (self.command, self.path) in OPEN_ROUTES:
+            return False
+        try:
+            self.verifier.check(self.command, self.path, body, self.headers.get(HEADER))
+            return False
+        except Refused as err:
+            with self.master.lock:
+                self.master.counters["requests_refused"] = self.master.counters.get("requests_refused", 0) + 1
+            log.warning("refused %s %s from %s: %s", self.command, self.path, self.client_address[0], err)
+            self._reply({"error": f"refused: {err}"}, 401)
+            return True
 
     def log_message(self, *args: Any) -> None:  # quiet
         pass
@@ -376,7 +445,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         m = self.master
-        routes = {"/status": m.status, "/metrics": m.metrics, "/plan": lambda: m.plan, "/ledger": m.ledger}
+        if self._refused(b""):
+            return
+        routes = {"/status": m.status, "/metrics": m.metrics, "/plan": lambda: m.plan, "/accounting": m.accounting}
         if self.path == "/metrics/prometheus":
             return self._reply(m.prometheus(), text=True)
         if self.path not in routes:
@@ -386,8 +457,11 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         m = self.master
         length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        if self._refused(raw):
+            return
         try:
-            body = json.loads(self.rfile.read(length) or b"{}")
+            body = json.loads(raw or b"{}")
         except json.JSONDecodeError as err:
             return self._reply({"error": f"body is not JSON: {err}"}, 400)
         routes = {
@@ -407,12 +481,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply({"error": f"{type(err).__name__}: {err}"}, 500)
 
 
+def http_server(master: Master, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    """The master's HTTP API (see the module docstring), not yet serving."""
+    handler = type("Handler", (_Handler,), {"master": master, "verifier": Verifier(master.spec.key)})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    return server
+
+
 def serve(spec: JobSpec, workdir: Path, port: int = 0, ready_file: Path | None = None, host: str = "127.0.0.1") -> None:
     """Run the master until SIGTERM: HTTP API, lease expiry and periodic checkpoints."""
     master = Master(spec, workdir)
-    handler = type("Handler", (_Handler,), {"master": master})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
+    server = http_server(master, host, port)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     if ready_file is not None:
         announce(ready_file, (host, server.server_address[1]))
@@ -423,7 +503,17 @@ def serve(spec: JobSpec, workdir: Path, port: int = 0, ready_file: Path | None =
         with master.lock:
             master._expire_leases()
             training = master.ps_addresses and len(master.done) < spec.num_shards
-        if training and time.monotonic() - last_checkpoint > spec.checkpoint_interval_s:
+            held, restoring = master.held_until is not None, master.restoring
+            if held and time.time() > master.held_until:
+                log.warning("no new PS set %.0f s after the checkpoint for a PS change: restoring onto the PS I have", HOLD_S)
+                restoring = True
+        if restoring:
+            try:
+                master.restore()
+            except Exception:  # a PS is still down: its relaunch restores, or the next loop does
+                log.exception("restore failed: retrying")
+            continue
+        if training and not held and time.monotonic() - last_checkpoint > spec.checkpoint_interval_s:
             try:
                 master.checkpoint()
             except Exception:  # a PS is down: the launcher will restore; try again later

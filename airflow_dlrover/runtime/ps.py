@@ -1,5 +1,11 @@
 """Parameter server: embedding rows partitioned by ``id % p``, sparse Adagrad; PS 0 also holds the
-dense parameters (Adam) and the exactly-once ledger of applied samples per shard.
+dense parameters (Adam).
+
+Exactly once: a push names its batch (the batch's first sample), and a PS applies each batch once
+per model state — a second push of it (a shard redone after its lease was revoked, a request resent
+after a lost reply) is refused and journalled as such. The set of applied batches is saved and
+restored with the rows. Every apply, refusal, save and restore is appended to this process's
+journal, which ``runtime.accounting`` reconciles after the run.
 
 Rows are created on first touch (their initial value is a deterministic function of
 (seed, table, id), so re-partitioning or restoring never changes a row that was not trained), so
@@ -13,8 +19,10 @@ shard instead of polluting the restored one.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import time
 import signal
 import threading
 from dataclasses import dataclass
@@ -140,8 +148,20 @@ class ParameterServer:
             EmbeddingShard(t, size, spec.embedding_dim, index, count, spec.seed) for t, size in enumerate(spec.table_sizes)
         ]
         self.dense: DenseState | None = None
-        self.applied = np.zeros(spec.num_shards, dtype=np.int64)  # PS 0: samples applied per shard
+        self.batches: set[int] = set()  # the batches (first samples) whose update this state holds
         self.requests = 0
+        self._journal = None
+
+    def _log(self, event: str, **fields: Any) -> None:
+        """Append one event to this process's journal (see ``runtime.accounting``)."""
+        if self._journal is not None:
+            self._journal.write(json.dumps({"e": event, "t": time.time(), "g": self.generation, **fields}) + "\n")
+
+    def _open_journal(self, folder: str | None) -> None:
+        if self._journal is None and folder:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            name = f"ps{self.index}-{os.getpid()}-{time.time_ns()}.jsonl"
+            self._journal = open(Path(folder) / name, "a", buffering=1)  # a line reaches the OS at once
 
     # -- requests ------------------------------------------------------------------------------
     def handle(self, method: str, **kwargs: Any) -> Any:
@@ -165,18 +185,24 @@ class ParameterServer:
             params = self.dense.params.copy() if dense and self.dense is not None else None
         return {"rows": rows, "dense": params}
 
-    def push(self, ids: list[np.ndarray], grads: list[np.ndarray], dense_grad: np.ndarray | None = None,
-             shard: int | None = None, samples: int = 0) -> None:
-        """Apply sparse gradients; on PS 0 also the dense gradient and the ledger entry."""
+    def push(self, ids: list[np.ndarray], grads: list[np.ndarray], batch: int, samples: int, worker: str,
+             dense_grad: np.ndarray | None = None) -> bool:
+        """Apply the sparse gradients of ``batch`` (its first sample) and, on PS 0, its dense
+        gradient — unless this state already holds the batch. Returns whether it was applied."""
         with self.lock:
+            if batch in self.batches:
+                self._log("refused", b=batch, n=samples, w=worker)
+                return False
+            if dense_grad is not None and self.dense is None:
+                raise StaleGeneration("dense parameters are not initialised (restored without them)")
             for table, i, g in zip(self.tables, ids, grads):
                 if len(i):
                     table.apply_adagrad(i, g, self.spec.learning_rate)
             if dense_grad is not None:
-                if self.dense is None:
-                    raise StaleGeneration("dense parameters are not initialised (restored without them)")
                 self._adam(np.asarray(dense_grad, dtype=np.float32))
-                self.applied[shard] += samples
+            self.batches.add(batch)
+            self._log("apply", b=batch, n=samples, w=worker)
+            return True
 
     def init_dense(self, params: np.ndarray) -> bool:
         """Set the dense parameters once (the first worker's deterministic init)."""
@@ -197,12 +223,8 @@ class ParameterServer:
         v_hat = d.v / (1 - b2**d.step)
         d.params -= self.spec.dense_learning_rate * m_hat / (np.sqrt(v_hat) + ADAM_EPS)
 
-    def ledger(self) -> list[int]:
-        with self.lock:
-            return self.applied.tolist()
-
     def save(self, path: str) -> dict[str, Any]:
-        """Write this PS's state (rows, accumulators; dense and ledger on PS 0) to ``path``."""
+        """Write this PS's state (rows, accumulators, applied batches; dense on PS 0) to ``path``."""
         with self.lock:
             arrays: dict[str, np.ndarray] = {}
             for t, table in enumerate(self.tables):
@@ -211,7 +233,7 @@ class ParameterServer:
             if self.dense is not None:
                 arrays.update(dense=self.dense.params, dense_m=self.dense.m, dense_v=self.dense.v,
                               dense_step=np.array(self.dense.step))
-            arrays["applied"] = self.applied
+            arrays["batches"] = np.array(sorted(self.batches), dtype=np.int64)
             arrays["ps_index"] = np.array(self.index)
             tmp = Path(path).with_suffix(".tmp.npz")
             with open(tmp, "wb") as f:  # durable before it is named: a crash leaves no half file
@@ -219,11 +241,16 @@ class ParameterServer:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-            return {"rows": int(sum(t.used for t in self.tables)), "applied": int(self.applied.sum())}
+            self._log("save", path=str(path))
+            if self._journal is not None:
+                os.fsync(self._journal.fileno())  # what the checkpoint holds is on disk with it
+            return {"rows": int(sum(t.used for t in self.tables)), "batches": len(self.batches)}
 
-    def restore(self, paths: list[str], generation: int) -> dict[str, Any]:
+    def restore(self, paths: list[str], generation: int, journal: str | None = None) -> dict[str, Any]:
         """Replace the state by the rows this PS owns in the checkpoint files of *all* PS of the
-        checkpoint (any count: this is the re-partition), dense and ledger from whichever has them."""
+        checkpoint (any count: this is the re-partition), dense from PS 0's file; the applied
+        batches are those every file holds (a batch pushed to some PS only is pushed again)."""
+        self._open_journal(journal)
         with self.lock:
             spec = self.spec
             self.tables = [
@@ -231,25 +258,31 @@ class ParameterServer:
                 for t, size in enumerate(spec.table_sizes)
             ]
             self.dense = None
-            self.applied = np.zeros(spec.num_shards, dtype=np.int64)
+            batches = None
             for path in paths:
                 with np.load(path) as data:
                     for t, table in enumerate(self.tables):
                         table.absorb(data[f"t{t}_ids"], data[f"t{t}_rows"], data[f"t{t}_acc"])
-                    if int(data["ps_index"]) == 0 and self.index == 0:  # dense and ledger live on PS 0
-                        self.applied = data["applied"].copy()
+                    held = set(data["batches"].tolist())
+                    batches = held if batches is None else batches & held
+                    if int(data["ps_index"]) == 0 and self.index == 0:  # the dense parameters live on PS 0
                         if "dense" in data:
                             self.dense = DenseState(data["dense"].copy(), data["dense_m"].copy(),
                                                     data["dense_v"].copy(), int(data["dense_step"]))
+            self.batches = batches or set()
             self.generation = generation
+            self._log("restore", ps=self.index, of=self.count, **{"from": list(paths)})
             return {"rows": int(sum(t.used for t in self.tables)), "generation": generation}
 
-    def set_generation(self, generation: int) -> None:
+    def set_generation(self, generation: int, journal: str | None = None) -> None:
+        """Serve ``generation`` with the state as it is (a new job's empty PS)."""
+        self._open_journal(journal)
         with self.lock:
             self.generation = generation
+            self._log("start", ps=self.index, of=self.count)
 
 
-_METHODS = {"lookup", "push", "init_dense", "ledger", "save", "restore", "set_generation"}
+_METHODS = {"lookup", "push", "init_dense", "save", "restore", "set_generation"}
 #: Requests that carry the caller's generation and are refused when it is not the current one.
 _DATA_METHODS = {"lookup", "push", "init_dense", "save"}
 

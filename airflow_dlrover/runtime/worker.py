@@ -5,13 +5,10 @@ samples/s, the step-time breakdown (data / lookup / compute / push), CPU used an
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -19,6 +16,7 @@ import numpy as np
 import psutil
 import torch
 
+from airflow_dlrover.runtime.auth import call_master
 from airflow_dlrover.runtime.dlrm import build_model, flat_gradients, flat_parameters, load_flat
 from airflow_dlrover.runtime.spec import JobSpec
 from airflow_dlrover.runtime.transport import Peer, RemoteError, Unreachable, parse_address
@@ -49,23 +47,17 @@ def gather(uniques: list[np.ndarray], replies: list[dict[str, Any]], dim: int) -
 
 
 class MasterClient:
-    """JSON over HTTP to the master, retried across a master restart."""
+    """The worker's requests to the master, signed with the job's key, retried across a master
+    restart (``MASTER_RETRY_S``)."""
 
-    def __init__(self, address: str):
-        self.base = f"http://{address}"
+    def __init__(self, address: str, key: bytes):
+        self.base, self.key = f"http://{address}", key
 
     def post(self, path: str, **body: Any) -> dict[str, Any]:
-        deadline = time.monotonic() + MASTER_RETRY_S
-        data = json.dumps(body).encode()
-        while True:
-            try:
-                request = urllib.request.Request(self.base + path, data=data, headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(request, timeout=30) as reply:
-                    return json.loads(reply.read())
-            except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
-                if time.monotonic() > deadline:
-                    raise Unreachable(f"master {self.base} unreachable: {err}") from None
-                time.sleep(0.2)
+        try:
+            return call_master(self.base, path, body, timeout=MASTER_RETRY_S, key=self.key)
+        except ConnectionError as err:
+            raise Unreachable(str(err)) from None
 
 
 def source_for(spec: JobSpec):
@@ -83,14 +75,14 @@ class Worker:
         self.spec, self.name = spec, name
         torch.set_num_threads(max(1, threads))
         self.device = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("DLROVER_WORKER_GPU", "0") != "0" else "cpu")
-        self.master = MasterClient(master)
+        self.master = MasterClient(master, spec.key)
         self.model = build_model(spec).to(self.device)
         self.source = source_for(spec)
         self.ps_addresses: list[str] = []
         self.peers: list[Peer] = []
         self.pool: ThreadPoolExecutor | None = None
         self.generation = -1
-        self.dense_ready = False
+        self.initial_dense = flat_parameters(self.model)  # the deterministic init every worker shares
         self.process = psutil.Process()
         self.samples = 0
         self.window = {"samples": 0, "data": 0.0, "lookup": 0.0, "compute": 0.0, "push": 0.0, "start": time.monotonic()}
@@ -103,9 +95,7 @@ class Worker:
             self.peers = [Peer(parse_address(a), self.spec.key, retry_s=PS_RETRY_S) for a in ps]
             self.pool = ThreadPoolExecutor(max_workers=len(ps))
             self.ps_addresses = list(ps)
-        if generation != self.generation:
-            self.generation = generation
-            self.dense_ready = False
+        self.generation = generation
 
     def run(self) -> None:
         while True:
@@ -132,24 +122,33 @@ class Worker:
             self.master.post("/shard/done", worker=self.name, shard=reply["shard"], generation=self.generation)
 
     def _train_shard(self, shard: int, start: int, stop: int) -> None:
-        if not self.dense_ready:
-            self.peers[0].call("init_dense", generation=self.generation, params=flat_parameters(self.model))
-            self.dense_ready = True
         t = time.perf_counter()
         data = self.source.samples(start, stop)
         self.window["data"] += time.perf_counter() - t
         for offset in range(0, len(data), self.spec.batch_size):
-            self._step(shard, data.slice(offset, min(offset + self.spec.batch_size, len(data))))
+            self._step(start + offset, data.slice(offset, min(offset + self.spec.batch_size, len(data))))
             self._report()
 
-    def _step(self, shard: int, batch) -> None:
+    def _lookup(self, owner: list[list[np.ndarray]]) -> list[dict[str, Any]]:
+        """Each PS's rows for its share of the ids, PS 0's reply with the dense parameters. A PS 0
+        that holds none (a new job, or a checkpoint taken before any) is given the initial ones first."""
+        p = len(self.peers)
+        replies = list(self.pool.map(
+            lambda k: self.peers[k].call("lookup", generation=self.generation, ids=owner[k], dense=k == 0), range(p)
+        ))
+        if replies[0]["dense"] is None:
+            self.peers[0].call("init_dense", generation=self.generation, params=self.initial_dense)
+            replies[0] = self.peers[0].call("lookup", generation=self.generation, ids=owner[0], dense=True)
+        return replies
+
+    def _step(self, first_sample: int, batch) -> None:
+        """One batch: lookup, forward/backward, push (the push names the batch by its first sample:
+        a PS applies each batch once)."""
         p = len(self.peers)
         t0 = time.perf_counter()
         uniques, inverses, owner = route(batch.sparse, p)
         t1 = time.perf_counter()
-        replies = list(self.pool.map(
-            lambda k: self.peers[k].call("lookup", generation=self.generation, ids=owner[k], dense=k == 0), range(p)
-        ))
+        replies = self._lookup(owner)
         t2 = time.perf_counter()
         load_flat(self.model, replies[0]["dense"])
         rows = [torch.from_numpy(r).to(self.device).requires_grad_(True)
@@ -170,11 +169,8 @@ class Worker:
             mask = [u % p == k for u in uniques]
             ids = [u[m] for u, m in zip(uniques, mask)]
             table_grads = [g[m] for g, m in zip(grads, mask)]
-            if k == 0:
-                self.peers[0].call("push", generation=self.generation, ids=ids, grads=table_grads,
-                                   dense_grad=dense_grad, shard=shard, samples=len(batch))
-            else:
-                self.peers[k].call("push", generation=self.generation, ids=ids, grads=table_grads)
+            self.peers[k].call("push", generation=self.generation, ids=ids, grads=table_grads, batch=first_sample,
+                               samples=len(batch), worker=self.name, dense_grad=dense_grad if k == 0 else None)
 
         list(self.pool.map(push, range(p)))
         t4 = time.perf_counter()

@@ -11,8 +11,8 @@ from airflow_dlrover.runtime.ps import ParameterServer, initial_rows
 from airflow_dlrover.runtime.spec import JobSpec
 from airflow_dlrover.runtime.transport import Peer, RemoteError, Server
 
-SPEC = JobSpec(job_id="unit", samples=10 * 100, shard_size=100, table_sizes=(1000, 500), embedding_dim=4,
-               bottom_mlp=(8, 4), shard_timeout_s=60)
+SPEC = JobSpec(job_id="unit", samples=10 * 100, shard_size=100, batch_size=25, table_sizes=(1000, 500),
+               embedding_dim=4, bottom_mlp=(8, 4), shard_timeout_s=60)
 
 
 @pytest.fixture()
@@ -34,20 +34,26 @@ def cluster(tmp_path):
         server.close()
 
 
+def push(peers, generation, first_sample, worker, rng, samples=25, only=None):
+    """One batch's push to every PS (or to PS ``only``), as a worker sends it."""
+    p = len(peers)
+    ids = [np.unique(rng.integers(0, size, 10)) for size in SPEC.table_sizes]
+    for k in range(p) if only is None else [only]:
+        mine = [i[i % p == k] for i in ids]
+        grads = [np.ones((len(i), SPEC.embedding_dim), np.float32) for i in mine]
+        peers[k].call("push", generation=generation, ids=mine, grads=grads, batch=first_sample, samples=samples,
+                      worker=worker, dense_grad=np.ones(3, np.float32) if k == 0 else None)
+
+
 def train_shard(master, peers, worker, rng, fail_after=None):
-    """What a worker does for one shard, with numpy gradients; returns the lease reply."""
+    """What a worker does for one shard (batches of 25), with numpy gradients; returns the lease reply."""
     reply = master.next_shard(worker)
-    shard, generation, p = reply["shard"], reply["generation"], len(peers)
+    shard, generation = reply["shard"], reply["generation"]
     peers[0].call("init_dense", generation=generation, params=np.zeros(3, np.float32))
     for batch, offset in enumerate(range(reply["start"], reply["stop"], 25)):
         if fail_after is not None and batch == fail_after:
             return reply
-        ids = [np.unique(rng.integers(0, size, 10)) for size in SPEC.table_sizes]
-        for k in range(p):
-            mine = [i[i % p == k] for i in ids]
-            grads = [np.ones((len(i), SPEC.embedding_dim), np.float32) for i in mine]
-            extra = dict(dense_grad=np.ones(3, np.float32), shard=shard, samples=min(25, reply["stop"] - offset)) if k == 0 else {}
-            peers[k].call("push", generation=generation, ids=mine, grads=grads, **extra)
+        push(peers, generation, offset, worker, rng, samples=min(25, reply["stop"] - offset))
     master.shard_done(worker, shard, generation)
     return reply
 
@@ -59,10 +65,12 @@ def test_every_sample_applied_exactly_once_and_a_lost_worker_costs_at_most_one_s
     master.node_lost("w0")
     while master.status()["state"] != "done":
         train_shard(master, peers, "w1", rng)
-    ledger = np.array(master.ledger())
-    assert ledger.sum() == SPEC.samples + 50  # the partial shard, trained again
-    assert ledger[crashed["shard"]] == 150 and (np.delete(ledger, crashed["shard"]) == 100).all()
+    accounting = master.accounting()
+    assert (accounting["samples_trained"], accounting["samples_lost"], accounting["samples_duplicated"]) == (1000, 0, 0)
+    # w1 redid the crashed shard: the 2 batches w0 had pushed were refused on every PS, and say why
+    assert accounting["duplicates_refused"] == 2 * 2 * 25 and accounting["duplicates_refused_by"] == {"w0 lost": 100}
     assert master.status()["counters"]["shards_requeued"] == 1
+    assert crashed["shard"] in master.done
 
 
 def test_restore_rolls_model_ledger_and_shards_back_to_the_checkpoint(cluster):
@@ -77,7 +85,7 @@ def test_restore_rolls_model_ledger_and_shards_back_to_the_checkpoint(cluster):
     old_generation = master.generation
     result = master.restore()
     assert result["done"] == 3 and master.generation == old_generation + 1
-    assert np.array(master.ledger()).sum() == 300
+    assert all(len(p.batches) == 3 * 4 for p in ps)  # the applied batches rolled back with the rows
     for k, p in enumerate(ps):
         now = p.tables[0].export()
         order_now, order_saved = np.argsort(now["ids"]), np.argsort(saved[k]["ids"])
@@ -85,11 +93,11 @@ def test_restore_rolls_model_ledger_and_shards_back_to_the_checkpoint(cluster):
         np.testing.assert_array_equal(now["rows"][order_now], saved[k]["rows"][order_saved])
     # A push from the old generation is refused, so stragglers cannot pollute the restored model.
     with pytest.raises(RemoteError, match="StaleGeneration"):
-        peers[0].call("push", generation=old_generation, ids=[np.array([0]), np.array([0])],
-                      grads=[np.ones((1, 4), np.float32)] * 2)
+        push(peers, old_generation, 0, "straggler", rng)
     while master.status()["state"] != "done":
         train_shard(master, peers, "w", rng)
-    assert (np.array(master.ledger()) == 100).all()
+    accounting = master.accounting()
+    assert (accounting["samples_trained"], accounting["samples_lost"], accounting["samples_duplicated"]) == (1000, 0, 0)
 
 
 def test_repartition_keeps_every_row(tmp_path):
@@ -244,7 +252,7 @@ def test_a_push_of_the_old_generation_never_lands_in_the_restored_state():
 
     def push():
         try:
-            ps.handle("push", generation=3, ids=ids, grads=grads)
+            ps.handle("push", generation=3, ids=ids, grads=grads, batch=0, samples=1, worker="w")
             outcome.append("applied")
         except StaleGeneration:
             outcome.append("stale")
@@ -275,4 +283,189 @@ def test_old_checkpoints_are_deleted_and_an_unreadable_newest_falls_back_to_an_o
     (folders[-1] / "ps-1.npz").write_bytes(b"PK\x03\x04 half a zip")
     result = master.restore()
     assert result["done"] == CHECKPOINTS_KEPT + 1  # the shards the previous checkpoint held
-    assert np.array(master.ledger()).sum() == (CHECKPOINTS_KEPT + 1) * 100
+    assert all(len(p.batches) == (CHECKPOINTS_KEPT + 1) * 4 for p in ps)
+    while master.status()["state"] != "done":
+        train_shard(master, peers, "w", rng)
+    accounting = master.accounting()
+    assert (accounting["samples_trained"], accounting["samples_lost"], accounting["samples_duplicated"]) == (1000, 0, 0)
+
+
+def counts(accounting):
+    return accounting["samples_trained"], accounting["samples_lost"], accounting["samples_duplicated"]
+
+
+def test_a_resent_push_is_applied_once_on_every_ps(cluster):
+    """A push whose reply was lost is resent (``Peer.call``): each PS applies a batch once."""
+    master, ps, peers = cluster(2)
+    rng = np.random.default_rng(5)
+    lease = master.next_shard("w")
+    peers[0].call("init_dense", generation=lease["generation"], params=np.zeros(3, np.float32))
+    push(peers, lease["generation"], 0, "w", rng)
+    rows = ps[1].tables[0].export()["rows"].copy()
+    push(peers, lease["generation"], 0, "w", rng, only=1)  # the resend, on PS 1 only
+    np.testing.assert_array_equal(ps[1].tables[0].export()["rows"], rows)
+    accounting = master.accounting()
+    assert accounting["duplicates_refused"] == 25 and accounting["samples_duplicated"] == 0
+
+
+def test_the_accounting_counts_a_batch_applied_twice_on_any_ps_and_never_nets_a_loss_against_it(tmp_path):
+    """Journals written by hand: the reconciliation trusts nothing but them."""
+    import json
+
+    from airflow_dlrover.runtime.accounting import JOURNAL_DIR, reconcile
+
+    folder = tmp_path / JOURNAL_DIR
+    folder.mkdir()
+
+    def journal(name, events):
+        (folder / name).write_text("".join(json.dumps({"t": t, **e}) + "\n" for t, e in events))
+
+    every = [(1.0 + i, {"e": "apply", "g": 0, "b": b, "n": 25, "w": "w"}) for i, b in enumerate(range(0, 1000, 25))]
+    start = [(0.0, {"e": "start", "g": 0, "ps": 0, "of": 2})]
+    journal("ps0-1.jsonl", start + every)
+    # PS 1 applied batch 100 twice (a PS without the dedup) and never got batch 125, in one shard
+    ps1 = [(t, e) for t, e in every if e["b"] != 125] + [(99.0, {"e": "apply", "g": 0, "b": 100, "n": 25, "w": "w"})]
+    journal("ps1-1.jsonl", [(0.0, {"e": "start", "g": 0, "ps": 1, "of": 2})] + ps1)
+    accounting = reconcile(tmp_path, SPEC, generation=0)
+    assert accounting["samples_lost"] == 25 and accounting["samples_duplicated"] == 25
+    assert accounting["samples_trained"] == 1000 + 25 - 0  # hi: PS 0 holds 125, PS 1 holds 100 twice
+
+
+def test_the_accounting_follows_the_model_through_checkpoints_and_a_repartition(cluster):
+    """Updates after the checkpoint a restore went back to are not in the model; the restore onto a
+    new PS count (through ``/cluster``) carries what the checkpoint held."""
+    master, ps, peers = cluster(2)
+    rng = np.random.default_rng(6)
+    for _ in range(3):
+        train_shard(master, peers, "w", rng)
+    master.checkpoint(hold=True)
+    assert master.next_shard("w") == {"wait": 0.2}  # no shard while held: a PS change follows
+    one = ParameterServer(SPEC, 0, 1)
+    server = Server(one.handle, SPEC.key).start()
+    try:
+        generation = master.generation
+        master.set_cluster([f"{server.address[0]}:{server.address[1]}"])
+        assert master.generation == generation + 1 and len(master.done) == 3 and len(one.batches) == 12
+        peer = [Peer(server.address, SPEC.key, retry_s=2)]
+        with pytest.raises(RemoteError, match="StaleGeneration"):  # a worker of the old set drops its shard
+            peer[0].call("lookup", generation=generation, ids=[np.array([1]), np.array([1])], dense=True)
+        while master.status()["state"] != "done":
+            train_shard(master, peer, "w", rng)
+        assert counts(master.accounting()) == (1000, 0, 0)
+    finally:
+        server.close()
+
+
+def test_a_new_ps_set_is_never_served_empty_under_the_old_done_set(cluster):
+    """``/cluster`` restores the new set in the same step: a checkpoint right after it holds the
+    checkpoint's rows and done set, not empty PS with every shard done (a loss)."""
+    master, ps, peers = cluster(1)
+    rng = np.random.default_rng(7)
+    for _ in range(2):
+        train_shard(master, peers, "w", rng)
+    master.checkpoint()
+    for _ in range(2):
+        train_shard(master, peers, "w", rng)
+    fresh = ParameterServer(SPEC, 0, 1)
+    server = Server(fresh.handle, SPEC.key).start()
+    try:
+        master.set_cluster([f"{server.address[0]}:{server.address[1]}"])  # the old PS died: a new one
+        assert len(master.done) == 2 and len(fresh.batches) == 8
+        master.checkpoint()  # the periodic checkpoint, at the worst moment
+        master.restore()
+        peer = [Peer(server.address, SPEC.key, retry_s=2)]
+        while master.status()["state"] != "done":
+            train_shard(master, peer, "w", rng)
+        assert counts(master.accounting()) == (1000, 0, 0)
+    finally:
+        server.close()
+
+
+def test_a_restarted_master_keeps_the_leases_it_granted(cluster, tmp_path):
+    master, _, peers = cluster(1)
+    leased = master.next_shard("w0")
+    reborn = Master(SPEC, tmp_path)  # the master died after granting the lease
+    assert reborn.leases[leased["shard"]].worker == "w0"
+    assert reborn.next_shard("w1")["shard"] != leased["shard"]  # nobody else trains it
+    assert reborn.shard_done("w0", leased["shard"], leased["generation"])["accepted"]
+    assert reborn.counters["shards_requeued"] == 0
+
+
+def test_a_master_that_dies_mid_restore_restores_again(cluster, tmp_path, monkeypatch):
+    """The restore is written ahead: a master that died after bumping the generation but before
+    every PS had it finds ``restoring`` and brings the PS to its generation."""
+    from airflow_dlrover.runtime.transport import Unreachable
+
+    master, ps, peers = cluster(2)
+    rng = np.random.default_rng(8)
+    train_shard(master, peers, "w", rng)
+    master.checkpoint()
+    calls = []
+
+    def dies_after_the_first(self, method, **kwargs):  # PS 0 restored, then the master dies
+        calls.append(method)
+        if len(calls) > 1:
+            raise Unreachable("master killed")
+        return original(self, method, **kwargs)
+
+    original = Peer.call
+    monkeypatch.setattr(Peer, "call", dies_after_the_first)
+    with pytest.raises(Unreachable):
+        master.restore()
+    monkeypatch.setattr(Peer, "call", original)
+    assert ps[0].generation != ps[1].generation
+    reborn = Master(SPEC, tmp_path)
+    assert reborn.restoring and reborn.next_shard("w") == {"wait": 0.2}
+    reborn.restore()  # what its serve loop does while ``restoring`` is set
+    assert ps[0].generation == ps[1].generation == reborn.generation
+    while reborn.status()["state"] != "done":
+        train_shard(reborn, peers, "w", rng)
+    assert counts(reborn.accounting()) == (1000, 0, 0)
+
+
+def test_the_master_api_refuses_every_request_without_the_jobs_key(cluster):
+    """Signed requests pass; unsigned, wrongly keyed, replayed and stale ones get 401 and change
+    nothing; only the Prometheus text is open."""
+    import json
+    import threading
+    import time
+    import urllib.error
+    import urllib.request
+
+    from airflow_dlrover.runtime.auth import HEADER, call_master, sign
+    from airflow_dlrover.runtime.master import http_server
+
+    master, _, _ = cluster(1)
+    server = http_server(master)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+
+    def raw(path, body=None, header=None):
+        data = None if body is None else json.dumps(body).encode()
+        headers = {} if header is None else {HEADER: header}
+        try:
+            with urllib.request.urlopen(urllib.request.Request(base + path, data=data, headers=headers), timeout=5) as r:
+                return r.status
+        except urllib.error.HTTPError as err:
+            return err.code
+
+    try:
+        body = {"worker": "forger", "shard": 0, "generation": master.generation}
+        data = json.dumps(body).encode()
+        good = sign(SPEC.key, "POST", "/shard/done", data)
+        assert raw("/shard/done", body) == 401  # no signature
+        assert raw("/shard/done", body, sign(b"not the key", "POST", "/shard/done", data)) == 401
+        assert raw("/shard/done", body, sign(SPEC.key, "POST", "/shard/done", data, now=time.time() - 3600)) == 401
+        assert raw("/shard/done", {**body, "shard": 1}, good) == 401  # the body was changed
+        assert raw("/faults", {"faults": [{"kind": "kill-worker", "at_s": 0, "node": "worker-0"}]}, "t=1,n=2,s=3") == 401
+        assert raw("/status") == 401 and raw("/accounting") == 401
+        assert master.done == set() and master.faults == []
+        assert raw("/shard/done", body, good) == 200 and master.done == {0}
+        assert raw("/shard/done", body, good) == 401  # the same request again: a replay
+        assert raw("/metrics/prometheus") == 200
+        assert master.counters["requests_refused"] == 8
+        assert call_master(base, "/status", timeout=5, key=SPEC.key)["shards"]["done"] == 1
+        with pytest.raises(PermissionError, match="refused"):
+            call_master(base, "/status", timeout=5, key=b"wrong")
+    finally:
+        server.shutdown()
