@@ -223,8 +223,15 @@ def cmd_render(args: argparse.Namespace) -> None:
         raise InvalidInputError("samples", args.samples, "an integer ≥ 1")
     extra = {} if args.samples is None else {"samples": args.samples}
     spec = JobSpec(job_id=args.job_id, batch_size=config.batch_size, **extra)
+    labels = None
+    if args.launcher_pod_labels:
+        pairs = [item.partition("=") for item in args.launcher_pod_labels.split(",")]
+        if any(not k or not sep for k, sep, _ in pairs):
+            raise InvalidInputError("launcher-pod-labels", args.launcher_pod_labels, "key=value[,key=value...]")
+        labels = {k: v for k, _, v in pairs}
     objects = render_job(spec, config, namespace=args.namespace, image=args.image, volume_claim=args.volume_claim,
-                         data_volume_claim=args.data_volume_claim)
+                         data_volume_claim=args.data_volume_claim, launcher_namespace=args.launcher_namespace,
+                         launcher_pod_labels=labels)
     print(to_yaml(objects), end="")
 
 
@@ -307,6 +314,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=None, help="samples to train (default: JobSpec's)")
     p.add_argument("--volume-claim", default="dlrover-jobs", help="ReadWriteMany claim holding the job dirs")
     p.add_argument("--data-volume-claim", default=None, help="claim of the training data, mounted read-only")
+    p.add_argument("--launcher-namespace", default=None,
+                   help="namespace of the Airflow pods the NetworkPolicies admit (default: the job's)")
+    p.add_argument("--launcher-pod-labels", default=None,
+                   help="labels of those pods, key=value[,key=value] (default: any pod of that namespace)")
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("demo", help="profile table → fit → plan on the bundled example")

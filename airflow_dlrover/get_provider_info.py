@@ -15,6 +15,8 @@ CONNECTION_FIELDS = {
     "service_account": {"label": "Kubernetes: service account of the pods", "schema": {"type": ["string", "null"]}},
     "node_selector": {"label": "Kubernetes: node selector (JSON object)", "schema": {"type": ["object", "null"]}},
     "tolerations": {"label": "Kubernetes: tolerations (JSON list)", "schema": {"type": ["array", "null"]}},
+    "launcher_namespace": {"label": "Kubernetes: namespace of the Airflow pods the job's NetworkPolicies admit (default: the job's)", "schema": {"type": ["string", "null"]}},
+    "launcher_pod_labels": {"label": "Kubernetes: labels of those Airflow pods (JSON object; default: any pod)", "schema": {"type": ["object", "null"]}},
     "master_url": {"label": "Kubernetes: URL of a job's master API (default: its Service in the cluster)", "schema": {"type": ["string", "null"]}},
     "pending_timeout_s": {"label": "Kubernetes: seconds a pod may stay Unschedulable", "schema": {"type": ["number", "null"], "exclusiveMinimum": 0}},
     "in_place_resize": {"label": "Kubernetes: in-place pod resize (Kubernetes >= 1.33)", "schema": {"type": ["boolean", "null"]}},

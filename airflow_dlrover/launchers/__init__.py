@@ -20,9 +20,9 @@ def default_jobs_dir() -> Path:
 #: The Kubernetes launcher's settings (connection extras, or the operators' ``kubernetes`` argument).
 KUBERNETES_OPTIONS = ("kubernetes_conn_id", "namespace", "image", "volume_claim", "data_volume_claim",
                       "service_account", "node_selector", "tolerations", "master_url", "pending_timeout_s",
-                      "in_place_resize")
+                      "in_place_resize", "launcher_namespace", "launcher_pod_labels")
 _PLACEMENT = ("namespace", "image", "volume_claim", "data_volume_claim", "service_account", "node_selector",
-              "tolerations")
+              "tolerations", "launcher_namespace", "launcher_pod_labels")
 
 
 def make_launcher(kind: str = "local", jobs_dir: str | None = None, options: dict[str, Any] | None = None) -> "Launcher":

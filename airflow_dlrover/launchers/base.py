@@ -20,13 +20,22 @@ What a backend implements (everything else is here): ``_record`` / ``_write`` (t
 ``_live_states`` (each node's state from its process or pod), ``_place`` (a new node's
 backend fields), ``_create_job`` (the job's objects and its master), ``_start_node``,
 ``_stop_node``, ``_set_limits`` (in place), ``can_resize_in_place``, ``_ps_addresses``,
-``_adoptable``, ``_discard``, ``_master_url``, ``job_dir``, ``spec``, ``stop``, ``kill_node``.
+``_adoptable``, ``_discard``, ``_master_url``, ``_acquire`` / ``_release`` (the job's lock),
+``job_dir``, ``spec``, ``stop``, ``kill_node``.
+
+Every operation that changes the job (launch, relaunch, set_limits, resize, stop) holds the job's
+lock from its read of the record to its last write: two launcher processes (the fine-tune resizing
+while the guard relaunches a node) take turns instead of each writing back a record without the
+other's change. The lock is reentrant within a process (a resize relaunches nodes).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import math
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -45,6 +54,15 @@ RUNNING, SUCCEEDED, FAILED, OOM_KILLED, LOST, STOPPED, PENDING, UNSCHEDULABLE = 
 __all__ = ["FAILED_STATES", "Launcher", "NodeStatus", "call_master", "torch_threads"]
 
 
+def exclusive(operation):
+    """Run a launcher operation holding its job's lock (the job id, or the spec, comes first)."""
+    @functools.wraps(operation)
+    def locked(self: "Launcher", job: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._job_lock(job if isinstance(job, str) else job.job_id):
+            return operation(self, job, *args, **kwargs)
+    return locked
+
+
 def torch_threads(cpu: float | None) -> int:
     """Torch threads of a node: its whole cores (FIELD-NOTES: never more threads than cores owned)."""
     return max(1, math.floor(cpu or 1))
@@ -58,6 +76,24 @@ class Launcher:
 
     def __init__(self) -> None:
         self._keys: dict[str, bytes] = {}
+        self._locks: dict[str, tuple[threading.RLock, list]] = {}  # job → (thread lock, [depth, handle])
+        self._locks_guard = threading.Lock()
+
+    @contextlib.contextmanager
+    def _job_lock(self, job_id: str):
+        """The job's lock: a thread lock for this process, the backend's (``_acquire``) across processes."""
+        with self._locks_guard:
+            thread_lock, held = self._locks.setdefault(job_id, (threading.RLock(), [0, None]))
+        with thread_lock:
+            if held[0] == 0:
+                held[1] = self._acquire(job_id)
+            held[0] += 1
+            try:
+                yield
+            finally:
+                held[0] -= 1
+                if held[0] == 0:
+                    self._release(job_id, held[1])
 
     # -- primitives (per backend) ----------------------------------------------------------------
     def job_dir(self, job_id: str) -> Path:
@@ -118,6 +154,13 @@ class Launcher:
     def _master_url(self, job_id: str) -> str:
         raise NotImplementedError
 
+    def _acquire(self, job_id: str) -> Any:
+        """Take the job's lock across processes (block until it is free); returns a handle."""
+        raise NotImplementedError
+
+    def _release(self, job_id: str, handle: Any) -> None:
+        raise NotImplementedError
+
     def stop(self, job_id: str) -> None:
         raise NotImplementedError
 
@@ -163,6 +206,7 @@ class Launcher:
         return self._live_states(job_id, {**record, "nodes": {name: record["nodes"][name]}})[name][0]
 
     # -- launch / adopt -----------------------------------------------------------------------------
+    @exclusive
     def launch(self, spec: JobSpec, config: Configuration) -> str:
         """Start master, PS and workers for ``config`` — or adopt the job when it already runs (an
         Airflow retry never starts a second copy). What is left of a launch whose master died is
@@ -211,6 +255,7 @@ class Launcher:
         return node["name"]
 
     # -- one node ------------------------------------------------------------------------------
+    @exclusive
     def relaunch(self, job_id: str, node_name: str, cpu: float | None = None, memory_mb: float | None = None) -> NodeStatus:
         """Restart one node (optionally with new resources) and re-join it to the job. A node
         relaunched with more memory than its role's configuration raises the configuration's:
@@ -236,6 +281,7 @@ class Launcher:
             self.master_call(job_id, "/restore", {})  # roll every PS back to the last checkpoint
         return next(s for s in self.status(job_id) if s.name == node_name)
 
+    @exclusive
     def set_limits(self, job_id: str, node_name: str, cpu: float | None = None, memory_mb: float | None = None) -> str:
         """New CPU / memory for one node: in place where the backend can and its torch threads do
         not change (a PS is one thread: always), else a relaunch. Returns what was done."""
@@ -274,6 +320,7 @@ class Launcher:
         node["state"] = STOPPED
 
     # -- the whole job ---------------------------------------------------------------------------
+    @exclusive
     def resize(self, job_id: str, config: Configuration, remove: Iterable[str] = ()) -> dict[str, Any]:
         """Change the job to ``config`` (see the module docstring); ``remove``: workers that leave
         first. Returns the actions taken and the seconds they took."""

@@ -162,6 +162,18 @@ class KubernetesLauncher(Launcher):
     def core(self) -> Any:
         return self.hook.core_v1_client
 
+    @property
+    def coordination(self) -> Any:
+        from kubernetes import client
+
+        return client.CoordinationV1Api(self.hook.api_client)
+
+    @property
+    def networking(self) -> Any:
+        from kubernetes import client
+
+        return client.NetworkingV1Api(self.hook.api_client)
+
     def _selector(self, job_id: str, role: str | None = None) -> str:
         return f"{km.LABEL_JOB}={job_id}" + (f",{km.LABEL_ROLE}={role}" if role else "")
 
@@ -244,6 +256,63 @@ class KubernetesLauncher(Launcher):
     def _master_url(self, job_id: str) -> str:
         return self.master_url.format(job_id=job_id, namespace=self.namespace)
 
+    def _acquire(self, job_id: str) -> str:
+        """A Lease ``J-launcher`` held by this process (create is atomic: a second holder gets
+        409 and waits); one older than ``JOB_LOCK_TTL_S`` is taken over (its holder died)."""
+        import os
+        import socket
+        import uuid
+
+        from kubernetes.client.exceptions import ApiException
+
+        name, identity = km.lock_lease_name(job_id), f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        while True:
+            now = datetime.now(timezone.utc)
+            body = {"metadata": {"name": name, "labels": {km.LABEL_JOB: job_id, km.LABEL_MANAGED_BY: "airflow-dlrover"}},
+                    "spec": {"holderIdentity": identity, "leaseDurationSeconds": int(C.JOB_LOCK_TTL_S),
+                             "acquireTime": now, "renewTime": now}}
+            try:
+                self.coordination.create_namespaced_lease(self.namespace, body)
+                return identity
+            except ApiException as err:
+                if err.status != 409:
+                    raise
+            try:
+                lease = self.coordination.read_namespaced_lease(name, self.namespace)
+            except ApiException as err:
+                if self._not_found(err):
+                    continue  # released meanwhile
+                raise
+            renewed = lease.spec.renew_time or lease.spec.acquire_time
+            if renewed is not None and (now - renewed).total_seconds() > (lease.spec.lease_duration_seconds or 0):
+                log.warning("lock of job %s held by %s since %s: taken over", job_id, lease.spec.holder_identity, renewed)
+                self._delete_lease(name, lease.metadata.resource_version)
+                continue
+            time.sleep(self.poll_s)
+
+    def _release(self, job_id: str, identity: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        name = km.lock_lease_name(job_id)
+        try:
+            lease = self.coordination.read_namespaced_lease(name, self.namespace)
+        except ApiException as err:
+            if self._not_found(err):
+                return
+            raise
+        if lease.spec.holder_identity == identity:  # not one that took over after our TTL
+            self._delete_lease(name, lease.metadata.resource_version)
+
+    def _delete_lease(self, name: str, resource_version: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:  # only the version read: a lease taken meanwhile by another process stays
+            self.coordination.delete_namespaced_lease(
+                name, self.namespace, body={"preconditions": {"resourceVersion": resource_version}})
+        except ApiException as err:
+            if not (self._not_found(err) or err.status == 409):
+                raise
+
     # -- pods ----------------------------------------------------------------------------------
     def _place(self, record: dict[str, Any], node: dict[str, Any], previous: dict[str, Any] | None) -> None:
         role, index = node["role"], node["index"]
@@ -304,7 +373,8 @@ class KubernetesLauncher(Launcher):
         owners = km.owner_references(record["master_uid"], spec.job_id)
         for body in km.job_objects(spec, self.placement, owners, record):
             create = {"Secret": self.core.create_namespaced_secret, "ConfigMap": self.core.create_namespaced_config_map,
-                      "Service": self.core.create_namespaced_service}[body["kind"]]
+                      "Service": self.core.create_namespaced_service,
+                      "NetworkPolicy": self.networking.create_namespaced_network_policy}[body["kind"]]
             create(self.namespace, body)
 
     def _start_node(self, job_id: str, record: dict[str, Any], node: dict[str, Any]) -> None:
@@ -387,11 +457,12 @@ class KubernetesLauncher(Launcher):
         """Point every object of the job at the new master pod (after an ``Orphan`` deletion)."""
         owner = {"metadata": {"ownerReferences": km.owner_references(master_uid, job_id)}}
         selector = self._selector(job_id)
-        for kind in ("pod", "service", "config_map", "secret"):
-            items = getattr(self.core, f"list_namespaced_{kind}")(self.namespace, label_selector=selector).items
+        for api, kind in [(self.core, k) for k in ("pod", "service", "config_map", "secret")] + [
+                (self.networking, "network_policy")]:
+            items = getattr(api, f"list_namespaced_{kind}")(self.namespace, label_selector=selector).items
             for item in items:
                 if item.metadata.name != km.master_name(job_id) or kind != "pod":
-                    getattr(self.core, f"patch_namespaced_{kind}")(item.metadata.name, self.namespace, owner)
+                    getattr(api, f"patch_namespaced_{kind}")(item.metadata.name, self.namespace, owner)
 
     def _resize_in_place(self, node: dict[str, Any]) -> None:
         """New requests = limits through the ``resize`` subresource (the pod keeps running)."""
@@ -411,9 +482,10 @@ class KubernetesLauncher(Launcher):
 
         self._delete_pod(km.master_name(job_id), wait=False)
         selector = self._selector(job_id)
-        for kind in ("pod", "service", "config_map", "secret"):
+        for api, kind in [(self.core, k) for k in ("pod", "service", "config_map", "secret")] + [
+                (self.networking, "network_policy")]:
             try:
-                getattr(self.core, f"delete_collection_namespaced_{kind}")(
+                getattr(api, f"delete_collection_namespaced_{kind}")(
                     self.namespace, label_selector=selector, grace_period_seconds=0)
             except ApiException as err:
                 if not self._not_found(err):
@@ -426,6 +498,6 @@ class KubernetesLauncher(Launcher):
             time.sleep(self.poll_s)
 
     def stop(self, job_id: str) -> None:
-        """Delete the job's pods, Services, Secret and ConfigMap (its dir on the volume stays:
+        """Delete the job's pods, Services, NetworkPolicies, Secret and ConfigMap (its dir on the volume stays:
         checkpoints and metrics)."""
         self._delete_job(job_id)

@@ -32,9 +32,17 @@ its uid and creates the rest; the kubelet retries the master's Secret and Config
 they exist. To relaunch the master, the launcher deletes it with ``propagationPolicy: Orphan`` and
 re-owns the job's objects to the new master.
 
-Not solved here: the master's HTTP API (``/command``, ``/faults``, ``/restore``) has no
-authentication; restrict it to the job's pods and the launcher with a NetworkPolicy
-(docs/kubernetes.md).
+Network. Every request to the master carries an HMAC of the job's key (``runtime.auth``) and every
+PS connection proves the key, so a stranger who reaches a port can do nothing; the job's
+NetworkPolicies (:func:`network_policies`, one per role: a policy selects one set of pods) also
+keep strangers from reaching them, ingress and egress, by named port:
+
+* master: ingress on ``http`` from the job's workers and from the launcher (the Airflow pods:
+  ``launcher_namespace`` / ``launcher_pod_labels``); egress to the job's PS on ``rpc``;
+* PS: ingress on ``rpc`` from the job's master, workers and the launcher (the report evaluates the
+  model on the PS); no egress;
+* worker: no ingress; egress to the master on ``http`` and the PS on ``rpc``;
+* every role: egress to the cluster DNS (``kube-system`` pods ``k8s-app: kube-dns``, port 53).
 """
 
 
@@ -67,7 +75,7 @@ DEFAULT_VOLUME_CLAIM = "dlrover-jobs"  # the RWX claim holding every job's dir (
 MEMORY_FLOOR_MB = 1024
 RUN_AS_ID = 1000  # the non-root uid/gid of the image (Dockerfile) and of the pod's files
 GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's extended resource
-MASTER_READY_PERIOD_S = 2  # readiness polls of the master's GET /status: the launcher waits on it
+MASTER_READY_PERIOD_S = 2  # readiness polls of the master's GET /healthz (open: a kubelet holds no key)
 PS_READY_PERIOD_S = 2  # readiness polls of a PS's port (a TCP connect; the PS drops unauthenticated ones)
 NAME_MAX = 63  # DNS-1123 label length: Service names, pod hostnames and label values
 
@@ -103,6 +111,15 @@ def worker_name(job_id: str, index: int) -> str:
 def master_address(job_id: str, namespace: str = "default") -> str:
     """``host:port`` of the master's HTTP API through its Service (what ``--master`` gets)."""
     return f"{master_name(job_id)}.{namespace}.svc:{MASTER_PORT}"
+
+
+def lock_lease_name(job_id: str) -> str:
+    """The Lease a launcher holds while it changes the job (``KubernetesLauncher._acquire``)."""
+    return f"{job_id}-launcher"
+
+
+def network_policy_name(job_id: str, role: str) -> str:
+    return f"{job_id}-{role}-network"
 
 
 def spec_config_map_name(job_id: str) -> str:
@@ -219,9 +236,24 @@ class Placement:
     service_account: str | None = None
     node_selector: Mapping[str, str] | None = None
     tolerations: Sequence[Mapping[str, Any]] | None = None
+    #: Where the launcher (the Airflow workers and triggerer) runs: its namespace (None: the job's)
+    #: and the labels of its pods (None: any pod of that namespace). The NetworkPolicies admit it.
+    launcher_namespace: str | None = None
+    launcher_pod_labels: Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
         _check_options(self.namespace, self.image, self.service_account, self.node_selector, self.tolerations)
+        if self.launcher_namespace is not None and (
+            not isinstance(self.launcher_namespace, str) or not _DNS_LABEL.fullmatch(self.launcher_namespace)
+        ):
+            raise InvalidInputError("launcher_namespace", self.launcher_namespace,
+                                    "the namespace of the Airflow pods (a DNS-1123 label), or None for the job's")
+        if self.launcher_pod_labels is not None and (
+            not isinstance(self.launcher_pod_labels, Mapping) or not self.launcher_pod_labels
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in self.launcher_pod_labels.items())
+        ):
+            raise InvalidInputError("launcher_pod_labels", self.launcher_pod_labels,
+                                    "a non-empty mapping of label names to values (strings), or None for any pod")
         for field_name in ("volume_claim", "data_volume_claim"):
             value = getattr(self, field_name)
             if (value is not None or field_name == "volume_claim") and (
@@ -296,7 +328,7 @@ def node_pod(
                                                                   "readOnly": True}})
     if role == "master":
         container["ports"] = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
-        container["readinessProbe"] = {"httpGet": {"path": "/status", "port": "http"},
+        container["readinessProbe"] = {"httpGet": {"path": "/healthz", "port": "http"},
                                        "periodSeconds": MASTER_READY_PERIOD_S}
     elif role == "ps":
         container["ports"] = [{"name": "rpc", "containerPort": port, "protocol": "TCP"}]
@@ -337,18 +369,20 @@ def render_job(
     service_account: str | None = None,
     node_selector: Mapping[str, str] | None = None,
     tolerations: Sequence[Mapping[str, Any]] | None = None,
+    launcher_namespace: str | None = None,
+    launcher_pod_labels: Mapping[str, str] | None = None,
     master_uid: str | None = None,
     record: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """The job's objects in creation order: master Pod, Secret, ConfigMap, master Service, PS
-    Service, PS Pods, worker Pods (see the module docstring); ``record`` is the launcher's
-    ``job.json``. Raises :class:`InvalidInputError` naming the field."""
+    Service, NetworkPolicies, PS Pods, worker Pods (see the module docstring); ``record`` is the
+    launcher's ``job.json``. Raises :class:`InvalidInputError` naming the field."""
     if not isinstance(config, Configuration):
         raise InvalidInputError("config", type(config).__name__, "a Configuration")
     job = spec.job_id
     check_job_id(job, config)
     placement = Placement(namespace, image, volume_claim, data_volume_claim, service_account, node_selector,
-                          tolerations)
+                          tolerations, launcher_namespace, launcher_pod_labels)
     owner = owner_references(master_uid, job)
     objects = [node_pod(job, "master", 0, cpu=C.MASTER_CPU, memory_mb=C.MASTER_MEMORY_MB, placement=placement)]
     objects += job_objects(spec, placement, owner, record)
@@ -363,7 +397,7 @@ def render_job(
 
 def job_objects(spec: JobSpec, placement: Placement, owner: list[dict[str, Any]] | None,
                 record: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The job's Secret, ConfigMap and Services (everything but its pods)."""
+    """The job's Secret, ConfigMap, Services and NetworkPolicies (everything but its pods)."""
     job, namespace = spec.job_id, placement.namespace
     data = {"spec.json": dataclasses.replace(spec, authkey="").to_json()}
     if record is not None:
@@ -386,6 +420,36 @@ def job_objects(spec: JobSpec, placement: Placement, owner: list[dict[str, Any]]
                   # DNS names exist before readiness: the master connects while the PS start.
                   "publishNotReadyAddresses": True,
                   "ports": [{"name": "rpc", "port": PS_PORT, "targetPort": "rpc", "protocol": "TCP"}]}},
+        *network_policies(job, placement, owner),
+    ]
+
+
+def network_policies(job: str, placement: Placement, owner: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The job's NetworkPolicies, one per role (see the module docstring)."""
+    namespace = placement.namespace
+
+    def pods(role: str) -> dict[str, Any]:
+        return {"podSelector": {"matchLabels": _selector(job, role)}}
+
+    launcher: dict[str, Any] = {"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": placement.launcher_namespace or namespace}}}
+    if placement.launcher_pod_labels:
+        launcher["podSelector"] = {"matchLabels": dict(placement.launcher_pod_labels)}
+    http, rpc = [{"port": "http", "protocol": "TCP"}], [{"port": "rpc", "protocol": "TCP"}]
+    dns = {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                   "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+           "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
+    rules = {
+        "master": ([{"from": [pods("worker"), launcher], "ports": http}], [dns, {"to": [pods("ps")], "ports": rpc}]),
+        "ps": ([{"from": [pods("master"), pods("worker"), launcher], "ports": rpc}], [dns]),
+        "worker": ([], [dns, {"to": [pods("master")], "ports": http}, {"to": [pods("ps")], "ports": rpc}]),
+    }
+    return [
+        {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+         "metadata": _metadata(network_policy_name(job, role), namespace, _labels(job, role, "all"), owner),
+         "spec": {"podSelector": {"matchLabels": _selector(job, role)}, "policyTypes": ["Ingress", "Egress"],
+                  "ingress": ingress, "egress": egress}}
+        for role, (ingress, egress) in rules.items()
     ]
 
 

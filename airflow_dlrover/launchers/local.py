@@ -29,7 +29,7 @@ from typing import Any
 import psutil
 
 from airflow_dlrover.launchers.base import (
-    FAILED, LOST, OOM_KILLED, RUNNING, STOPPED, SUCCEEDED, Launcher, torch_threads,
+    FAILED, LOST, OOM_KILLED, RUNNING, STOPPED, SUCCEEDED, Launcher, exclusive, torch_threads,
 )
 from airflow_dlrover.launchers.cgroups import CgroupManager, Limits
 from airflow_dlrover.optimizer import constants as C
@@ -83,6 +83,19 @@ class LocalLauncher(Launcher):
 
     def spec(self, job_id: str) -> JobSpec:
         return JobSpec.load(self.job_dir(job_id) / "spec.json")
+
+    def _acquire(self, job_id: str) -> int:
+        """``flock`` on ``<job dir>/job.lock``: the kernel releases it when its holder dies."""
+        import fcntl
+
+        folder = self.job_dir(job_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / "job.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd
+
+    def _release(self, job_id: str, handle: int) -> None:
+        os.close(handle)  # closing the descriptor releases its flock
 
     def exists(self, job_id: str) -> bool:
         """Whether the job was launched (its record exists): a retry adopts it."""
@@ -246,6 +259,7 @@ class LocalLauncher(Launcher):
         for child in psutil.Process(node["pid"]).children(recursive=True):
             child.kill()
 
+    @exclusive
     def stop(self, job_id: str) -> None:
         job = self._record(job_id)
         for node in job["nodes"].values():

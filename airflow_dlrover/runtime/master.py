@@ -27,11 +27,12 @@ What each state change survives (a node may die at any point of it):
 * every requeue is appended to ``requeues.jsonl`` with its reason (``runtime.accounting``
   attributes duplicates to it).
 
-HTTP API (JSON bodies). Every request but ``GET /metrics/prometheus`` must carry a signature
-with the job's key (``runtime.auth``) and is refused with 401 otherwise; the Prometheus endpoint
-stays open because a scraper holds no job's key, and it only reads throughput, shard counts and
-the generation — nothing that can change the job or reveal its data:
-  GET  /status  /metrics  /metrics/prometheus  /plan  /accounting
+HTTP API (JSON bodies). Every request but ``GET /metrics/prometheus`` and ``GET /healthz`` must
+carry a signature with the job's key (``runtime.auth``) and is refused with 401 otherwise. Those two
+stay open because a Prometheus scraper and a kubelet's readiness probe hold no job's key, and they
+only read throughput, shard counts and the generation, or "ok" — nothing that can change the job or
+reveal its data:
+  GET  /status  /metrics  /metrics/prometheus  /healthz  /plan  /accounting
   POST /shard/next {worker, generation}        → {shard,start,stop,generation,ps} | {wait} | {exit} | {done}
   POST /shard/done {worker, shard, generation}  POST /shard/abandon {worker, shard}
   POST /report {node, role, ...metrics}        → {command}
@@ -411,7 +412,7 @@ class Master:
 
 
 #: The one request anyone may make (see the module docstring).
-OPEN_ROUTES = {("GET", "/metrics/prometheus")}
+OPEN_ROUTES = {("GET", "/metrics/prometheus"), ("GET", "/healthz")}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -450,6 +451,8 @@ class _Handler(BaseHTTPRequestHandler):
         routes = {"/status": m.status, "/metrics": m.metrics, "/plan": lambda: m.plan, "/accounting": m.accounting}
         if self.path == "/metrics/prometheus":
             return self._reply(m.prometheus(), text=True)
+        if self.path == "/healthz":
+            return self._reply({"ok": True})
         if self.path not in routes:
             return self._reply({"error": f"no route {self.path}"}, 404)
         self._reply(routes[self.path]())

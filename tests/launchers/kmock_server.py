@@ -298,12 +298,30 @@ class Kubelet:
 
 class RecordingMaster:
     """The job master's HTTP API, recording ``(method, path, body)``; ``on_drain(node)`` is called
-    for ``POST /drain`` (the test makes the worker's pod exit 0)."""
+    for ``POST /drain`` (the test makes the worker's pod exit 0). With ``key`` it refuses (401)
+    what is not signed with it, as the real master does, and records it in ``refused``."""
 
-    def __init__(self, on_drain=None):
+    def __init__(self, on_drain=None, key: bytes | None = None):
+        from airflow_dlrover.runtime.auth import HEADER, Refused, Verifier
+
         self.calls: list[tuple[str, str, dict | None]] = []
+        self.refused: list[tuple[str, str]] = []
         self.on_drain = on_drain
+        verifier = Verifier(key) if key else None
         master = self
+
+        def refuse(handler, raw: bytes) -> bool:
+            if verifier is None:
+                return False
+            try:
+                verifier.check(handler.command, handler.path, raw, handler.headers.get(HEADER))
+                return False
+            except Refused:
+                master.refused.append((handler.command, handler.path))
+                handler.send_response(401)
+                handler.send_header("Content-Length", "0")
+                handler.end_headers()
+                return True
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
@@ -318,13 +336,18 @@ class RecordingMaster:
                 self.wfile.write(data)
 
             def do_GET(self):
+                if refuse(self, b""):
+                    return
                 master.calls.append(("GET", self.path, None))
                 replies = {"/status": {"state": "running", "samples_done": 0, "ps": [], "generation": 0},
                            "/metrics": {"throughput": 0.0, "nodes": {}, "status": None}}
                 self._reply(replies.get(self.path, {}))
 
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if refuse(self, raw):
+                    return
+                body = json.loads(raw or b"{}")
                 master.calls.append(("POST", self.path, body))
                 if self.path == "/drain" and master.on_drain:
                     master.on_drain(body["node"])

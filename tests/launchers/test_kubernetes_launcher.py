@@ -46,7 +46,7 @@ def cluster(server, monkeypatch, tmp_path):
     configuration = client.Configuration()
     configuration.host = server.url
     v1 = client.CoreV1Api(client.ApiClient(configuration))
-    with Kubelet(v1, NS) as kubelet, RecordingMaster(on_drain=lambda node: kubelet.terminate(
+    with Kubelet(v1, NS) as kubelet, RecordingMaster(key=spec().key, on_drain=lambda node: kubelet.terminate(
             f"{JOB}-{node}", 0, "Completed")) as master:
         launcher = make_launcher("kubernetes", str(tmp_path), {
             "namespace": NS, "image": "registry.example/airflow-dlrover:0.1.0", "master_url": master.url,
@@ -55,6 +55,8 @@ def cluster(server, monkeypatch, tmp_path):
         yield launcher, kubelet, master, v1
         for kind in ("pod", "service", "config_map", "secret"):  # leave the shared server empty
             getattr(v1, f"delete_collection_namespaced_{kind}")(NS)
+        client.NetworkingV1Api(v1.api_client).delete_collection_namespaced_network_policy(NS)
+        assert master.refused == []  # every call of the launcher proved the job's key (from its Secret)
 
 
 def requests_since(server, mark):
@@ -66,10 +68,12 @@ def requests_since(server, mark):
     return out
 
 
-def writes(requests):
-    """The launcher's writes (the kubelet's pod status patches left out)."""
+def writes(requests, locks=False):
+    """The launcher's writes (the kubelet's pod status patches left out, and the job's lock unless
+    ``locks``)."""
     return [(verb, path) for verb, path, _, _ in requests
-            if verb in ("POST", "PATCH", "DELETE", "PUT") and not path.endswith("/status")]
+            if verb in ("POST", "PATCH", "DELETE", "PUT") and not path.endswith("/status")
+            and (locks or "/leases" not in path)]
 
 
 def spec():
@@ -90,14 +94,17 @@ def test_launch_creates_the_job_with_exact_calls(server, cluster):
     assert launcher.launch(spec(), PLAN) == JOB
     calls = requests_since(server, mark)
     base = f"/api/v1/namespaces/{NS}"
-    assert writes(calls) == [
+    leases, policies = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases", f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies"
+    assert writes(calls, locks=True) == [
+        ("POST", leases),  # the job's lock, held for the whole launch
         ("POST", f"{base}/pods"),  # the master first: the others are owned by it
         ("POST", f"{base}/secrets"), ("POST", f"{base}/configmaps"), ("POST", f"{base}/services"),
-        ("POST", f"{base}/services"),
+        ("POST", f"{base}/services"), ("POST", policies), ("POST", policies), ("POST", policies),
         ("POST", f"{base}/pods"), ("POST", f"{base}/pods"),  # PS
         ("PATCH", f"{base}/configmaps/{JOB}-spec"),  # the record, once the PS exist
         ("POST", f"{base}/pods"), ("POST", f"{base}/pods"),  # workers
         ("PATCH", f"{base}/configmaps/{JOB}-spec"),
+        ("DELETE", f"{leases}/{JOB}-launcher"),
     ]
     created = [body for verb, path, _, body in calls if verb == "POST" and path.endswith("/pods")]
     assert [b["metadata"]["name"] for b in created] == [
@@ -160,7 +167,8 @@ def test_resize_up_down_and_ps_repartition(server, cluster):
     mark = len(list(server.emulator))
     launcher.resize(JOB, replace(PLAN, workers=1, ps=1, ps_cpu=1.0))
     # checkpoint → new PS pods → tell the master → restore (the re-partition), in that order
-    assert [p for p, _ in master.posts()] == ["/checkpoint", "/cluster", "/restore"]
+    assert [p for p, _ in master.posts()] == ["/checkpoint", "/cluster"]  # /cluster restores the new set
+    assert master.posts()[0] == ("/checkpoint", {"hold": True})
     assert master.posts()[1] == ("/cluster", {"ps": km.ps_addresses(JOB, 1, NS)})
     calls = writes(requests_since(server, mark))
     assert calls[:2] == [("DELETE", f"{base}/pods/{JOB}-ps-0"), ("DELETE", f"{base}/pods/{JOB}-ps-1")]
@@ -264,8 +272,8 @@ def test_launch_after_a_lost_master_cleans_up_and_resumes_from_the_checkpoint(cl
     master.calls.clear()
     launcher.launch(spec(), PLAN)
     assert pods(v1)[f"{JOB}-master"].metadata.uid != old_uid and len(pods(v1)) == 5
-    # the new master reloads its state from the job's volume; the new PS roll back to the checkpoint
-    assert [p for p, _ in master.posts()] == ["/cluster", "/restore"]
+    # the new master reloads its state from the job's volume; /cluster rolls the new PS back to the checkpoint
+    assert [p for p, _ in master.posts()] == ["/cluster"]
 
 
 def test_master_relaunch_orphans_then_reowns_the_job(server, cluster):
@@ -288,16 +296,19 @@ def test_master_relaunch_orphans_then_reowns_the_job(server, cluster):
 def test_stop_leaves_no_pods_services_or_secrets(server, cluster):
     launcher, kubelet, master, v1 = cluster
     launcher.launch(spec(), PLAN)
-    other = JobSpec(job_id="other-job", samples=1000, authkey="o" * 32)
+    other = JobSpec(job_id="other-job", samples=1000, authkey="k" * 32)  # the recording master's key
     launcher.launch(other, replace(PLAN, workers=1, ps=1))
     mark = len(list(server.emulator))
     launcher.stop(JOB)
     calls = requests_since(server, mark)
-    collections = [(v, p, q.get("labelSelector")) for v, p, q, _ in calls if v == "DELETE" and not p.endswith("-master")]
+    collections = [(v, p, q.get("labelSelector")) for v, p, q, _ in calls
+                   if v == "DELETE" and not p.endswith("-master") and "/leases" not in p]
     assert collections == [("DELETE", f"/api/v1/namespaces/{NS}/{kind}", SELECTOR)
-                           for kind in ("pods", "services", "configmaps", "secrets")]
+                           for kind in ("pods", "services", "configmaps", "secrets")] + [
+        ("DELETE", f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies", SELECTOR)]
     for kind in ("pod", "service", "config_map", "secret"):
         assert getattr(v1, f"list_namespaced_{kind}")(NS, label_selector=SELECTOR).items == [], kind
+    assert client.NetworkingV1Api(v1.api_client).list_namespaced_network_policy(NS, label_selector=SELECTOR).items == []
     assert not launcher.exists(JOB)
     assert len(pods(v1, "dlrover.io/job=other-job")) == 3  # the other job is untouched
     launcher.stop("other-job")
@@ -458,4 +469,34 @@ def test_a_launch_that_failed_half_way_is_redone_not_adopted(cluster):
     kubelet.wait_running([f"{JOB}-worker-0", f"{JOB}-worker-1"])
     assert {s.name: s.state for s in launcher.status(JOB)} == {n: RUNNING for n in (
         "master", "ps-0", "ps-1", "worker-0", "worker-1")}
-    assert [p for p, _ in master.posts()] == ["/cluster", "/restore"]  # resumes from the job's volume
+    assert [p for p, _ in master.posts()] == ["/cluster"]  # resumes from the job's volume (/cluster restores)
+
+
+def test_two_launchers_take_turns_on_a_job_and_a_dead_holders_lock_is_taken_over(cluster, monkeypatch):
+    """The job's Lease serialises launcher processes: a second one waits while the first holds
+    it, and one whose holder died (older than JOB_LOCK_TTL_S) is taken over."""
+    import threading
+    from datetime import datetime, timedelta, timezone
+
+    from airflow_dlrover.optimizer import constants as C
+
+    launcher, _, _, v1 = cluster
+    other = make_launcher("kubernetes", None, {"namespace": NS, "image": "registry.example/airflow-dlrover:0.1.0",
+                                               "master_url": "http://127.0.0.1:9"})
+    other.poll_s = 0.02
+    order, held = [], [other._job_lock(JOB)]  # entered and never left: its holder dies with it
+    with launcher._job_lock(JOB):
+        waiter = threading.Thread(target=lambda: (held[0].__enter__(), order.append("other")))
+        waiter.start()
+        waiter.join(timeout=0.5)
+        assert waiter.is_alive() and order == []  # it waits for the first holder
+        order.append("first released")
+    waiter.join(timeout=10)
+    assert order == ["first released", "other"]
+    coordination = client.CoordinationV1Api(v1.api_client)
+    lease = coordination.read_namespaced_lease(f"{JOB}-launcher", NS)  # "other" died holding it
+    stale = datetime.now(timezone.utc) - timedelta(seconds=C.JOB_LOCK_TTL_S + 60)
+    coordination.patch_namespaced_lease(lease.metadata.name, NS, {"spec": {"renewTime": stale, "acquireTime": stale}})
+    with launcher._job_lock(JOB):
+        assert coordination.read_namespaced_lease(f"{JOB}-launcher", NS).spec.holder_identity != lease.spec.holder_identity
+    assert not coordination.list_namespaced_lease(NS).items  # released

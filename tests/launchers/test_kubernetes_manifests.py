@@ -34,6 +34,8 @@ VARIANTS = {
     "cpu-owned": (CPU_PLAN, {"master_uid": UID}),
     "gpu-placed": (GPU_PLAN, PLACEMENT),
     "gpu-placed-owned": (GPU_PLAN, {**PLACEMENT, "master_uid": UID}),
+    "launcher-elsewhere": (CPU_PLAN, {"launcher_namespace": "airflow",
+                                      "launcher_pod_labels": {"component": "worker"}}),
 }
 
 
@@ -184,7 +186,9 @@ def test_names_labels_commands_and_dns():
     assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
         ("Pod", "dlrm-daily-master"), ("Secret", "dlrm-daily-authkey"), ("ConfigMap", "dlrm-daily-spec"),
         ("Service", "dlrm-daily-master"),
-        ("Service", "dlrm-daily-ps"), ("Pod", "dlrm-daily-ps-0"), ("Pod", "dlrm-daily-ps-1"),
+        ("Service", "dlrm-daily-ps"), ("NetworkPolicy", "dlrm-daily-master-network"),
+        ("NetworkPolicy", "dlrm-daily-ps-network"), ("NetworkPolicy", "dlrm-daily-worker-network"),
+        ("Pod", "dlrm-daily-ps-0"), ("Pod", "dlrm-daily-ps-1"),
         ("Pod", "dlrm-daily-worker-0"), ("Pod", "dlrm-daily-worker-1"), ("Pod", "dlrm-daily-worker-2"),
     ]
     for obj in objects:
@@ -353,3 +357,83 @@ def test_cli_render_bad_plan_file_exits_2(tmp_path, capsys):
     bad.write_text(json.dumps({"workers": 2, "ps": 1, "worker_cpu": 1}))
     assert main(["render", "--launcher", "kubernetes", str(bad)]) == 2
     assert "PLAN.ps_cpu" in capsys.readouterr().err
+
+
+# -- the job's NetworkPolicies: evaluated with Kubernetes' semantics ------------------------------
+def _matches(selector, labels):
+    return all(labels.get(k) == v for k, v in (selector or {}).get("matchLabels", {}).items())
+
+
+def _peer_admits(peer, pod, policy_namespace):
+    if "namespaceSelector" in peer:
+        if not _matches(peer["namespaceSelector"], {"kubernetes.io/metadata.name": pod["namespace"]}):
+            return False
+    elif pod["namespace"] != policy_namespace:
+        return False
+    return _matches(peer.get("podSelector"), pod["labels"])
+
+
+def _port_admits(ports, port, target):
+    """A rule's ports admit ``port`` (a number) on ``target`` (named ports resolve there)."""
+    names = target.get("ports", {})
+    return any(p["port"] == port or names.get(p["port"]) == port for p in ports)
+
+
+def _allowed(policies, source, target, port):
+    """Whether ``source`` may open a TCP connection to ``target``:``port`` under ``policies``."""
+    def direction(pod, kind, other):
+        selecting = [p for p in policies if p["metadata"]["namespace"] == pod["namespace"]
+                     and kind in p["spec"]["policyTypes"] and _matches(p["spec"]["podSelector"], pod["labels"])]
+        if not selecting:
+            return True  # not isolated in that direction
+        key, peers_key = ("ingress", "from") if kind == "Ingress" else ("egress", "to")
+        return any(any(_peer_admits(peer, other, p["metadata"]["namespace"]) for peer in rule[peers_key])
+                   and (not rule.get("ports") or _port_admits(rule["ports"], port, target))
+                   for p in selecting for rule in p["spec"].get(key, []))
+    return direction(target, "Ingress", source) and direction(source, "Egress", target)
+
+
+def _pods(objects):
+    out = {}
+    for pod in by_name(objects, "Pod").values():
+        ports = {p["name"]: p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+        out[pod["metadata"]["name"]] = {"namespace": pod["metadata"]["namespace"], "labels": pod["metadata"]["labels"],
+                                        "ports": ports}
+    return out
+
+
+def test_the_jobs_network_policies_admit_the_job_and_its_launcher_and_nobody_else():
+    objects = render(CPU_PLAN, launcher_namespace="airflow", launcher_pod_labels={"component": "worker"})
+    policies = list(by_name(objects, "NetworkPolicy").values())
+    assert sorted(by_name(objects, "NetworkPolicy")) == [f"dlrm-daily-{r}-network" for r in ("master", "ps", "worker")]
+    assert all(p["spec"]["policyTypes"] == ["Ingress", "Egress"] for p in policies)
+    assert all(isinstance(port["port"], str) for p in policies for rule in p["spec"]["ingress"] for port in rule["ports"])
+    pods = _pods(objects)
+    other_job = _pods(render(CPU_PLAN, job_id="other-job"))
+    master, ps, worker = pods["dlrm-daily-master"], pods["dlrm-daily-ps-0"], pods["dlrm-daily-worker-0"]
+    airflow = {"namespace": "airflow", "labels": {"component": "worker"}, "ports": {}}
+    airflow_web = {"namespace": "airflow", "labels": {"component": "webserver"}, "ports": {}}
+    stranger = {"namespace": "training", "labels": {"app": "notebook"}, "ports": {}}
+    dns = {"namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}, "ports": {}}
+    everything = policies + list(by_name(render(CPU_PLAN, job_id="other-job"), "NetworkPolicy").values())
+    http, rpc = km.MASTER_PORT, km.PS_PORT
+    admitted = [(worker, master, http), (airflow, master, http), (master, ps, rpc), (worker, ps, rpc),
+                (airflow, ps, rpc), (worker, dns, 53), (master, dns, 53), (ps, dns, 53)]
+    refused = [(stranger, master, http), (airflow_web, master, http), (other_job["other-job-worker-0"], master, http),
+               (other_job["other-job-worker-0"], ps, rpc), (stranger, ps, rpc), (stranger, worker, 1234),
+               (master, worker, 1234), (ps, master, http), (worker, master, rpc), (master, stranger, 443),
+               (worker, stranger, 443), (ps, stranger, 443), (worker, other_job["other-job-ps-0"], rpc)]
+    for source, target, port in admitted:
+        assert _allowed(everything, source, target, port), (source, target, port)
+    for source, target, port in refused:
+        assert not _allowed(everything, source, target, port), (source, target, port)
+
+
+def test_the_launcher_defaults_to_the_jobs_namespace():
+    policy = by_name(render(CPU_PLAN), "NetworkPolicy")["dlrm-daily-master-network"]
+    launcher = policy["spec"]["ingress"][0]["from"][1]
+    assert launcher == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "training"}}}
+    with pytest.raises(InvalidInputError, match="launcher_pod_labels"):
+        render(CPU_PLAN, launcher_pod_labels={"component": 3})
+    with pytest.raises(InvalidInputError, match="launcher_namespace"):
+        render(CPU_PLAN, launcher_namespace="Airflow Pods")

@@ -222,3 +222,31 @@ def test_relaunch_after_the_whole_job_died_resumes_from_the_checkpoint(tmp_path)
         assert again.master_call("resume", "/accounting")["samples_trained"] >= done * job.shard_size
     finally:
         again.stop("resume")
+
+
+def test_launcher_processes_take_turns_on_a_job_and_a_killed_holder_frees_it(tmp_path):
+    """The job's flock: a second launcher process waits while another changes the job, and the
+    kernel frees the lock of one that is killed mid-operation."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from airflow_dlrover.launchers.local import LocalLauncher
+
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from airflow_dlrover.launchers.local import LocalLauncher; "
+        f"lock = LocalLauncher({str(tmp_path)!r})._job_lock('j'); lock.__enter__(); print('held', flush=True); "
+        "time.sleep(60)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        got, lock = threading.Event(), LocalLauncher(tmp_path)._job_lock("j")
+        waiter = threading.Thread(target=lambda: (lock.__enter__(), got.set()))
+        waiter.start()
+        assert not got.wait(1.0)  # the other process holds it
+        holder.kill()  # dies in the middle of its operation
+        assert got.wait(10)
+    finally:
+        holder.kill()
+        holder.wait()
