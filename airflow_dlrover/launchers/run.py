@@ -17,7 +17,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -41,15 +41,19 @@ HOT_PS_SKEW = 2.0
 
 def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: Path,
             faults: list[Fault] = (), resizes: list[tuple[float, Configuration]] = (),
-            timeout_s: float = 3600.0) -> dict[str, Any]:
+            timeout_s: float = 3600.0, interventions: Sequence[tuple[float, Callable[..., dict]]] = (),
+            series_points: int | None = 200) -> dict[str, Any]:
     """Launch (or adopt) the job, supervise it to the end, evaluate, and write the summary.
-    ``resizes``: (seconds after the start, configuration) to resize to."""
+    ``resizes``: (seconds after the start, configuration) to resize to; ``interventions``: (seconds
+    after the start, ``f(launcher, job_id) -> event``) for what a benchmark does to the job besides;
+    ``series_points``: how many throughput points the summary keeps (None: all)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     job_id = launcher.launch(spec, config)
     pending = sorted(faults, key=lambda f: f.at_s)
     pending_resizes = sorted(resizes, key=lambda r: r[0])
+    pending_interventions = sorted(interventions, key=lambda i: i[0])
     events: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     series: list[dict[str, Any]] = []
@@ -60,11 +64,14 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
             now = time.time() - started
             while pending and pending[0].at_s <= now:
                 fault = pending.pop(0)
-                events.append(_inject(launcher, job_id, fault, now))
+                events.append(inject(launcher, job_id, fault, now))
             while pending_resizes and pending_resizes[0][0] <= now:
                 _, target = pending_resizes.pop(0)
                 result = launcher.resize(job_id, target)
                 events.append({"time_s": now, "resize": target.to_row(), **result})
+            while pending_interventions and pending_interventions[0][0] <= now:
+                _, intervene = pending_interventions.pop(0)
+                events.append({"time_s": now, **intervene(launcher, job_id)})
             usage: list[dict[str, Any]] = []
             status = None
             try:
@@ -95,7 +102,7 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
             if time.time() - started > timeout_s:
                 raise TimeoutError(f"job {job_id} did not finish in {timeout_s:.0f}s")
             time.sleep(C.SUPERVISOR_POLL_S)
-        summary = _summarize(launcher, job_id, spec, events, series, started)
+        summary = _summarize(launcher, job_id, spec, events, series, started, series_points)
     finally:
         pd.DataFrame(rows, columns=[*CONFIG_COLUMNS, *SAMPLE_TABLE_COLUMNS]).to_csv(out / "samples.csv", index=False)
         launcher.stop(job_id)
@@ -103,7 +110,7 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
     return summary
 
 
-def _inject(launcher: LocalLauncher, job_id: str, fault: Fault, now: float) -> dict[str, Any]:
+def inject(launcher: LocalLauncher, job_id: str, fault: Fault, now: float) -> dict[str, Any]:
     log.warning("injecting %s into %s at %.1fs", fault.kind, fault.node, now)
     if fault.kind in (FaultKind.KILL_WORKER, FaultKind.KILL_PS, FaultKind.KILL_MASTER):
         launcher.kill_node(job_id, fault.node)
@@ -115,7 +122,7 @@ def _inject(launcher: LocalLauncher, job_id: str, fault: Fault, now: float) -> d
     return {"time_s": now, "inject": fault.kind.value, "node": fault.node}
 
 
-def _summarize(launcher, job_id, spec, events, series, started) -> dict[str, Any]:
+def _summarize(launcher, job_id, spec, events, series, started, series_points) -> dict[str, Any]:
     job = launcher.read_job(job_id)
     throughput = [s["throughput"] for s in series if s["throughput"] > 0]
     return {
@@ -123,7 +130,7 @@ def _summarize(launcher, job_id, spec, events, series, started) -> dict[str, Any
         "wall_s": time.time() - started,
         "median_throughput": float(np.median(throughput)) if throughput else 0.0,
         "events": events + job["events"],
-        "throughput_series": series[:: max(1, len(series) // 200)],
+        "throughput_series": series if series_points is None else series[:: max(1, len(series) // series_points)],
     }
 
 

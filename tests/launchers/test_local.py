@@ -230,7 +230,6 @@ def test_launcher_processes_take_turns_on_a_job_and_a_killed_holder_frees_it(tmp
     import subprocess
     import sys
     import threading
-    import time
 
     from airflow_dlrover.launchers.local import LocalLauncher
 
