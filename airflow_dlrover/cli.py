@@ -196,7 +196,8 @@ def cmd_train(args: argparse.Namespace) -> None:
                    shard_size=args.shard_size, checkpoint_interval_s=args.checkpoint_interval, seed=args.seed,
                    table_sizes=(args.table_size,) * 26, embedding_dim=dim, bottom_mlp=(64, dim))
     summary = run_job(LocalLauncher(out / "jobs"), spec, config, out, faults)
-    keys = ("samples_expected", "samples_trained", "samples_lost", "samples_duplicated", "restarts", "resizes",
+    keys = ("samples_expected", "samples_trained", "samples_lost", "samples_duplicated", "duplicated_by",
+            "duplicates_refused", "restarts", "resizes",
             "eval_auc", "eval_loss", "median_throughput", "wall_s")
     print(json.dumps({k: summary[k] for k in keys}, indent=2))
     print(f"wrote {out / 'summary.json'} and {out / 'samples.csv'}")

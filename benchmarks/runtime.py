@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from chaos import recovery_s
+
 from airflow_dlrover.launchers.cgroups import CgroupManager
 from airflow_dlrover.launchers.local import LocalLauncher
 from airflow_dlrover.launchers.run import run_job
@@ -155,14 +157,11 @@ def cmd_recovery(args) -> None:
             launcher = LocalLauncher(Path(tmp) / fault, CgroupManager())
             spec = JobSpec(job_id="rec", samples=600_000, checkpoint_interval_s=5)
             summary = run_job(launcher, spec, Configuration(2, 1, 0.75, 0.5, 2048, 1024), Path(tmp) / fault / "out",
-                              parse_faults(fault))
+                              parse_faults(fault), series_points=None)
             series = pd.DataFrame(summary["throughput_series"])
             at = parse_faults(fault)[0].at_s
             before = series[(series.time_s > at - 6) & (series.time_s < at)].throughput.median()
-            # Reports lag by up to a second: find the dip the fault caused, then the recovery.
-            dip = series[(series.time_s > at) & (series.throughput < 0.5 * before)].time_s.min()
-            after = series[(series.time_s > dip) & (series.throughput >= 0.9 * before)]
-            back = after.time_s.min() - at if len(after) else float("nan")
+            back = recovery_s(series, at)
             print(f"{fault:16s} throughput before {before:7.0f}; back to 90 % after {back:5.1f} s; "
                   f"lost {summary['samples_lost']}, duplicated {summary['samples_duplicated']}")
         launcher = LocalLauncher(Path(tmp) / "resize", CgroupManager())

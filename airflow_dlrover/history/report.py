@@ -106,6 +106,8 @@ def format_report(report: dict[str, Any]) -> list[str]:
         lines.append(f"  {e['instability']} {e['node']}: {e['healed']}")
     if job:
         lines.append(f"samples: {job['samples_trained']:,} trained of {job['samples_expected']:,}, lost "
-                     f"{job['samples_lost']}, duplicated {job['samples_duplicated']}; restarts {job['restarts']}; "
+                     f"{job['samples_lost']}, duplicated {job['samples_duplicated']}"
+                     + "".join(f" ({n} by {cause})" for cause, n in (job.get("duplicated_by") or {}).items())
+                     + f", redone and refused {job.get('duplicates_refused', 0)}; restarts {job['restarts']}; "
                      f"held-out loss {job['eval_loss']:.4f}, AUC {job['eval_auc']:.3f}")
     return lines
