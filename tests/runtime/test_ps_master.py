@@ -73,7 +73,7 @@ def test_every_sample_applied_exactly_once_and_a_lost_worker_costs_at_most_one_s
     assert crashed["shard"] in master.done
 
 
-def test_restore_rolls_model_ledger_and_shards_back_to_the_checkpoint(cluster):
+def test_restore_rolls_model_applied_batches_and_shards_back_to_the_checkpoint(cluster):
     master, ps, peers = cluster(2)
     rng = np.random.default_rng(1)
     for _ in range(3):
@@ -469,3 +469,30 @@ def test_the_master_api_refuses_every_request_without_the_jobs_key(cluster):
             call_master(base, "/status", timeout=5, key=b"wrong")
     finally:
         server.shutdown()
+
+
+def test_a_revoked_lease_whose_holder_finishes_anyway_costs_no_duplicate(cluster):
+    """The demo's old 8,192 duplicated samples: w0's lease is revoked while w0 still trains the
+    shard; w1 is handed it and trains it too; both report it done. Every batch is applied once."""
+    master, _, peers = cluster(2)
+    rng = np.random.default_rng(9)
+    first = master.next_shard("w0")
+    generation = first["generation"]
+    peers[0].call("init_dense", generation=generation, params=np.zeros(3, np.float32))
+    for offset in range(first["start"], first["start"] + 50, 25):  # w0 is half-way ...
+        push(peers, generation, offset, "w0", rng)
+    master.leases[first["shard"]].deadline = 0  # ... when its lease is revoked
+    again = master.next_shard("w1")
+    assert again["shard"] == first["shard"]
+    for offset in range(again["start"], again["stop"], 25):  # w1 trains the whole shard
+        push(peers, generation, offset, "w1", rng)
+    for offset in range(first["start"] + 50, first["stop"], 25):  # w0 finishes its half anyway
+        push(peers, generation, offset, "w0", rng)
+    assert master.shard_done("w1", again["shard"], generation)["accepted"]
+    assert master.shard_done("w0", first["shard"], generation)["accepted"]
+    while master.status()["state"] != "done":
+        train_shard(master, peers, "w1", rng)
+    accounting = master.accounting()
+    assert counts(accounting) == (1000, 0, 0)
+    assert accounting["duplicates_refused"] == 2 * 100  # 4 batches, each refused once on each PS
+    assert accounting["duplicates_refused_by"] == {"lease of w0 expired": 200}
