@@ -239,7 +239,10 @@ def _recover(state: ControllerState, obs: Observation, failed: list[NodeStatus])
                                         memory_mb=memory))
         else:
             actions.append(Relaunch(Reason.NODE_FAILED, numbers, node=node.name))
-    return state, actions
+    # The detectors' rows of a failed node describe the incarnation that died (an OOM kill's ramp
+    # read as a trend would size the next one for a leak): its next incarnation is judged afresh.
+    gone = {n.name for n in failed}
+    return replace(state, node_history=tuple(r for r in state.node_history if r["node"] not in gone)), actions
 
 
 def _forecast_mb(state: ControllerState, obs: Observation) -> dict[str, float]:

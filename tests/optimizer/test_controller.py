@@ -143,3 +143,20 @@ def test_an_oom_kill_gets_at_least_the_memory_models_forecast_for_the_job():
     state, _ = step(state, observe(nodes=killed))
     _, (relaunch,) = step(state, observe(nodes=killed))
     assert relaunch.memory_mb == memory.ps_request_mb(CONFIG.ps) > 1024 * C.OOM_MEMORY_GROWTH
+
+
+def test_an_oom_killed_nodes_ramp_is_not_read_as_a_leak_of_its_next_incarnation():
+    """The rows before an OOM kill climb at ~1 GB/s; once the node is relaunched with ×1.5 they
+    describe a process that is gone, so the next usage step must not size its role for that trend."""
+    ramp = tuple(usage(t, "worker-0", "worker", 0.9, 1.0, 300 + 900 * t, 2048, 100.0) for t in (0, 1, 2))
+    calm = tuple(usage(t, "worker-1", "worker", 0.9, 1.0, 300, 2048, 100.0) for t in (0, 1, 2))
+    state, _ = step(ControllerState(QUOTA), observe(nodes=nodes(), usage=ramp[:2] + calm[:2]))
+    killed = nodes(worker_0={"state": NodeState.OOM_KILLED, "reason": "OOM", "oom_kills": 1})
+    state, _ = step(state, observe(nodes=killed, usage=ramp[2:] + calm[2:]))  # reported
+    state, (relaunch,) = step(state, observe(nodes=killed))
+    assert isinstance(relaunch, Relaunch) and relaunch.memory_mb == 3072
+    assert not [r for r in state.node_history if r["node"] == "worker-0"]
+    back = nodes(worker_0={"memory_mb": 3072, "restarts": 1})
+    later = tuple(usage(t, "worker-1", "worker", 0.9, 1.0, 300, 2048, 100.0) for t in (12, 15))
+    _, actions = step(state, observe(nodes=back, usage=later))
+    assert not [a for a in actions if isinstance(a, Resize)]
