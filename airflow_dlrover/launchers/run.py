@@ -74,16 +74,17 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
                 events.append({"time_s": now, **intervene(launcher, job_id)})
             usage: list[dict[str, Any]] = []
             status = None
-            try:
-                status = launcher.master_call(job_id, "/status", timeout=C.MASTER_POLL_TIMEOUT_S)
-            except ConnectionError:  # the master is down: its node status says so
-                pass
+            record = launcher.read_job(job_id)  # once a poll: it reads every node's process and cgroup
+            nodes = tuple(statuses(record))
+            if not any(n.role == "master" and n.failed for n in nodes):  # a dead master is not waited for
+                try:
+                    status = launcher.master_call(job_id, "/status", timeout=C.MASTER_POLL_TIMEOUT_S)
+                except ConnectionError:  # the master is down: its node status says so
+                    pass
             if status is not None and meter.elapsed_s >= WINDOW_S:
                 row, usage = meter.close(time.time())
                 if row:
                     rows.append(row)
-            record = launcher.read_job(job_id)  # once a poll: it reads every node's process and cgroup
-            nodes = tuple(statuses(record))
             state, actions = step(state, Observation(time.time(), Configuration(**record["config"]), nodes=nodes,
                                                      usage=tuple(usage)))
             for action in (a for a in actions if isinstance(a, Fail)):

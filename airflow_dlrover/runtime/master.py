@@ -171,11 +171,11 @@ class Master:
     def shard_done(self, worker: str, shard: int, generation: int) -> dict[str, Any]:
         with self.lock:
             self.heard[worker] = time.monotonic()
-            lease = self.leases.get(shard)
             if generation != self.generation:
                 return {"accepted": False, "reason": "stale generation"}
-            if lease is not None and lease.worker == worker:
-                del self.leases[shard]
+            # Done by whoever finished it (a revoked holder, or the worker it was handed to: each
+            # PS applied every batch once); a lease still out on it is void.
+            self.leases.pop(shard, None)
             self.done.add(shard)
             self._persist()
             return {"accepted": True}
