@@ -1,6 +1,6 @@
 """Chaos: one long job on the local launcher under random faults, per seed; prints a table.
 
-    python benchmarks/chaos.py [--seeds 1 2 3] [--samples 30000000] [--faults 20] [--span-s 540] [--out DIR]
+    python benchmarks/chaos.py [--seeds 1 2 3] [--samples 34000000] [--faults 20] [--span-s 500] [--out DIR]
 
 Each seed draws ``--faults`` faults at random over ``--span-s`` seconds (one per slot of
 span/faults seconds, at a random point of it) from
@@ -179,9 +179,9 @@ def _fmt(values: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--samples", type=int, default=30_000_000)
+    parser.add_argument("--samples", type=int, default=34_000_000)
     parser.add_argument("--faults", type=int, default=20)
-    parser.add_argument("--span-s", type=float, default=540.0)
+    parser.add_argument("--span-s", type=float, default=500.0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="dlrover-chaos-"))
