@@ -288,6 +288,9 @@ def _round_up_mb(mb: float) -> float:
 def _guard(state: ControllerState, obs: Observation) -> tuple[ControllerState, list[Action]]:
     fresh = [row for row in obs.usage if row.get("age_s", math.inf) >= C.NODE_WARMUP_S]
     history = _recent(state.node_history + tuple(fresh))
+    if obs.nodes:  # a node that left the job (a PS set replaced, a worker removed) is not judged
+        running = {n.name for n in obs.nodes if n.state == NodeState.RUNNING}
+        history = tuple(r for r in history if r["node"] in running)
     state = replace(state, node_history=history)
     if not history:
         return state, []

@@ -160,3 +160,15 @@ def test_an_oom_killed_nodes_ramp_is_not_read_as_a_leak_of_its_next_incarnation(
     later = tuple(usage(t, "worker-1", "worker", 0.9, 1.0, 300, 2048, 100.0) for t in (12, 15))
     _, actions = step(state, observe(nodes=back, usage=later))
     assert not [a for a in actions if isinstance(a, Resize)]
+
+
+def test_a_node_that_left_the_job_is_not_judged():
+    """A window spanning a PS change still carries the old PS set's rows: a hot ps-1 that no
+    longer exists gets no heal (there is nothing to apply it to)."""
+    rows = tuple(usage(t, f"ps-{i}", "ps", 0.49 if i == 1 else 0.2, 0.5, 500, 1024) for t in (1, 2, 3) for i in (0, 1))
+    one_ps = tuple(n for n in nodes() if n.name != "ps-1")
+    state, actions = step(ControllerState(Quota(cpu=5.0, memory_mb=8192)), observe(nodes=one_ps, usage=rows))
+    assert not [a for a in actions if not isinstance(a, Keep)]
+    assert not [r for r in state.node_history if r["node"] == "ps-1"]
+    _, (heal,) = step(ControllerState(Quota(cpu=5.0, memory_mb=8192)), observe(nodes=nodes(), usage=rows))
+    assert isinstance(heal, Heal) and heal.node == "ps-1"  # while it exists, it is healed
