@@ -484,9 +484,9 @@ def test_two_launchers_take_turns_on_a_job_and_a_dead_holders_lock_is_taken_over
     other = make_launcher("kubernetes", None, {"namespace": NS, "image": "registry.example/airflow-dlrover:0.1.0",
                                                "master_url": "http://127.0.0.1:9"})
     other.poll_s = 0.02
-    order, held = [], [other._job_lock(JOB)]  # entered and never left: its holder dies with it
-    with launcher._job_lock(JOB):
-        waiter = threading.Thread(target=lambda: (held[0].__enter__(), order.append("other")))
+    order = []
+    with launcher._job_lock(JOB):  # "other" takes the Lease and never releases it: it dies holding it
+        waiter = threading.Thread(target=lambda: (other._acquire(JOB), order.append("other")))
         waiter.start()
         waiter.join(timeout=0.5)
         assert waiter.is_alive() and order == []  # it waits for the first holder

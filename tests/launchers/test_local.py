@@ -240,12 +240,19 @@ def test_launcher_processes_take_turns_on_a_job_and_a_killed_holder_frees_it(tmp
         stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        got, lock = threading.Event(), LocalLauncher(tmp_path)._job_lock("j")
-        waiter = threading.Thread(target=lambda: (lock.__enter__(), got.set()))
+        got, second = threading.Event(), LocalLauncher(tmp_path)
+
+        def take_it():
+            handle = second._acquire("j")
+            got.set()
+            second._release("j", handle)
+
+        waiter = threading.Thread(target=take_it)
         waiter.start()
         assert not got.wait(1.0)  # the other process holds it
         holder.kill()  # dies in the middle of its operation
         assert got.wait(10)
+        waiter.join(timeout=10)
     finally:
         holder.kill()
         holder.wait()
