@@ -71,7 +71,7 @@ def _running_workers(launcher: LocalLauncher, job_id: str) -> list[str]:
     return [s.name for s in launcher.status(job_id) if s.role == "worker" and s.state == "running"]
 
 
-def _forge(launcher: LocalLauncher, job_id: str, spec: JobSpec, rng: random.Random) -> dict:
+def _forge(launcher: LocalLauncher, job_id: str, rng: random.Random) -> dict:
     """Requests a stranger could make: unsigned, or signed with another key. Counts the 401s."""
     base = f"http://{launcher.read_job(job_id)['nodes']['master']['address']}"
     attempts = [("/shard/done", {"worker": "stranger", "shard": s, "generation": 0}) for s in range(3)] + [
@@ -130,7 +130,7 @@ def run_seed(seed: int, samples: int, faults: int, span_s: float, out: Path) -> 
         def act(launcher: LocalLauncher, job_id: str) -> dict:
             now = time.time() - started
             if kind == "forged-request":
-                event = _forge(launcher, job_id, spec, rng)
+                event = _forge(launcher, job_id, rng)
             elif kind == "resize-during-checkpoint":
                 event = _resize_during_checkpoint(launcher, job_id)
             elif kind == "ps-change":

@@ -62,8 +62,8 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
 class _Stream:
     """One PS incarnation's state as the journal describes it."""
 
-    def __init__(self, name: str, batches: int):
-        self.name, self.generation, self.ps, self.of, self.started = name, -1, None, None, None
+    def __init__(self, batches: int):
+        self.generation, self.ps, self.started = -1, None, None
         self.base_lo = self.base_hi = np.zeros(batches, np.int64)
         self.applied = np.zeros(batches, np.int64)
 
@@ -87,14 +87,14 @@ def reconcile(workdir: Path, spec, generation: int) -> dict[str, Any]:
     saved: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     unknown_files: set[str] = set()
     last_apply = np.zeros(len(starts))
-    duplicate_events: list[tuple[float, int, int, str]] = []  # (time, batch, samples, kind)
+    refusals: list[tuple[float, int, int]] = []  # (time, batch, samples)
     for t, name, event in events:
-        stream = streams.setdefault(name, _Stream(name, len(starts)))
+        stream = streams.setdefault(name, _Stream(len(starts)))
         kind = event["e"]
         if stream.started is None:
             stream.started = t
         if kind in ("start", "restore"):
-            stream.generation, stream.ps, stream.of = event["g"], event["ps"], event["of"]
+            stream.generation, stream.ps = event["g"], event["ps"]
         if kind == "restore":
             states = [saved[f] for f in event["from"] if f in saved]
             unknown_files.update(f for f in event["from"] if f not in saved)
@@ -104,12 +104,10 @@ def reconcile(workdir: Path, spec, generation: int) -> dict[str, Any]:
             stream.applied = np.zeros(len(starts), np.int64)
         elif kind == "apply":
             i = index[event["b"]]
-            if stream.applied[i] + stream.base_hi[i] >= 1:
-                duplicate_events.append((t, i, event["n"], "applied"))
             stream.applied[i] += 1
             last_apply[i] = t
         elif kind == "refused":
-            duplicate_events.append((t, index[event["b"]], event["n"], "refused"))
+            refusals.append((t, index[event["b"]], event["n"]))
         elif kind == "save":
             saved[event["path"]] = stream.state()
     finals: dict[int, _Stream] = {}
@@ -124,12 +122,10 @@ def reconcile(workdir: Path, spec, generation: int) -> dict[str, Any]:
         lo = hi = np.zeros(len(starts), np.int64)
     requeues = _requeues(workdir)
     duplicated = np.maximum(hi - 1, 0)
-    by_cause: Counter[str] = Counter()
     refused_by_cause: Counter[str] = Counter()
-    for t, i, n, kind in duplicate_events:
-        cause = _cause(requeues, int(starts[i]) // spec.shard_size, t)
-        (refused_by_cause if kind == "refused" else by_cause)[cause] += n
-    in_model = Counter()
+    for t, i, n in refusals:
+        refused_by_cause[_cause(requeues, int(starts[i]) // spec.shard_size, t)] += n
+    in_model: Counter[str] = Counter()
     for i in np.flatnonzero(duplicated):
         in_model[_cause(requeues, int(starts[i]) // spec.shard_size, last_apply[i])] += int(sizes[i] * duplicated[i])
     return {

@@ -144,6 +144,11 @@ class Master:
         self.peers = [Peer(parse_address(a), self.spec.key, retry_s=30.0) for a in self.ps_addresses]
 
     # -- shards --------------------------------------------------------------------------------
+    @property
+    def _paused(self) -> bool:
+        """No shard is handed out: a checkpoint or restore runs, one is pending, or a PS change is held."""
+        return bool(self.paused) or self.restoring or self.held_until is not None
+
     def _status_of(self, shard: int) -> str:
         return DONE if shard in self.done else DOING if shard in self.leases else TODO
 
@@ -157,7 +162,7 @@ class Master:
                 return {"exit": True}
             if len(self.done) == self.spec.num_shards:
                 return {"done": True}
-            if self.paused or self.restoring or self.held_until is not None or not self.ps_addresses:
+            if self._paused or not self.ps_addresses:
                 return {"wait": WAIT_S}
             for shard in range(self.spec.num_shards):
                 if shard not in self.done and shard not in self.leases:
@@ -243,7 +248,7 @@ class Master:
         with self.lock:
             counts = {TODO: 0, DOING: len(self.leases), DONE: len(self.done)}
             counts[TODO] = self.spec.num_shards - counts[DOING] - counts[DONE]
-            state = "done" if counts[DONE] == self.spec.num_shards else "paused" if self.paused or self.restoring or self.held_until is not None else "training"
+            state = "done" if counts[DONE] == self.spec.num_shards else "paused" if self._paused else "training"
             return {
                 "job_id": self.spec.job_id, "state": state, "generation": self.generation, "shards": counts,
                 "samples_done": sum(self.spec.shard_range(s)[1] - self.spec.shard_range(s)[0] for s in self.done),
