@@ -43,6 +43,7 @@ from typing import Any, Iterable
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import FAILED_STATES, Configuration, NodeState, NodeStatus
 from airflow_dlrover.runtime.auth import call_master
+from airflow_dlrover.runtime.prepare import prepare
 from airflow_dlrover.runtime.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,8 @@ class Launcher:
 
     poll_s: float = C.LOCAL_POLL_S
     start_timeout_s: float = C.NODE_START_TIMEOUT_S
+    #: the job's nodes run this process's Python and path: a user's model is checked at launch here
+    runs_local_code: bool = False
 
     def __init__(self) -> None:
         self._keys: dict[str, bytes] = {}
@@ -221,6 +224,7 @@ class Launcher:
                 log.info("job %s already running: adopted", job_id)
                 return job_id
             self._discard(job_id, record)
+        spec = prepare(spec, check_model=self.runs_local_code)
         record = {"job_id": job_id, "config": config.to_row(), "nodes": {}, "events": [], "resizes": 0,
                   "started": time.time()}
         self._new_node(record, "master", "master", 0, C.MASTER_CPU, C.MASTER_MEMORY_MB)

@@ -86,6 +86,8 @@ def pod_state(pod: Any, pending_timeout_s: float = C.PENDING_TIMEOUT_S, now: flo
             return OOM_KILLED, code, f"OOMKilled at its {limit or '?'} memory limit", last_oom + 1
         if code == 0:
             return SUCCEEDED, 0, "exited 0", last_oom
+        if code == C.USER_ERROR_EXIT_CODE and terminated.message:
+            return FAILED, code, terminated.message, last_oom
         return FAILED, code, f"exited {code}" + (f" ({terminated.reason})" if terminated.reason else ""), last_oom
     if phase == "Succeeded":
         return SUCCEEDED, 0, "succeeded", last_oom

@@ -60,7 +60,7 @@ from typing import Any
 from airflow_dlrover.launchers.base import torch_threads
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError
-from airflow_dlrover.runtime.__main__ import AUTHKEY_ENV
+from airflow_dlrover.runtime.__main__ import AUTHKEY_ENV, TERMINATION_FILE_ENV
 from airflow_dlrover.runtime.spec import JobSpec
 
 # -- tuning constants (one line of reason each) ---------------------------------------------------
@@ -298,6 +298,7 @@ def node_pod(
             {"name": "OMP_NUM_THREADS", "value": str(threads)},
             {"name": "DLROVER_WORKER_GPU", "value": str(gpu)},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
+            {"name": TERMINATION_FILE_ENV, "value": "/dev/termination-log"},
             {"name": AUTHKEY_ENV, "valueFrom": {"secretKeyRef": {"name": authkey_secret_name(job_id), "key": "authkey"}}},
         ],
         "resources": container_resources(cpu, memory_mb, gpu),

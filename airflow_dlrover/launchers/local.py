@@ -49,6 +49,8 @@ def _free_port() -> int:
 class LocalLauncher(Launcher):
     """See the module docstring. ``base_dir`` holds one folder per job."""
 
+    runs_local_code = True
+
     def __init__(self, base_dir: str | Path, cgroups: CgroupManager | None = None, python: str = sys.executable):
         super().__init__()
         self.base_dir = Path(base_dir)
@@ -138,6 +140,7 @@ class LocalLauncher(Launcher):
         (folder / "run" / f"{name}.addr").unlink(missing_ok=True)
         exit_file = folder / "exit" / f"{name}.code"
         exit_file.unlink(missing_ok=True)
+        exit_file.with_suffix(".message").unlink(missing_ok=True)
         group = self._group(job_id, node, apply=True)
         master = record["nodes"]["master"].get("address")
         # The wrapper records the exit status; every argument is quoted (no templated shell text).
@@ -187,6 +190,9 @@ class LocalLauncher(Launcher):
             if ooms > 0 and code in (137, -9):
                 return OOM_KILLED, code, f"OOM-killed at its {node['memory_mb']:g} MB limit", ooms
             reason = "killed (SIGKILL)" if code == 137 else f"exited {code}"
+            message = exit_file.with_suffix(".message")
+            if code == C.USER_ERROR_EXIT_CODE and message.exists():
+                reason = message.read_text()
             return FAILED, code, reason, ooms
         if alive:
             return RUNNING, None, "", ooms

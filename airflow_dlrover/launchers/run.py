@@ -51,6 +51,7 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     job_id = launcher.launch(spec, config)
+    spec = launcher.spec(job_id)  # as launched: its dataset indexed
     pending = sorted(faults, key=lambda f: f.at_s)
     pending_resizes = sorted(resizes, key=lambda r: r[0])
     pending_interventions = sorted(interventions, key=lambda i: i[0])
@@ -137,13 +138,12 @@ def _summarize(launcher, job_id, spec, events, series, started, series_points) -
 
 def job_summary(launcher: LocalLauncher, job_id: str, spec: JobSpec) -> dict[str, Any]:
     """What the finished job did, from its master and PS: the exactly-once accounting from the PS
-    journals, restarts, resizes, checkpoints, and the held-out loss and AUC."""
-    from airflow_dlrover.runtime.evaluate import evaluate
-
+    journals, restarts, resizes, checkpoints, unreadable rows, and the held-out loss and AUC and the
+    export, which the job computed and wrote itself (its finishing worker)."""
     status = launcher.master_call(job_id, "/status")
     accounting = launcher.master_call(job_id, "/accounting")
     job = launcher.read_job(job_id)
-    evaluation = evaluate(spec, status["ps"], status["generation"])
+    evaluation = status.get("result") or {"loss": None, "auc": None, "samples": 0}
     losses = [m.get("loss") for m in launcher.metrics(job_id)["nodes"].values() if m.get("role") == "worker"]
     losses = [l for l in losses if l is not None]
     return {
@@ -158,5 +158,7 @@ def job_summary(launcher: LocalLauncher, job_id: str, spec: JobSpec) -> dict[str
         "eval_loss": evaluation["loss"],
         "eval_auc": evaluation["auc"],
         "eval_samples": evaluation["samples"],
+        "export": evaluation.get("export"),
+        "bad_rows": status.get("bad_rows", 0),
         "config": job["config"],
     }

@@ -5,10 +5,10 @@ to inject, durations — each checked, a user's mistake failing the task without
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Iterator
 
 from airflow.sdk.exceptions import AirflowFailException
@@ -20,6 +20,7 @@ from airflow.sdk.exceptions import AirflowFailException
 JOB_ARGS = {
     "samples": int, "data": str, "table_size": int, "tables": int, "embedding_dim": int, "batch_size": int,
     "shard_size": int, "eval_samples": int, "zipf_skew": float, "seed": int, "checkpoint_interval_s": float,
+    "layout": dict, "model": str, "export": str, "eval_files": int, "eval_fraction": float, "max_bad_rows": int,
 }
 #: What each ``job_args`` value allows; the runtime would fail on the others later, and be retried.
 JOB_ARG_RULES: dict[str, tuple[Any, str]] = {
@@ -33,6 +34,9 @@ JOB_ARG_RULES: dict[str, tuple[Any, str]] = {
     "zipf_skew": (lambda v: v >= 0, "a finite number ≥ 0 (0 = uniform ids)"),
     "seed": (lambda v: 0 <= v < 2**32, "an integer in [0, 2**32)"),
     "checkpoint_interval_s": (lambda v: v > 0, "a finite number of seconds > 0"),
+    "eval_files": (lambda v: v >= 0, "an integer ≥ 0 (0: hold out eval_fraction of the rows instead)"),
+    "eval_fraction": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "max_bad_rows": (lambda v: v >= 0, "an integer ≥ 0"),
 }
 QUOTA_FIELDS = ("cpu", "memory", "gpu", "max_nodes")
 
@@ -62,6 +66,15 @@ def _coerce(field: str, value: Any, kind: type) -> Any:
         if not isinstance(value, str):
             raise InvalidInputError(field, value, "a string")
         return value
+    if kind is dict:  # a layout: a mapping, or its JSON text (a templated field renders to a string)
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as err:
+                raise InvalidInputError(field, value, "a mapping or its JSON text", str(err)) from None
+        if not isinstance(value, dict):
+            raise InvalidInputError(field, value, "a mapping (label, dense, sparse)")
+        return value
     try:
         number = kind(value)
         if kind is int and float(value) != number:
@@ -76,9 +89,11 @@ def _finite(value: Any) -> bool:
 
 
 def build_spec(job_id: str, job_args: dict[str, Any] | None):
-    """The ``JobSpec`` of ``job_args`` (keys: ``JOB_ARGS``; ``table_size`` × ``tables`` embedding tables;
-    ``data``: ``synthetic`` or an existing Criteo-format file)."""
+    """The ``JobSpec`` of ``job_args`` (keys: ``JOB_ARGS``; ``table_size`` × ``tables`` embedding
+    tables of the default Criteo layout, or a ``layout``; ``data``: ``synthetic`` or a dataset, which
+    is indexed and checked against the layout here, before anything starts: ``runtime.prepare``)."""
     from airflow_dlrover.optimizer.types import InvalidInputError
+    from airflow_dlrover.runtime.prepare import prepare
     from airflow_dlrover.runtime.spec import JobSpec
 
     if not isinstance(job_args or {}, dict):
@@ -92,27 +107,26 @@ def build_spec(job_id: str, job_args: dict[str, Any] | None):
         rule = JOB_ARG_RULES.get(key)
         if rule is not None and not (_finite(value) and rule[0](value)):
             raise InvalidInputError(f"job_args.{key}", value, rule[1])
-    data = values.get("data", "synthetic")
-    if data != "synthetic":
-        if not Path(data).is_file():
-            raise InvalidInputError("job_args.data", data, "synthetic or the path of an existing Criteo-format file")
-        from airflow_dlrover.runtime.data import count_rows
-
-        samples = values.get("samples", JobSpec.samples)
-        try:
-            rows = count_rows(data)
-        except ValueError as err:
-            raise InvalidInputError("job_args.data", data, "a Criteo-format file", str(err)) from None
-        if samples >= rows:  # the rows after ``samples`` are the held-out split
-            raise InvalidInputError("job_args.samples", samples, f"< the {rows} rows of {data} (the rows after "
-                                    "the trained ones are held out for evaluation)")
     tables = values.pop("tables", 26)
     table_size = values.pop("table_size", None)
+    if "layout" in values and (table_size is not None or "tables" in args or "embedding_dim" in values):
+        raise InvalidInputError("job_args.layout", values["layout"], "a layout, or table_size/tables/embedding_dim "
+                                "for the default Criteo one, not both")
     if table_size is not None:
         values["table_sizes"] = (table_size,) * tables
+    elif "tables" in args:
+        values["table_sizes"] = (JobSpec.table_sizes[0],) * tables
     if "embedding_dim" in values:  # the bottom MLP ends in the embedding dimension
         values["bottom_mlp"] = (64, values["embedding_dim"])
-    return JobSpec(job_id=job_id, **values)
+    if "layout" in values:
+        from airflow_dlrover.runtime.layout import FeatureLayout
+
+        layout = FeatureLayout.from_dict(values["layout"], "job_args.layout")
+        dims = set(layout.dims)
+        if len(dims) == 1:
+            values["bottom_mlp"] = (64, dims.pop())
+        values["layout"] = layout
+    return prepare(JobSpec(job_id=job_id, **values), check_model=False)
 
 
 def parse_quota(quota: dict[str, Any] | None, default: Any):

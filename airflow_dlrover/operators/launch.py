@@ -70,7 +70,8 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
         if self.plan_only:
             return summary
         adopted = self.launcher.exists(job_id)
-        self.launcher.launch(spec, chosen.config)  # adopts a running job
+        with user_errors():  # the user's model, checked before any node starts
+            self.launcher.launch(spec, chosen.config)  # adopts a running job
         current = Configuration(**self.launcher.read_job(job_id)["config"])
         resize = None
         if current != chosen.config:

@@ -257,3 +257,7 @@ PROBE_SETTLE_TIMEOUT_S = 60.0
 #: Polls of pod / process state while waiting (API-server friendly for pods).
 LOCAL_POLL_S = 0.05
 POD_POLL_S = 1.0
+#: Exit code of a job's node that found a mistake of the user's — its data past the bad-row limit,
+#: its model module broken (sysexits' EX_DATAERR). The node writes why to its termination file
+#: (a pod's ``/dev/termination-log``); the controller fails the attempt without retry.
+USER_ERROR_EXIT_CODE = 65

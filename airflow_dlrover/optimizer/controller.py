@@ -212,6 +212,10 @@ def initial_plan(model: JobModel, quota: Quota, objective: Objective | str, *, s
 
 
 def _recover(state: ControllerState, obs: Observation, failed: list[NodeStatus]) -> tuple[ControllerState, list[Action]]:
+    wrong_input = next((n for n in failed if n.exit_code == C.USER_ERROR_EXIT_CODE), None)
+    if wrong_input is not None:
+        return state, [Fail(Reason.USER_ERROR, {"node": wrong_input.name, "detail": wrong_input.reason},
+                            retryable=False, nodes=(wrong_input.name,))]
     keys = {(n.name, n.restarts) for n in failed}
     new = [n for n in failed if (n.name, n.restarts) not in state.failures_reported]
     if new:

@@ -501,6 +501,7 @@ class Reason(StrEnum):
     OOM_KILLED = "oom_killed"
     UNSCHEDULABLE = "unschedulable"
     OOM_PAST_QUOTA = "oom_past_quota"
+    USER_ERROR = "user_error"
 
     def describe(self, numbers: Mapping[str, Any] | None = None) -> str:
         values = dict(numbers or {})
@@ -528,6 +529,7 @@ _REASON_TEXT = {
     Reason.OOM_RISK: "{node} uses {memory_used_mb:.0f} of {memory_limit_mb:.0f} MB: limit reached {when}",
     Reason.PAST_QUOTA: "{node} at {value:g} would make {total:g} {unit}, past the quota's {limit:g}: not healed",
     Reason.NODE_FAILED: "{node} {state}: {detail}",
+    Reason.USER_ERROR: "{node} stopped on a mistake in the job's input, which no retry fixes: {detail}",
     Reason.OOM_KILLED: "{node} OOM-killed at {memory_limit_mb:g} MB: relaunched with {memory_mb:g} MB",
     Reason.UNSCHEDULABLE: "{node} cannot be placed ({detail}): the job trains on without it",
     Reason.OOM_PAST_QUOTA: ("{node} OOM-killed at {memory_limit_mb:g} MB and the quota leaves it no more "

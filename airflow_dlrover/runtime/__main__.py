@@ -9,9 +9,15 @@ import os
 import sys
 from pathlib import Path
 
+from airflow_dlrover.optimizer.constants import USER_ERROR_EXIT_CODE
+from airflow_dlrover.optimizer.types import InvalidInputError
 from airflow_dlrover.runtime.spec import JobSpec
 
 AUTHKEY_ENV = "DLROVER_AUTHKEY"  # set from the job's Secret in a pod (launchers/kubernetes_manifests.py)
+#: where a node that stops on a user error writes why: a pod's terminationMessagePath; locally
+#: ``<job dir>/exit/<node>.message`` (the launcher reads it as the node's exit reason)
+TERMINATION_FILE_ENV = "DLROVER_TERMINATION_FILE"
+TERMINATION_MESSAGE_CHARS = 4000  # a pod's termination message is cut at 4096 bytes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,6 +40,18 @@ def main(argv: list[str] | None = None) -> int:
     if not spec.authkey:
         parser.error(f"spec.json has no authkey and ${AUTHKEY_ENV} is unset: the PS connections need a key")
     ready = args.job_dir / "run" / f"{args.name or args.role}.addr"
+    try:
+        _run(args, spec, ready)
+    except InvalidInputError as err:  # the user's data or model: the launcher fails the job without retry
+        logging.getLogger(__name__).error("%s", err)
+        termination = Path(os.environ.get(TERMINATION_FILE_ENV) or args.job_dir / "exit" / f"{args.name or args.role}.message")
+        termination.parent.mkdir(parents=True, exist_ok=True)
+        termination.write_text(str(err)[-TERMINATION_MESSAGE_CHARS:])
+        return USER_ERROR_EXIT_CODE
+    return 0
+
+
+def _run(args: argparse.Namespace, spec: JobSpec, ready: Path) -> None:
     if args.role == "master":
         from airflow_dlrover.runtime.master import serve
 
@@ -46,7 +64,6 @@ def main(argv: list[str] | None = None) -> int:
         from airflow_dlrover.runtime.worker import Worker
 
         Worker(spec, args.name or f"worker-{args.index}", args.master, args.threads).run()
-    return 0
 
 
 if __name__ == "__main__":

@@ -76,8 +76,9 @@ def reconcile(workdir: Path, spec, generation: int) -> dict[str, Any]:
     ``generation``; ``workdir`` is the master's folder."""
     workdir = Path(workdir)
     starts = batch_starts(spec)
-    ends = np.array([spec.shard_range(s)[1] for s in range(spec.num_shards)])
-    sizes = np.minimum(starts + spec.batch_size, ends[starts // spec.shard_size]) - starts
+    bounds = np.asarray(spec.shard_bounds)
+    shard_of = np.searchsorted(bounds, starts, side="right") - 1  # the shard each batch is in
+    sizes = np.minimum(starts + spec.batch_size, bounds[shard_of + 1]) - starts
     index = {int(b): i for i, b in enumerate(starts)}
     events = []
     for path in sorted((workdir / JOURNAL_DIR).glob("*.jsonl")):
@@ -124,10 +125,10 @@ def reconcile(workdir: Path, spec, generation: int) -> dict[str, Any]:
     duplicated = np.maximum(hi - 1, 0)
     refused_by_cause: Counter[str] = Counter()
     for t, i, n in refusals:
-        refused_by_cause[_cause(requeues, int(starts[i]) // spec.shard_size, t)] += n
+        refused_by_cause[_cause(requeues, int(shard_of[i]), t)] += n
     in_model: Counter[str] = Counter()
     for i in np.flatnonzero(duplicated):
-        in_model[_cause(requeues, int(starts[i]) // spec.shard_size, last_apply[i])] += int(sizes[i] * duplicated[i])
+        in_model[_cause(requeues, int(shard_of[i]), last_apply[i])] += int(sizes[i] * duplicated[i])
     return {
         "samples_expected": int(sizes.sum()),
         "samples_trained": int((sizes * hi).sum()),

@@ -1,19 +1,19 @@
-"""Training data for DLRM: the Criteo display-ads layout, synthetic or read from a file.
+"""Training data for DLRM: batches, and the synthetic source in the Criteo display-ads layout.
 
 A sample has ``num_dense`` (13) integer count features, ``num_sparse`` (26) categorical features
 and a 0/1 click label. A :class:`Batch` holds them as numpy arrays, ready for the model: dense
 features already ``log1p(max(x, 0))``-transformed (missing → 0, as in the DLRM reference), every
 categorical feature already hashed to a row of its embedding table (``[0, table_sizes[t])``).
 
-Two sources give ``samples(start, stop)`` by global sample index, so that a master can hand out
+Every source gives ``samples(start, stop)`` by global sample index, so that a master can hand out
 shards as index ranges and any worker can materialise any shard, on any restart, identically:
 
 * :class:`SyntheticSource` — deterministic, infinite, with a planted signal (a known true logit,
   so the Bayes-optimal AUC is measurable) and Zipf-skewed ids (hot embedding rows, as in real
   CTR data, which is what makes parameter-server load uneven). Counter-based: sample ``i`` is a
   pure function of ``(seed, i)`` (a splitmix64 hash of the index), never of how a range is split.
-* :class:`FileSource` — a Criteo file (Kaggle/Terabyte TSV, or the DeepCTR CSV sample), read
-  whole by :func:`read_criteo`.
+* ``runtime.datasets.TabularSource`` — the user's Parquet or CSV/TSV dataset, streamed by fragment
+  and read through the job's feature layout.
 
 Generation speed (26 tables of 100,000 rows, default skew; one core)::
 
@@ -31,23 +31,15 @@ as in ``JobSpec``, and 0.77 with 100,000-row ones) and 0.80 after 10⁶ (20,000 
 
 from __future__ import annotations
 
-import bz2
-import gzip
 import hashlib
-import lzma
 import math
-import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import IO, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
-import pandas as pd
 
-__all__ = [
-    "Batch", "DataSource", "FeatureSpec", "FileSource", "SyntheticSource", "criteo_columns",
-    "open_source", "read_criteo", "roc_auc",
-]
+__all__ = ["Batch", "DataSource", "FeatureSpec", "SyntheticSource", "criteo_columns", "roc_auc"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -88,26 +80,37 @@ def criteo_columns(spec: FeatureSpec = FeatureSpec()) -> list[str]:
 
 @dataclass(frozen=True, eq=False)
 class Batch:
-    """``dense`` float32 (n, num_dense), log1p-transformed; ``sparse`` int64 (n, num_sparse), column
-    ``t`` in ``[0, table_sizes[t])``; ``label`` float32 (n,) of 0/1. Equality compares contents."""
+    """``dense`` float32 (n, num_dense), transformed; ``sparse`` one int64 array per table: (n,) ids
+    in ``[0, rows)`` for a single-id table, (n, L) for a multi-hot one (−1 pads a row's shorter
+    list); ``label`` float32 (n,) of 0/1; ``valid`` bool (n,) or None: a row that could not be
+    parsed stays in the batch (its index keeps the shard's accounting exact) with ``valid`` False,
+    and trains nothing. Equality compares contents."""
 
     dense: np.ndarray
-    sparse: np.ndarray
+    sparse: tuple[np.ndarray, ...]
     label: np.ndarray
+    valid: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         dense = np.asarray(self.dense, dtype=np.float32)
-        sparse = np.asarray(self.sparse, dtype=np.int64)
+        sparse = self.sparse
+        if isinstance(sparse, np.ndarray) and sparse.ndim == 2:  # one column per table
+            sparse = tuple(np.ascontiguousarray(sparse.T, dtype=np.int64))
+        sparse = tuple(np.asarray(s, dtype=np.int64) for s in sparse)
         label = np.asarray(self.label, dtype=np.float32)
-        if dense.ndim != 2 or sparse.ndim != 2 or label.ndim != 1:
-            raise ValueError(f"Batch needs dense (n, d), sparse (n, t), label (n,); got shapes "
-                             f"{dense.shape}, {sparse.shape}, {label.shape}")
-        if not len(dense) == len(sparse) == len(label):
+        if dense.ndim != 2 or label.ndim != 1 or any(s.ndim not in (1, 2) for s in sparse):
+            raise ValueError(f"Batch needs dense (n, d), sparse (n,) or (n, L) per table, label (n,); got shapes "
+                             f"{dense.shape}, {[s.shape for s in sparse]}, {label.shape}")
+        if len({len(dense), len(label), *(len(s) for s in sparse)}) > 1:
             raise ValueError(f"Batch arrays disagree on the number of samples: {len(dense)}, "
-                             f"{len(sparse)}, {len(label)}")
+                             f"{[len(s) for s in sparse]}, {len(label)}")
+        valid = None if self.valid is None else np.asarray(self.valid, dtype=bool)
+        if valid is not None and valid.shape != label.shape:
+            raise ValueError(f"Batch valid has shape {valid.shape}: allowed ({len(label)},)")
         object.__setattr__(self, "dense", dense)
         object.__setattr__(self, "sparse", sparse)
         object.__setattr__(self, "label", label)
+        object.__setattr__(self, "valid", None if valid is None or valid.all() else valid)
 
     def __len__(self) -> int:
         return len(self.label)
@@ -115,8 +118,10 @@ class Batch:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Batch):
             return NotImplemented
-        return all(np.array_equal(a, b) for a, b in
-                   ((self.dense, other.dense), (self.sparse, other.sparse), (self.label, other.label)))
+        return (len(self.sparse) == len(other.sparse)
+                and all(np.array_equal(a, b) for a, b in ((self.dense, other.dense), (self.label, other.label),
+                                                           *zip(self.sparse, other.sparse)))
+                and np.array_equal(self.valid_mask, other.valid_mask))
 
     __hash__ = None  # type: ignore[assignment]  # mutable arrays inside
 
@@ -126,11 +131,26 @@ class Batch:
 
     @property
     def num_sparse(self) -> int:
-        return self.sparse.shape[1]
+        return len(self.sparse)
+
+    def id_matrix(self) -> np.ndarray:
+        """The ids as one (n, tables) array, for batches of single-id tables only."""
+        if any(s.ndim != 1 for s in self.sparse):
+            raise ValueError("id_matrix needs single-id tables: this batch has multi-hot ones")
+        return np.stack(self.sparse, axis=1) if self.sparse else np.zeros((len(self), 0), np.int64)
+
+    @property
+    def valid_mask(self) -> np.ndarray:
+        return np.ones(len(self), dtype=bool) if self.valid is None else self.valid
+
+    @property
+    def bad_rows(self) -> int:
+        return 0 if self.valid is None else int((~self.valid).sum())
 
     def slice(self, start: int, stop: int) -> "Batch":
         """Samples ``[start, stop)`` (Python slice semantics) as views, not copies."""
-        return Batch(self.dense[start:stop], self.sparse[start:stop], self.label[start:stop])
+        return Batch(self.dense[start:stop], tuple(s[start:stop] for s in self.sparse), self.label[start:stop],
+                     None if self.valid is None else self.valid[start:stop])
 
     @staticmethod
     def concat(batches: Iterable["Batch"]) -> "Batch":
@@ -139,12 +159,21 @@ class Batch:
             raise ValueError("Batch.concat needs at least one batch (an empty list has no feature layout)")
         if len(batches) == 1:
             return batches[0]
-        return Batch(np.concatenate([b.dense for b in batches]), np.concatenate([b.sparse for b in batches]),
-                     np.concatenate([b.label for b in batches]))
+        sparse = []
+        for t in range(batches[0].num_sparse):
+            columns = [b.sparse[t] for b in batches]
+            if columns[0].ndim == 2:  # multi-hot: pad to the longest list
+                width = max(c.shape[1] for c in columns)
+                columns = [np.pad(c, ((0, 0), (0, width - c.shape[1])), constant_values=-1) for c in columns]
+            sparse.append(np.concatenate(columns))
+        valid = None if all(b.valid is None for b in batches) else np.concatenate([b.valid_mask for b in batches])
+        return Batch(np.concatenate([b.dense for b in batches]), tuple(sparse),
+                     np.concatenate([b.label for b in batches]), valid)
 
     @staticmethod
-    def empty(spec: FeatureSpec = FeatureSpec()) -> "Batch":
-        return Batch(np.zeros((0, spec.num_dense), np.float32), np.zeros((0, spec.num_sparse), np.int64),
+    def empty(spec: "FeatureSpec" = None) -> "Batch":
+        spec = spec or FeatureSpec()
+        return Batch(np.zeros((0, spec.num_dense), np.float32), tuple(np.zeros(0, np.int64) for _ in spec.table_sizes),
                      np.zeros(0, np.float32))
 
 
@@ -399,7 +428,7 @@ class SyntheticSource:
         if batch.num_dense != self.spec.num_dense or batch.num_sparse != self.spec.num_sparse:
             raise ValueError(f"batch layout ({batch.num_dense} dense, {batch.num_sparse} sparse) differs from the "
                              f"source's ({self.spec.num_dense}, {self.spec.num_sparse})")
-        return self._logits(batch.dense, batch.sparse)
+        return self._logits(batch.dense, batch.id_matrix())
 
     def dense_logits(self, batch: Batch) -> np.ndarray:
         """The dense part of the true logit alone (what a model that ignores the ids can reach)."""
@@ -417,7 +446,7 @@ class SyntheticSource:
 
 
 # ---------------------------------------------------------------------------------------------
-# Criteo files
+# Category keys (for hashing the values of a file's sparse columns: runtime.datasets)
 # ---------------------------------------------------------------------------------------------
 
 _HEX = np.full(256, 255, dtype=np.uint8)
@@ -425,17 +454,6 @@ for _i, _c in enumerate(b"0123456789abcdef"):
     _HEX[_c] = _i
 for _i, _c in enumerate(b"ABCDEF"):
     _HEX[_c] = 10 + _i
-
-
-def _open_binary(path: str) -> IO[bytes]:
-    lower = path.lower()
-    if lower.endswith(".gz"):
-        return gzip.open(path, "rb")
-    if lower.endswith(".bz2"):
-        return bz2.open(path, "rb")
-    if lower.endswith(".xz"):
-        return lzma.open(path, "rb")
-    return open(path, "rb")
 
 
 def _category_keys(values: np.ndarray) -> np.ndarray:
@@ -466,181 +484,6 @@ def _category_keys(values: np.ndarray) -> np.ndarray:
         digest = hashlib.blake2b(str(values[i]).encode("utf-8"), digest_size=8).digest()
         keys[i] = int.from_bytes(digest, "little")
     return keys
-
-
-def _hash_category(column: pd.Series, feature: int, size: int) -> np.ndarray:
-    """Row of each value in a table of ``size`` rows: empty → 0, otherwise a stable hash in [1, size)."""
-    values = column.to_numpy(dtype=object)
-    present = values != ""
-    ids = np.zeros(len(values), dtype=np.int64)
-    if present.any():
-        inverse, uniques = pd.factorize(values[present])
-        key = _category_keys(np.asarray(uniques, dtype=object))
-        key ^= np.uint64((feature + 1) * int(_MIX1) % 2**64)
-        key *= _GOLDEN
-        h = _mix64(key)
-        row = (h % np.uint64(size - 1)).astype(np.int64) + 1
-        ids[present] = row[inverse]
-    return ids
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return text.strip() == ""  # an empty label is a bad data row, not a header
-    return True
-
-
-def _bad(path: str, line: int, column: str, value: str, allowed: str) -> ValueError:
-    return ValueError(f"{path}: line {line}, column {column}: {value!r} is invalid: allowed {allowed}")
-
-
-def count_rows(path: str | os.PathLike) -> int:
-    """Data rows of a Criteo-format file (its header and blank lines not counted), streamed: the
-    operators check ``samples`` against it without reading the file into memory."""
-    path = os.fspath(path)
-    rows, first = 0, True
-    with _open_binary(path) as f:
-        for line in f:
-            if first:
-                first = False
-                fields = line.decode("utf-8", errors="replace").rstrip("\r\n")
-                if not _is_number(fields.split("\t" if "\t" in fields else ",")[0]):
-                    continue  # the header
-            rows += bool(line.strip())
-    return rows
-
-
-def read_criteo(path: str | os.PathLike, spec: FeatureSpec = FeatureSpec(), *, max_rows: int | None = None) -> Batch:
-    """Read a Criteo-layout file into a :class:`Batch`.
-
-    Accepts the Kaggle / Terabyte releases (tab-separated, no header: ``label, I1..I13, C1..C26``)
-    and the DeepCTR sample (comma-separated, header ``label,I1,...,C26``); ``.gz``/``.bz2``/``.xz``
-    compressed too. The format is sniffed from the first line. Empty fields are missing values.
-    Dense: missing → 0, negatives (Criteo's −1) → 0, then ``log1p``. Categorical: empty → row 0;
-    otherwise a stable hash of (value, feature index) into ``[1, table_sizes[t])``, the same in
-    every process and run. Blank lines are skipped.
-
-    Raises ``ValueError`` naming the file, line (1-based, header included), column and value for a
-    missing file, a wrong number of fields, a header other than the Criteo one, a non-numeric or
-    non-finite dense value, or a label other than 0/1.
-    """
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise ValueError(f"{path}: no such file (expected a Criteo-format TSV/CSV file)")
-    if max_rows is not None and max_rows < 0:
-        raise ValueError(f"max_rows={max_rows} is invalid: allowed None or ≥ 0")
-    names = criteo_columns(spec)
-    width = len(names)
-    layout = f"{width} fields: {','.join(names[:3])},...,{names[-1]}"
-
-    with _open_binary(path) as f:
-        first = f.readline()
-    if not first.strip():
-        what = "the file is empty" if not first else "line 1 is blank"
-        raise ValueError(f"{path}: {what}: allowed the Criteo layout, {layout}")
-    text = first.decode("utf-8", errors="replace").rstrip("\r\n")
-    sep = "\t" if "\t" in text else ","
-    fields = text.split(sep)
-    has_header = not _is_number(fields[0])
-    if has_header:
-        got = [x.strip().lower() for x in fields]
-        if got != [x.lower() for x in names]:
-            raise ValueError(f"{path}: line 1: header {text[:120]!r} is not the Criteo layout: allowed a header "
-                             f"{','.join(names)} (or no header)")
-
-    # Count fields per line (pandas silently pads short rows) and note blank lines.
-    sep_byte = sep.encode()
-    blank_lines: list[int] = []
-    data_rows = 0
-    with _open_binary(path) as f:
-        for line_no, line in enumerate(f, start=1):
-            if line_no == 1 and has_header:
-                continue
-            if max_rows is not None and data_rows >= max_rows:
-                break
-            if not line.strip():
-                blank_lines.append(line_no)
-                continue
-            count = line.count(sep_byte) + 1
-            if count != width:
-                raise ValueError(f"{path}: line {line_no} has {count} field(s) separated by {sep!r}: allowed "
-                                 f"exactly {layout} (Criteo layout)")
-            data_rows += 1
-    first_data_line = 2 if has_header else 1
-
-    def line_of(row: int) -> int:
-        line = first_data_line + row
-        for blank in blank_lines:
-            if blank <= line:
-                line += 1
-        return line
-
-    if data_rows == 0:
-        return Batch.empty(spec)
-    frame = pd.read_csv(path, sep=sep, header=None, skiprows=1 if has_header else 0, names=list(range(width)),
-                        index_col=False, dtype=object, na_filter=False, skip_blank_lines=True, nrows=data_rows,
-                        engine="c")
-    if len(frame) != data_rows:  # pragma: no cover - guards the line pass against a parser disagreement
-        raise ValueError(f"{path}: read {len(frame)} rows but counted {data_rows}")
-
-    label = pd.to_numeric(frame[0], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-    bad = np.flatnonzero(~((label == 0) | (label == 1)))
-    if bad.size:
-        r = int(bad[0])
-        raise _bad(path, line_of(r), "label", frame[0].iloc[r], "0 or 1")
-
-    dense = np.zeros((data_rows, spec.num_dense), dtype=np.float32)
-    for j in range(spec.num_dense):
-        column = frame[1 + j]
-        values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan, copy=True)
-        empty = (column == "").to_numpy()
-        bad = np.flatnonzero(~np.isfinite(values) & ~empty)
-        if bad.size:
-            r = int(bad[0])
-            raise _bad(path, line_of(r), names[1 + j], frame[1 + j].iloc[r],
-                       "a number (a count; negatives are read as 0) or an empty field for missing")
-        values[empty] = 0.0
-        np.maximum(values, 0.0, out=values)
-        dense[:, j] = np.log1p(values)
-
-    sparse = np.empty((data_rows, spec.num_sparse), dtype=np.int64)
-    for t, size in enumerate(spec.table_sizes):
-        sparse[:, t] = _hash_category(frame[1 + spec.num_dense + t], t, size)
-    return Batch(dense, sparse, label.astype(np.float32))
-
-
-@dataclass
-class FileSource:
-    """A Criteo file as an indexable source: ``samples(start, stop)`` returns rows ``[start, stop)``
-    (no wrapping: ``stop ≤ len``). The file is read once, whole (or its first ``max_rows`` rows)."""
-
-    path: str | os.PathLike
-    spec: FeatureSpec = field(default_factory=FeatureSpec)
-    max_rows: int | None = None
-    batch: Batch = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.batch = read_criteo(self.path, self.spec, max_rows=self.max_rows)
-
-    def __len__(self) -> int:
-        return len(self.batch)
-
-    def samples(self, start: int, stop: int) -> Batch:
-        start, stop = int(start), int(stop)
-        if not 0 <= start <= stop <= len(self):
-            raise ValueError(f"sample range [{start}, {stop}) is invalid for {os.fspath(self.path)}: allowed "
-                             f"0 ≤ start ≤ stop ≤ {len(self)} (the number of rows)")
-        return self.batch.slice(start, stop)
-
-
-def open_source(data: str, spec: FeatureSpec = FeatureSpec(), *, seed: int = 0, zipf_skew: float = 1.05,
-                max_rows: int | None = None) -> SyntheticSource | FileSource:
-    """``"synthetic"`` → :class:`SyntheticSource`; anything else is the path of a Criteo file."""
-    if data == "synthetic":
-        return SyntheticSource(spec, seed=seed, zipf_skew=zipf_skew)
-    return FileSource(data, spec, max_rows=max_rows)
 
 
 def _benchmark() -> None:  # pragma: no cover - measured by hand, figures in the module docstring

@@ -1,16 +1,31 @@
-"""The dense part of DLRM (Naumov et al. 2019) in torch: bottom MLP, pairwise interaction, top MLP.
+"""The job's dense model: our DLRM (Naumov et al. 2019: bottom MLP, pairwise interaction, top MLP),
+or the user's own, named by an import path.
 
 The embedding tables live on the parameter servers; a worker receives the rows a batch needs,
-makes them a leaf tensor, and gets their gradients from autograd to push back.
+makes them a leaf tensor, pools them per table, and gets their gradients from autograd to push back.
+
+**The user's model** (``JobSpec.model = "pkg.module:build"``): ``build(layout)`` takes the job's
+:class:`~airflow_dlrover.runtime.layout.FeatureLayout` and returns a ``torch.nn.Module`` whose
+``forward(dense, embedded)`` maps ``dense`` (n, num_dense) float32 and ``embedded`` (a list, one
+(n, dim_t) tensor per sparse column, pooled for multi-hot ones) to logits (n,). The module is
+imported from the Python path (locally) or the image (Kubernetes). :func:`build_model` checks the
+contract on a small batch and raises :class:`ModelError` (a user error) with the traceback.
 """
 
 from __future__ import annotations
+
+import importlib
+import traceback
 
 import numpy as np
 import torch
 from torch import nn
 
+from airflow_dlrover.optimizer.types import InvalidInputError
 from airflow_dlrover.runtime.spec import JobSpec
+
+#: rows of the batch on which a model is checked before the job trains
+CHECK_ROWS = 4
 
 
 def _mlp(sizes: list[int], final_activation: bool) -> nn.Sequential:
@@ -33,18 +48,50 @@ class DenseDLRM(nn.Module):
         interactions = vectors * (vectors - 1) // 2
         self.top = _mlp([dim + interactions, *top, 1], final_activation=False)
 
-    def forward(self, dense: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
-        """``dense`` (n, num_dense); ``embedded`` (n, T, dim) → logits (n,)."""
+    def forward(self, dense: torch.Tensor, embedded: list[torch.Tensor]) -> torch.Tensor:
+        """``dense`` (n, num_dense); ``embedded`` T tensors (n, dim) → logits (n,)."""
         x = self.bottom(dense)
-        vectors = torch.cat([x.unsqueeze(1), embedded], dim=1)
+        vectors = torch.stack([x, *embedded], dim=1)
         dots = torch.bmm(vectors, vectors.transpose(1, 2))[:, self.pairs[0], self.pairs[1]]
         return self.top(torch.cat([x, dots], dim=1)).squeeze(1)
 
 
-def build_model(spec: JobSpec, num_dense: int = 13) -> DenseDLRM:
-    """The job's dense model with its deterministic initial parameters (seeded by the job)."""
+class ModelError(InvalidInputError):
+    """The user's model cannot be imported, built or run, or breaks the contract: a user error."""
+
+    def __init__(self, model: str, allowed: str, detail: str = ""):
+        super().__init__("model", model, allowed, detail)
+
+
+def build_model(spec: JobSpec) -> nn.Module:
+    """The job's dense model with its deterministic initial parameters (seeded by the job), its
+    contract checked on ``CHECK_ROWS`` rows of zeros (:class:`ModelError` otherwise)."""
     torch.manual_seed(spec.seed)
-    return DenseDLRM(num_dense, len(spec.table_sizes), spec.embedding_dim, spec.bottom_mlp, spec.top_mlp)
+    layout = spec.layout
+    if not spec.model:
+        return DenseDLRM(layout.num_dense, len(layout.sparse), layout.dims[0], spec.bottom_mlp, spec.top_mlp)
+    module_name, _, function = spec.model.partition(":")
+    contract = "pkg.module:build, build(layout) → torch.nn.Module with forward(dense, embedded) → logits (n,)"
+    try:
+        build = getattr(importlib.import_module(module_name), function)
+        model = build(layout)
+    except Exception:  # noqa: BLE001 - the user's code may raise anything: report it whole
+        raise ModelError(spec.model, contract, traceback.format_exc(limit=-8)) from None
+    if not isinstance(model, nn.Module):
+        raise ModelError(spec.model, contract, f"build returned {type(model).__name__}, not a torch.nn.Module")
+    dense = torch.zeros(CHECK_ROWS, layout.num_dense)
+    embedded = [torch.zeros(CHECK_ROWS, dim) for dim in layout.dims]
+    try:
+        logits = model(dense, embedded)
+    except Exception:  # noqa: BLE001
+        raise ModelError(spec.model, contract, "forward failed on a batch of zeros:\n" + traceback.format_exc(limit=-8)) from None
+    if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (CHECK_ROWS,):
+        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ModelError(spec.model, contract, f"forward returned {shape} for {CHECK_ROWS} rows: allowed ({CHECK_ROWS},)")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ModelError(spec.model, contract, "the module has no trainable parameters")
+    torch.manual_seed(spec.seed)  # the initial parameters do not depend on the check
+    return build(layout)
 
 
 def flat_parameters(model: nn.Module) -> np.ndarray:

@@ -45,6 +45,7 @@ reveal its data:
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import os
@@ -65,6 +66,7 @@ from airflow_dlrover.runtime.transport import Peer, announce, parse_address
 log = logging.getLogger(__name__)
 
 TODO, DOING, DONE = "todo", "doing", "done"
+FINISH = -1  # the lease of the job's last task: held-out evaluation and export, by one worker
 WAIT_S = 0.2  # how long a worker waits before asking again while the master is paused
 REPORT_TIMEOUT_S = 10.0  # a worker silent this long (no report, no shard asked or done) has lost its leases
 #: Checkpoints kept on disk: the newest, and older ones to fall back on when the newest cannot be
@@ -98,6 +100,9 @@ class Master:
         self.commands: dict[str, str] = {}
         self.draining: set[str] = set()
         self.peers: list[Peer] = []
+        self.last_shard: dict[str, int] = {}  # worker → the shard it was last handed
+        if spec.dataset is not None:
+            self._fragment_starts = spec.dataset.fragment_starts
         self.started = time.time()
         self._load()
 
@@ -114,6 +119,9 @@ class Master:
             self.faults: list[dict[str, Any]] = state.get("faults", [])
             self.restoring: bool = state.get("restoring", False)
             self.held_until: float | None = state.get("held_until")
+            self.bad_rows: dict[int, tuple[int, str]] = {int(k): tuple(v) for k, v in state.get("bad_rows", {}).items()}
+            self.failure: str | None = state.get("failure")
+            self.result: dict[str, Any] | None = state.get("result")
             self.counters["master_restarts"] = self.counters.get("master_restarts", 0) + 1
             now = time.monotonic()
             for shard, (worker, generation) in state.get("leases", {}).items():  # kept, with a fresh deadline
@@ -126,6 +134,7 @@ class Master:
             self.plan = {}
             self.faults = []
             self.restoring, self.held_until = False, None
+            self.bad_rows, self.failure, self.result = {}, None, None
         self._connect_ps()
         self._persist()
 
@@ -134,6 +143,8 @@ class Master:
             "done": sorted(self.done), "generation": self.generation, "ps": self.ps_addresses,
             "checkpoints": self.checkpoints, "counters": self.counters, "plan": self.plan,
             "faults": self.faults, "restoring": self.restoring, "held_until": self.held_until,
+            "bad_rows": {str(k): list(v) for k, v in self.bad_rows.items()}, "failure": self.failure,
+            "result": self.result,
             "leases": {str(s): [lease.worker, lease.generation] for s, lease in self.leases.items()},
         }
         write_durably(self.state_path, json.dumps(state))
@@ -160,24 +171,76 @@ class Master:
                 self.draining.discard(worker)
                 self.latest.pop(worker, None)  # its rate no longer counts in the job's throughput
                 return {"exit": True}
-            if len(self.done) == self.spec.num_shards:
+            if self.failure:
+                return {"fail": self.failure}
+            if self.result is not None:
                 return {"done": True}
             if self._paused or not self.ps_addresses:
                 return {"wait": WAIT_S}
-            for shard in range(self.spec.num_shards):
-                if shard not in self.done and shard not in self.leases:
-                    self.leases[shard] = Lease(worker, time.monotonic() + self.spec.shard_timeout_s, self.generation)
-                    self._persist()  # a restarted master keeps the lease
-                    start, stop = self.spec.shard_range(shard)
-                    return {"shard": shard, "start": start, "stop": stop, "generation": self.generation,
-                            "ps": self.ps_addresses}
-            return {"wait": WAIT_S}  # every remaining shard is leased: wait for one to come back
+            if len(self.done) == self.spec.num_shards:
+                if FINISH in self.leases:  # another worker evaluates and exports: this one is done
+                    return {"done": True}
+                self._lease(FINISH, worker)
+                return {"finish": True, "generation": self.generation, "ps": self.ps_addresses}
+            shard = self._next_todo(worker)
+            if shard is None:
+                return {"wait": WAIT_S}  # every remaining shard is leased: wait for one to come back
+            self._lease(shard, worker)
+            start, stop = self.spec.shard_range(shard)
+            return {"shard": shard, "start": start, "stop": stop, "generation": self.generation, "ps": self.ps_addresses}
 
-    def shard_done(self, worker: str, shard: int, generation: int) -> dict[str, Any]:
+    def _lease(self, shard: int, worker: str) -> None:
+        self.leases[shard] = Lease(worker, time.monotonic() + self.spec.shard_timeout_s, self.generation)
+        self.last_shard[worker] = shard
+        self._persist()  # a restarted master keeps the lease
+
+    def _next_todo(self, worker: str) -> int | None:
+        """The shard after the worker's last one when it is free (a worker reads on through the
+        fragment it has decoded), else the first free shard of the fragment nobody reads, else
+        the first free one."""
+        free = [s for s in range(self.spec.num_shards) if s not in self.done and s not in self.leases]
+        if not free:
+            return None
+        after = self.last_shard.get(worker, -2) + 1
+        if after in free and self._fragment(after) == self._fragment(after - 1):
+            return after
+        busy = {self._fragment(s) for s in self.leases if s != FINISH}
+        return next((s for s in free if self._fragment(s) not in busy), free[0])
+
+    def _fragment(self, shard: int) -> int:
+        """The fragment (row group, run of lines) a shard lies in; shards never cross one."""
+        dataset = self.spec.dataset
+        if dataset is None:
+            return shard
+        return bisect.bisect_right(self._fragment_starts, self.spec.shard_range(shard)[0]) - 1
+
+    def finish(self, worker: str, generation: int, **result: Any) -> dict[str, Any]:
+        """The held-out metrics (and the export) of the finishing worker: the job is done."""
+        with self.lock:
+            self.heard[worker] = time.monotonic()
+            lease = self.leases.get(FINISH)
+            if generation != self.generation or lease is None or lease.worker != worker:
+                return {"accepted": False, "reason": "not this worker's finish, or a stale generation"}
+            del self.leases[FINISH]
+            self.result = {**result, "worker": worker, "time": time.time()}
+            self._persist()
+            return {"accepted": True}
+
+    def shard_done(self, worker: str, shard: int, generation: int, bad_rows: int = 0, first_bad: str = "") -> dict[str, Any]:
+        """A shard is trained; its unreadable rows are counted once per shard, and past
+        ``max_bad_rows`` the job fails, naming the first offending row."""
         with self.lock:
             self.heard[worker] = time.monotonic()
             if generation != self.generation:
                 return {"accepted": False, "reason": "stale generation"}
+            if bad_rows:
+                self.bad_rows[shard] = (int(bad_rows), first_bad)
+                total = sum(n for n, _ in self.bad_rows.values())
+                if total > self.spec.max_bad_rows and not self.failure:
+                    first = self.bad_rows[min(self.bad_rows)][1]
+                    self.failure = (f"{total} rows cannot be read, more than max_bad_rows={self.spec.max_bad_rows}; "
+                                    f"the first: {first}")
+                    log.error("job fails: %s", self.failure)
             # Done by whoever finished it (a revoked holder, or the worker it was handed to: each
             # PS applied every batch once); a lease still out on it is void.
             self.leases.pop(shard, None)
@@ -246,9 +309,10 @@ class Master:
 
     def status(self) -> dict[str, Any]:
         with self.lock:
-            counts = {TODO: 0, DOING: len(self.leases), DONE: len(self.done)}
+            counts = {TODO: 0, DOING: len(self.leases) - (FINISH in self.leases), DONE: len(self.done)}
             counts[TODO] = self.spec.num_shards - counts[DOING] - counts[DONE]
-            state = "done" if counts[DONE] == self.spec.num_shards else "paused" if self._paused else "training"
+            state = ("failed" if self.failure else "done" if self.result is not None else "paused" if self._paused
+                     else "finishing" if counts[DONE] == self.spec.num_shards else "training")
             return {
                 "job_id": self.spec.job_id, "state": state, "generation": self.generation, "shards": counts,
                 "samples_done": sum(self.spec.shard_range(s)[1] - self.spec.shard_range(s)[0] for s in self.done),
@@ -256,6 +320,7 @@ class Master:
                 "workers": sorted(n for n, m in self.latest.items() if m.get("role") == "worker"),
                 "throughput": self.job_throughput(), "checkpoint": self.checkpoints[-1] if self.checkpoints else None,
                 "counters": dict(self.counters), "uptime_s": time.time() - self.started, "pid": os.getpid(),
+                "bad_rows": sum(n for n, _ in self.bad_rows.values()), "failure": self.failure, "result": self.result,
             }
 
     def metrics(self) -> dict[str, Any]:
@@ -335,16 +400,18 @@ class Master:
 
     # -- checkpoint and restore -----------------------------------------------------------------
     def _quiesce(self, deadline_s: float) -> None:
-        """Stop handing out shards and wait until none is in flight (or leases expire)."""
+        """Stop handing out shards and wait until none is in flight (or leases expire). The finish
+        is no shard: its worker takes the last checkpoint for the export."""
         self.paused += 1
         end = time.monotonic() + deadline_s
         while True:
             with self.lock:
                 self._expire_leases()
-                if not self.leases:
+                in_flight = [s for s in self.leases if s != FINISH]
+                if not in_flight:
                     return
                 if time.monotonic() > end:
-                    for shard in list(self.leases):
+                    for shard in in_flight:
                         self._requeue(shard, f"checkpoint waited {deadline_s:g} s for it")
                     return
             time.sleep(0.02)
@@ -476,7 +543,7 @@ class _Handler(BaseHTTPRequestHandler):
             "/shard/next": m.next_shard, "/shard/done": m.shard_done, "/shard/abandon": m.abandon,
             "/report": m.report, "/cluster": m.set_cluster, "/plan": m.set_plan, "/node_lost": m.node_lost,
             "/drain": m.drain, "/command": m.command, "/checkpoint": m.checkpoint, "/restore": m.restore,
-            "/faults": m.schedule_faults,
+            "/faults": m.schedule_faults, "/finish": m.finish,
         }
         if self.path not in routes:
             return self._reply({"error": f"no route {self.path}"}, 404)

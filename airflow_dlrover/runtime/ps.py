@@ -144,13 +144,15 @@ class ParameterServer:
         self.spec, self.index, self.count = spec, index, count
         self.generation = -1  # not serving until the master sets or restores the generation
         self.lock = threading.RLock()  # held across a request's generation check and its work
-        self.tables = [
-            EmbeddingShard(t, size, spec.embedding_dim, index, count, spec.seed) for t, size in enumerate(spec.table_sizes)
-        ]
+        self.tables = self._empty_tables()
         self.dense: DenseState | None = None
         self.batches: set[int] = set()  # the batches (first samples) whose update this state holds
         self.requests = 0
         self._journal = None
+
+    def _empty_tables(self) -> list[EmbeddingShard]:
+        return [EmbeddingShard(t, column.rows, column.dim, self.index, self.count, self.spec.seed)
+                for t, column in enumerate(self.spec.layout.sparse)]
 
     def _log(self, event: str, **fields: Any) -> None:
         """Append one event to this process's journal (see ``runtime.accounting``)."""
@@ -180,7 +182,7 @@ class ParameterServer:
     def lookup(self, ids: list[np.ndarray], dense: bool = False) -> dict[str, Any]:
         with self.lock:
             self.requests += 1
-            rows = [table.lookup(i) if len(i) else np.empty((0, self.spec.embedding_dim), np.float32)
+            rows = [table.lookup(i) if len(i) else np.empty((0, table.dim), np.float32)
                     for table, i in zip(self.tables, ids)]
             params = self.dense.params.copy() if dense and self.dense is not None else None
         return {"rows": rows, "dense": params}
@@ -252,11 +254,7 @@ class ParameterServer:
         batches are those every file holds (a batch pushed to some PS only is pushed again)."""
         self._open_journal(journal)
         with self.lock:
-            spec = self.spec
-            self.tables = [
-                EmbeddingShard(t, size, spec.embedding_dim, self.index, self.count, spec.seed)
-                for t, size in enumerate(spec.table_sizes)
-            ]
+            self.tables = self._empty_tables()
             self.dense = None
             batches = None
             for path in paths:

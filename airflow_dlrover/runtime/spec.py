@@ -2,24 +2,41 @@
 
 from __future__ import annotations
 
+import bisect
 import json
+import math
 import os
+import re
 import secrets
 from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
+
+from airflow_dlrover.optimizer.types import InvalidInputError
+from airflow_dlrover.runtime.datasets import DatasetIndex
+from airflow_dlrover.runtime.layout import FeatureLayout
+
+_IMPORT_PATH = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*")
 
 
 @dataclass(frozen=True)
 class JobSpec:
     """A DLRM training job, independent of where and on how many nodes it runs.
 
-    ``data`` is ``"synthetic"`` or the path of a Criteo-format file. Samples ``[0, samples)`` are
-    trained once each (one epoch); ``eval_samples`` after them are the held-out split (synthetic;
-    a file keeps its last ``eval_fraction`` rows). A shard is the unit the master hands out.
+    ``data``: ``"synthetic"``, or a Parquet/CSV/TSV file, folder, glob or fsspec URL, read through
+    ``layout`` (a :class:`FeatureLayout`; default the Criteo one of ``table_sizes`` ×
+    ``embedding_dim``). ``dataset`` is that data's index (``runtime.datasets.scan``), filled in at
+    launch (``runtime.prepare``) before anything starts. Samples ``[0, samples)`` are trained once
+    each (one epoch; ``None``: every training row of the dataset, 200,000 synthetic ones); the
+    held-out split (:attr:`held_out`) is the ``eval_samples`` after them (synthetic), or the last
+    ``eval_files`` files, else the last ``eval_fraction`` of the rows. A shard is the unit the master
+    hands out: ``shard_size`` samples, never crossing a fragment of the dataset. ``model``:
+    ``"pkg.module:build"``, the user's dense network (``runtime.dlrm``); empty for ``DenseDLRM``.
+    ``export``: the folder or URL the trained model is exported to (``runtime.export``).
     """
 
     job_id: str
-    samples: int = 200_000
+    samples: int | None = None
     data: str = "synthetic"
     zipf_skew: float = 1.05
     seed: int = 0
@@ -33,38 +50,109 @@ class JobSpec:
     dense_learning_rate: float = 0.002  # Adam on the dense parameters (held by PS 0)
     eval_samples: int = 20_000
     eval_fraction: float = 0.2
+    eval_files: int = 0
     shard_timeout_s: float = 120.0
     checkpoint_interval_s: float = 30.0
+    layout: FeatureLayout | None = None
+    dataset: DatasetIndex | None = None
+    model: str = ""
+    export: str = ""
+    #: rows that cannot be read (counted, reported, trained as nothing) before the job fails
+    max_bad_rows: int = 1000
     authkey: str = field(default_factory=lambda: secrets.token_hex(16))
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "table_sizes", tuple(int(t) for t in self.table_sizes))
-        object.__setattr__(self, "bottom_mlp", tuple(int(t) for t in self.bottom_mlp))
-        object.__setattr__(self, "top_mlp", tuple(int(t) for t in self.top_mlp))
+        set_ = object.__setattr__
+        set_(self, "bottom_mlp", tuple(int(t) for t in self.bottom_mlp))
+        set_(self, "top_mlp", tuple(int(t) for t in self.top_mlp))
+        layout = self.layout
+        if layout is None:
+            layout = FeatureLayout.criteo(tuple(int(t) for t in self.table_sizes), int(self.embedding_dim))
+        set_(self, "layout", FeatureLayout.from_dict(layout.to_dict() if isinstance(layout, FeatureLayout) else layout))
+        set_(self, "table_sizes", self.layout.table_sizes)
+        if isinstance(self.dataset, dict):
+            set_(self, "dataset", DatasetIndex(**self.dataset))
+        if self.samples is None and self.data == "synthetic":
+            set_(self, "samples", 200_000)
+        dims = set(self.layout.dims)
         checks = {
-            "samples": self.samples >= 1, "batch_size": self.batch_size >= 1, "shard_size": self.shard_size >= 1,
-            "embedding_dim": self.embedding_dim >= 1, "table_sizes": all(t >= 2 for t in self.table_sizes),
-            "bottom_mlp": len(self.bottom_mlp) >= 1 and self.bottom_mlp[-1] == self.embedding_dim,
+            "samples": self.samples is None or self.samples >= 1, "batch_size": self.batch_size >= 1,
+            "shard_size": self.shard_size >= 1, "embedding_dim": self.embedding_dim >= 1,
+            "eval_fraction": 0 <= self.eval_fraction < 1, "eval_files": self.eval_files >= 0,
+            "max_bad_rows": self.max_bad_rows >= 0,
+            "bottom_mlp": len(self.bottom_mlp) >= 1 and (bool(self.model) or len(dims) > 1 or self.bottom_mlp[-1] in dims),
+            "model": not self.model or _IMPORT_PATH.fullmatch(self.model) is not None,
         }
+        allowed = {"bottom_mlp": "a last layer equal to the tables' embedding dim", "eval_fraction": "0 ≤ x < 1",
+                   "model": "an import path pkg.module:function"}
         for name, ok in checks.items():
             if not ok:
-                allowed = "a last layer equal to embedding_dim" if name == "bottom_mlp" else "positive values"
-                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: allowed {allowed}")
+                raise InvalidInputError(name, getattr(self, name), allowed.get(name, "positive values"))
+        if self.data == "synthetic" and any(c.multi_hot or c.vocabulary for c in self.layout.sparse):
+            raise InvalidInputError("layout.sparse", "multi_hot/vocabulary", "hashed single-id tables with "
+                                    "data=synthetic (the generator draws one id per table): declare them for a dataset")
+        if len(dims) > 1 and not self.model:
+            raise InvalidInputError("layout.sparse[].dim", sorted(dims), "one embedding dim for every table with the "
+                                    "default DenseDLRM (its dot-product interaction needs it), or a model of your own")
+        if self.dataset is not None:
+            available = self.held_out[0]
+            if available < 1:
+                raise InvalidInputError("eval_files" if self.eval_files else "eval_fraction",
+                                        self.eval_files or self.eval_fraction,
+                                        f"a held-out split that leaves training rows (the dataset has {self.dataset.rows})")
+            if self.samples is None:
+                set_(self, "samples", available)
+            elif self.samples > available:
+                raise InvalidInputError("samples", self.samples, f"≤ the {available} training rows of {self.data} (the "
+                                        "rows after them are held out for evaluation)")
+
+    @property
+    def held_out(self) -> tuple[int, int]:
+        """The held-out rows ``[start, stop)``: see the class docstring."""
+        if self.dataset is None:
+            return self.samples, self.samples + self.eval_samples
+        rows = self.dataset.rows
+        if self.eval_files:
+            files = self.dataset.fragment_file
+            first = len(self.dataset.files) - self.eval_files
+            if first < 1:
+                return 0, rows
+            starts = self.dataset.fragment_starts
+            return starts[next(i for i, f in enumerate(files) if f >= first)], rows
+        return rows - math.ceil(self.eval_fraction * rows), rows
+
+    @cached_property
+    def shard_bounds(self) -> tuple[int, ...]:
+        """Shard ``i`` is samples ``[bounds[i], bounds[i+1])``: ``shard_size`` at most, and inside one
+        fragment (a Parquet row group, a run of text lines) of the dataset."""
+        if self.samples is None:
+            raise ValueError(f"job {self.job_id}: the dataset {self.data} is not indexed yet (runtime.prepare)")
+        edges = self.dataset.fragment_starts if self.dataset is not None else [0, self.samples]
+        bounds = [0]
+        for a, b in zip(edges, edges[1:]):
+            b = min(b, self.samples)
+            if b <= a:
+                break
+            bounds.extend(range(a + self.shard_size, b, self.shard_size))
+            bounds.append(b)
+        return tuple(bounds)
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shard_bounds) - 1
+
+    def shard_range(self, shard: int) -> tuple[int, int]:
+        return self.shard_bounds[shard], self.shard_bounds[shard + 1]
+
+    def shard_of(self, sample: int) -> int:
+        return bisect.bisect_right(self.shard_bounds, sample) - 1
 
     @property
     def key(self) -> bytes:
         return self.authkey.encode()
 
-    @property
-    def num_shards(self) -> int:
-        return -(-self.samples // self.shard_size)
-
-    def shard_range(self, shard: int) -> tuple[int, int]:
-        start = shard * self.shard_size
-        return start, min(start + self.shard_size, self.samples)
-
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
+        return json.dumps(asdict(self), indent=None if self.dataset is not None else 1)
 
     @classmethod
     def from_json(cls, text: str) -> "JobSpec":

@@ -1,6 +1,7 @@
-"""A training worker: takes shards from the master, looks rows up on the PS, runs the dense part of
-DLRM locally (CUDA when it has a GPU and torch sees one), pushes gradients, and reports
-samples/s, the step-time breakdown (data / lookup / compute / push), CPU used and RSS.
+"""A training worker: takes shards from the master, looks rows up on the PS, runs the dense model
+locally (CUDA when it has a GPU and torch sees one), pushes gradients, and reports samples/s, the
+step-time breakdown (data / lookup / compute / push), CPU used and RSS. The worker the master hands
+the finish evaluates the held-out split and exports the model, inside the job.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ import numpy as np
 import psutil
 import torch
 
+from airflow_dlrover.optimizer.types import InvalidInputError
 from airflow_dlrover.runtime.auth import call_master
+from airflow_dlrover.runtime.data import Batch
 from airflow_dlrover.runtime.dlrm import build_model, flat_gradients, flat_parameters, load_flat
+from airflow_dlrover.runtime.layout import FeatureLayout
 from airflow_dlrover.runtime.spec import JobSpec
 from airflow_dlrover.runtime.transport import Peer, RemoteError, Unreachable, parse_address
 
@@ -28,21 +32,45 @@ MASTER_RETRY_S = 120.0  # a master restart takes seconds; give it time before gi
 PS_RETRY_S = 10.0  # a PS that stays away this long was replaced: ask the master for the cluster
 
 
-def route(sparse: np.ndarray, p: int) -> tuple[list[np.ndarray], list[np.ndarray], list[list[np.ndarray]]]:
-    """Unique ids of each table, the maps back to the batch, and each PS's share (id ≡ k mod p)."""
-    uniques, inverses = zip(*(np.unique(sparse[:, t], return_inverse=True) for t in range(sparse.shape[1])))
-    return list(uniques), list(inverses), [[u[u % p == k] for u in uniques] for k in range(p)]
+def route(sparse: tuple[np.ndarray, ...], p: int) -> tuple[list[np.ndarray], list[np.ndarray], list[list[np.ndarray]]]:
+    """Unique ids of each table, the maps from the batch's ids (a multi-hot table's present ones,
+    row-major) to them, and each PS's share (id ≡ k mod p)."""
+    uniques, inverses = [], []
+    for ids in sparse:
+        u, inverse = np.unique(ids if ids.ndim == 1 else ids[ids >= 0], return_inverse=True)
+        uniques.append(u)
+        inverses.append(inverse.reshape(-1))
+    return uniques, inverses, [[u[u % p == k] for u in uniques] for k in range(p)]
 
 
-def gather(uniques: list[np.ndarray], replies: list[dict[str, Any]], dim: int) -> list[np.ndarray]:
+def gather(uniques: list[np.ndarray], replies: list[dict[str, Any]], dims: tuple[int, ...]) -> list[np.ndarray]:
     """Each table's unique rows in the order of ``uniques``, reassembled from the PS replies."""
     p = len(replies)
     out = []
     for t, u in enumerate(uniques):
-        rows = np.empty((len(u), dim), dtype=np.float32)
+        rows = np.empty((len(u), dims[t]), dtype=np.float32)
         for k in range(p):
             rows[u % p == k] = replies[k]["rows"][t]
         out.append(rows)
+    return out
+
+
+def embed(rows: list[torch.Tensor], inverses: list[np.ndarray], sparse: tuple[np.ndarray, ...], layout: FeatureLayout,
+          device: torch.device) -> list[torch.Tensor]:
+    """One (n, dim) tensor per table: the row of a single id; a multi-hot table's rows pooled by
+    its ``pooling`` (sum, or mean over the present ids; no id → zeros)."""
+    out = []
+    for r, inverse, ids, column in zip(rows, inverses, sparse, layout.sparse):
+        if ids.ndim == 1:
+            out.append(r[torch.from_numpy(inverse).to(device)])
+            continue
+        present = ids >= 0
+        index = np.full(ids.shape, len(r), dtype=np.int64)  # the padding points at a zero row
+        index[present] = inverse
+        pooled = torch.cat([r, r.new_zeros(1, r.shape[1])])[torch.from_numpy(index).to(device)].sum(dim=1)
+        if column.pooling == "mean":
+            pooled = pooled / torch.from_numpy(present.sum(axis=1)).to(device).clamp(min=1).unsqueeze(1)
+        out.append(pooled)
     return out
 
 
@@ -61,13 +89,15 @@ class MasterClient:
 
 
 def source_for(spec: JobSpec):
-    """The job's data source: synthetic, or a Criteo-format file."""
-    from airflow_dlrover.runtime.data import FeatureSpec, FileSource, SyntheticSource
-
-    features = FeatureSpec(table_sizes=spec.table_sizes)
+    """The job's data source: synthetic, or the user's dataset read through the layout."""
     if spec.data == "synthetic":
-        return SyntheticSource(features, seed=spec.seed, zipf_skew=spec.zipf_skew)
-    return FileSource(spec.data, features)
+        from airflow_dlrover.runtime.data import FeatureSpec, SyntheticSource
+
+        return SyntheticSource(FeatureSpec(spec.layout.num_dense, spec.layout.table_sizes), seed=spec.seed,
+                               zipf_skew=spec.zipf_skew)
+    from airflow_dlrover.runtime.datasets import TabularSource
+
+    return TabularSource(spec.dataset, spec.layout)
 
 
 class Worker:
@@ -98,8 +128,13 @@ class Worker:
         self.generation = generation
 
     def run(self) -> None:
+        """Train shards until the master says the job is done; the worker handed the finish
+        evaluates the held-out split and exports the model (``runtime.export``) first."""
         while True:
             reply = self.master.post("/shard/next", worker=self.name, generation=self.generation)
+            if "fail" in reply:  # the job's data is past its bad-row limit: nothing a retry fixes
+                raise InvalidInputError("data", self.spec.data, f"at most max_bad_rows={self.spec.max_bad_rows} "
+                                        "unreadable rows", reply["fail"])
             if reply.get("exit") or reply.get("done"):
                 self._report(force=True, final=True)
                 return
@@ -109,25 +144,33 @@ class Worker:
                 continue
             self._set_cluster(reply["ps"], reply["generation"])
             try:
-                self._train_shard(reply["shard"], reply["start"], reply["stop"])
+                if reply.get("finish"):
+                    self.master.post("/finish", worker=self.name, generation=self.generation, **self._finish())
+                    continue
+                bad = self._train_shard(reply["shard"], reply["start"], reply["stop"])
             except (RemoteError, Unreachable) as err:
                 if isinstance(err, RemoteError) and "StaleGeneration" not in str(err):
                     raise
                 # The PS set was restored or replaced under us: drop the shard (the model it
                 # was updating is gone) and take the current cluster from the master.
-                log.info("shard %s dropped: %s", reply["shard"], err)
-                self.master.post("/shard/abandon", worker=self.name, shard=reply["shard"])
+                log.info("shard %s dropped: %s", reply.get("shard", "finish"), err)
+                self.master.post("/shard/abandon", worker=self.name, shard=reply.get("shard", -1))
                 time.sleep(0.1)  # the master is restoring the PS: ask again shortly
                 continue
-            self.master.post("/shard/done", worker=self.name, shard=reply["shard"], generation=self.generation)
+            self.master.post("/shard/done", worker=self.name, shard=reply["shard"], generation=self.generation, **bad)
 
-    def _train_shard(self, shard: int, start: int, stop: int) -> None:
+    def _train_shard(self, shard: int, start: int, stop: int) -> dict[str, Any]:
+        """Train samples ``[start, stop)``; returns its bad rows (count, and the first named)."""
         t = time.perf_counter()
         data = self.source.samples(start, stop)
         self.window["data"] += time.perf_counter() - t
         for offset in range(0, len(data), self.spec.batch_size):
             self._step(start + offset, data.slice(offset, min(offset + self.spec.batch_size, len(data))))
             self._report()
+        if not data.bad_rows:
+            return {}
+        errors = self.source.errors(start, stop)
+        return {"bad_rows": data.bad_rows, "first_bad": str(errors[0]) if errors else f"a row in [{start}, {stop})"}
 
     def _lookup(self, owner: list[list[np.ndarray]]) -> list[dict[str, Any]]:
         """Each PS's rows for its share of the ids, PS 0's reply with the dense parameters. A PS 0
@@ -141,32 +184,40 @@ class Worker:
             replies[0] = self.peers[0].call("lookup", generation=self.generation, ids=owner[0], dense=True)
         return replies
 
-    def _step(self, first_sample: int, batch) -> None:
+    def _forward(self, batch: Batch, uniques, inverses, replies, grad: bool):
+        """Logits of ``batch`` from the PS replies, and the leaf row tensors (for their gradients)."""
+        load_flat(self.model, replies[0]["dense"])
+        rows = [torch.from_numpy(r).to(self.device).requires_grad_(grad)
+                for r in gather(uniques, replies, self.spec.layout.dims)]
+        embedded = embed(rows, inverses, batch.sparse, self.spec.layout, self.device)
+        return self.model(torch.from_numpy(batch.dense).to(self.device), embedded), rows
+
+    def _step(self, first_sample: int, batch: Batch) -> None:
         """One batch: lookup, forward/backward, push (the push names the batch by its first sample:
-        a PS applies each batch once)."""
+        a PS applies each batch once). Bad rows weigh nothing; a batch of bad rows only is pushed
+        without gradients, so that it counts as trained once like any other."""
         p = len(self.peers)
         t0 = time.perf_counter()
         uniques, inverses, owner = route(batch.sparse, p)
         t1 = time.perf_counter()
         replies = self._lookup(owner)
         t2 = time.perf_counter()
-        load_flat(self.model, replies[0]["dense"])
-        rows = [torch.from_numpy(r).to(self.device).requires_grad_(True)
-                for r in gather(uniques, replies, self.spec.embedding_dim)]
-        embedded = torch.stack([rows[t][torch.from_numpy(inverses[t]).to(self.device)] for t in range(len(rows))], dim=1)
-        dense = torch.from_numpy(batch.dense).to(self.device)
-        label = torch.from_numpy(batch.label).to(self.device)
+        valid = torch.from_numpy(batch.valid_mask.astype(np.float32)).to(self.device)
+        count = float(valid.sum())
+        logits, rows = self._forward(batch, uniques, inverses, replies, grad=True)
         self.model.zero_grad(set_to_none=False)
-        logits = self.model(dense, embedded)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, label)
+        label = torch.from_numpy(batch.label).to(self.device)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, label, weight=valid, reduction="sum")
+        loss = loss / max(count, 1.0)
         loss.backward()
-        self.last_loss = float(loss.detach())
+        if count:
+            self.last_loss = float(loss.detach())
         grads = [r.grad.cpu().numpy() for r in rows]
-        dense_grad = flat_gradients(self.model)
+        dense_grad = flat_gradients(self.model) if count else None
         t3 = time.perf_counter()
 
         def push(k: int) -> None:
-            mask = [u % p == k for u in uniques]
+            mask = [u % p == k for u in uniques] if count else [np.zeros(len(u), bool) for u in uniques]
             ids = [u[m] for u, m in zip(uniques, mask)]
             table_grads = [g[m] for g, m in zip(grads, mask)]
             self.peers[k].call("push", generation=self.generation, ids=ids, grads=table_grads, batch=first_sample,
@@ -181,6 +232,37 @@ class Worker:
         w["lookup"] += t2 - t1
         w["compute"] += t3 - t2
         w["push"] += t4 - t3
+
+    def scores(self, start: int, stop: int, batch_size: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+        """Logits and labels of the readable rows of ``[start, stop)``, with the PS's current model."""
+        scores, labels = [], []
+        with torch.no_grad():
+            for offset in range(start, stop, batch_size):
+                batch = self.source.samples(offset, min(offset + batch_size, stop))
+                uniques, inverses, owner = route(batch.sparse, len(self.peers))
+                logits, _ = self._forward(batch, uniques, inverses, self._lookup(owner), grad=False)
+                keep = batch.valid_mask
+                scores.append(logits.cpu().numpy()[keep])
+                labels.append(batch.label[keep])
+                self._report()  # keeps the finish's lease
+        return (np.concatenate(scores) if scores else np.zeros(0, np.float32),
+                np.concatenate(labels) if labels else np.zeros(0, np.float32))
+
+    def _finish(self) -> dict[str, Any]:
+        """The job's last task: held-out loss and AUC (``evaluate.metrics``), and the export."""
+        from airflow_dlrover.runtime.evaluate import metrics
+
+        scores, labels = self.scores(*self.spec.held_out)
+        result = metrics(labels, scores)
+        if self.spec.export:
+            from airflow_dlrover.runtime.export import export_model
+
+            checkpoint = self.master.post("/checkpoint")
+            replies = self._lookup([[np.zeros(0, np.int64) for _ in self.spec.layout.sparse]] * len(self.peers))
+            load_flat(self.model, replies[0]["dense"])
+            result["export"] = export_model(self.spec, self.model, checkpoint["files"], result,
+                                            heartbeat=lambda: self._report(force=True))
+        return result
 
     def _report(self, force: bool = False, final: bool = False) -> None:
         w = self.window

@@ -1,0 +1,137 @@
+"""The trained model as a folder a retraining DAG can ship, written atomically, and its loader.
+
+Layout of an export (a local folder or an fsspec URL)::
+
+    manifest.json        format, job, feature layout, model (import path + its arguments),
+                         held-out metrics, samples trained, and one entry per table
+    dense.pt             the dense model's state dict (torch.save)
+    tables/<t>.npz       table t's trained rows: ids (sorted int64) and rows (float32, ids × dim)
+
+A row the job never touched is not stored: its value is its deterministic initial one,
+``runtime.ps.initial_rows(seed, t, id, dim)`` (the seed is in the manifest), which is what the PS
+served for it. Atomic: everything is written into a sibling staging folder, the manifest last,
+then moved into place (a rename on a local filesystem; on an object store, where a move is a copy,
+a folder without its manifest is incomplete and :func:`load_export` refuses it). An export that
+replaces an older one moves the old one aside first and deletes it after.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+import torch
+
+from airflow_dlrover.optimizer.types import InvalidInputError
+from airflow_dlrover.runtime.layout import FeatureLayout
+
+FORMAT = "airflow-dlrover-export/1"
+MANIFEST = "manifest.json"
+
+
+def _fs(url: str):
+    import fsspec
+
+    return fsspec.core.url_to_fs(url)
+
+
+def export_model(spec, model: torch.nn.Module, checkpoint_files: list[str], metrics: dict[str, Any],
+                 heartbeat=lambda: None) -> str:
+    """Write the model of ``spec`` (dense ``model``, tables from the PS checkpoint files) to
+    ``spec.export``; returns the export's URL. ``heartbeat`` is called after each table."""
+    fs, path = _fs(spec.export)
+    path = path.rstrip("/")
+    staging = f"{path}.staging-{uuid.uuid4().hex[:8]}"
+    fs.makedirs(f"{staging}/tables", exist_ok=True)
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    with fs.open(f"{staging}/dense.pt", "wb") as f:
+        f.write(buffer.getvalue())
+    tables = []
+    for t, column in enumerate(spec.layout.sparse):
+        ids, rows = [], []
+        for file in checkpoint_files:
+            with np.load(file) as data:
+                ids.append(data[f"t{t}_ids"])
+                rows.append(data[f"t{t}_rows"])
+        ids, rows = np.concatenate(ids), np.concatenate(rows).reshape(-1, column.dim)
+        order = np.argsort(ids, kind="stable")
+        with fs.open(f"{staging}/tables/{t}.npz", "wb") as f:
+            np.savez(f, ids=ids[order], rows=rows[order])
+        tables.append({"name": column.name, "rows": column.rows, "dim": column.dim, "stored_rows": int(len(ids)),
+                       "file": f"tables/{t}.npz"})
+        heartbeat()
+    manifest = {
+        "format": FORMAT, "job_id": spec.job_id, "created": time.time(), "layout": spec.layout.to_dict(),
+        "model": spec.model, "bottom_mlp": list(spec.bottom_mlp), "top_mlp": list(spec.top_mlp), "seed": spec.seed,
+        "samples_trained": spec.samples, "data": spec.data, "held_out": list(spec.held_out),
+        "metrics": {k: metrics[k] for k in ("loss", "auc", "samples") if k in metrics}, "tables": tables,
+    }
+    with fs.open(f"{staging}/{MANIFEST}", "w") as f:
+        f.write(json.dumps(manifest, indent=1))
+    old = None
+    if fs.exists(path):
+        old = f"{path}.replaced-{uuid.uuid4().hex[:8]}"
+        fs.mv(path, old, recursive=True)
+    fs.mv(staging, path, recursive=True)
+    if old is not None:
+        fs.rm(old, recursive=True)
+    return spec.export
+
+
+class ExportedModel:
+    """A loaded export: ``logits(batch)`` scores a :class:`~airflow_dlrover.runtime.data.Batch`
+    read through the manifest's layout."""
+
+    def __init__(self, url: str):
+        from airflow_dlrover.runtime.dlrm import build_model
+        from airflow_dlrover.runtime.spec import JobSpec
+
+        fs, path = _fs(url)
+        path = path.rstrip("/")
+        if not fs.exists(f"{path}/{MANIFEST}"):
+            raise InvalidInputError("export", url, f"a complete export (a folder with {MANIFEST})")
+        with fs.open(f"{path}/{MANIFEST}", "r") as f:
+            self.manifest = json.loads(f.read())
+        if self.manifest.get("format") != FORMAT:
+            raise InvalidInputError("export", url, f"an export of format {FORMAT}", f"found {self.manifest.get('format')}")
+        self.layout = FeatureLayout.from_dict(self.manifest["layout"])
+        spec = JobSpec(job_id=self.manifest["job_id"], samples=1, layout=self.layout, model=self.manifest["model"],
+                       bottom_mlp=tuple(self.manifest["bottom_mlp"]), top_mlp=tuple(self.manifest["top_mlp"]),
+                       seed=self.manifest["seed"])
+        self.model = build_model(spec)
+        with fs.open(f"{path}/dense.pt", "rb") as f:
+            self.model.load_state_dict(torch.load(io.BytesIO(f.read()), weights_only=True))
+        self.model.eval()
+        self.tables = []
+        for entry in self.manifest["tables"]:
+            with fs.open(f"{path}/{entry['file']}", "rb") as f, np.load(io.BytesIO(f.read())) as data:
+                self.tables.append((data["ids"].copy(), data["rows"].copy()))
+
+    def _rows(self, t: int, ids: np.ndarray) -> np.ndarray:
+        from airflow_dlrover.runtime.ps import initial_rows
+
+        stored_ids, stored = self.tables[t]
+        dim = self.layout.sparse[t].dim
+        rows = initial_rows(self.manifest["seed"], t, ids, dim)
+        position = np.searchsorted(stored_ids, ids)
+        found = (position < len(stored_ids)) & (stored_ids[np.minimum(position, len(stored_ids) - 1)] == ids)
+        rows[found] = stored[position[found]]
+        return rows
+
+    def logits(self, batch) -> np.ndarray:
+        from airflow_dlrover.runtime.worker import embed, route
+
+        uniques, inverses, _ = route(batch.sparse, 1)
+        rows = [torch.from_numpy(self._rows(t, u)) for t, u in enumerate(uniques)]
+        with torch.no_grad():
+            embedded = embed(rows, inverses, batch.sparse, self.layout, torch.device("cpu"))
+            return self.model(torch.from_numpy(batch.dense), embedded).numpy()
+
+
+def load_export(url: str) -> ExportedModel:
+    return ExportedModel(url)
