@@ -185,20 +185,25 @@ def cmd_train(args: argparse.Namespace) -> None:
     skew = HOT_PS_SKEW if any(f.kind == FaultKind.HOT_PS for f in faults) else args.zipf_skew
     out = Path(args.out)
     job_id = args.job_id or f"train-{int(time.time())}"
-    samples, data = args.samples, args.data
-    if data != "synthetic":
-        from airflow_dlrover.runtime.data import FileSource
+    samples = args.samples if args.samples is not None or args.data != "synthetic" else 2_000_000
+    layout, dim = None, args.embedding_dim
+    if args.layout:
+        from airflow_dlrover.runtime.layout import FeatureLayout
 
-        rows = len(FileSource(data))
-        samples = min(samples, int(rows * 0.8))
-    dim = args.embedding_dim
-    spec = JobSpec(job_id=job_id, samples=samples, data=data, batch_size=args.batch_size, zipf_skew=skew,
+        try:
+            layout = FeatureLayout.from_dict(json.loads(Path(args.layout).read_text()))
+        except (OSError, json.JSONDecodeError) as err:
+            raise InvalidInputError("layout", args.layout, "a JSON file of a feature layout (docs/data.md)", str(err)) from None
+        dim = layout.dims[0]
+    spec = JobSpec(job_id=job_id, samples=samples, data=args.data, batch_size=args.batch_size, zipf_skew=skew,
                    shard_size=args.shard_size, checkpoint_interval_s=args.checkpoint_interval, seed=args.seed,
-                   table_sizes=(args.table_size,) * 26, embedding_dim=dim, bottom_mlp=(64, dim))
+                   table_sizes=(args.table_size,) * 26, embedding_dim=dim, bottom_mlp=(64, dim), layout=layout,
+                   model=args.model or "", export=args.export or "", eval_fraction=args.eval_fraction,
+                   eval_files=args.eval_files, max_bad_rows=args.max_bad_rows)
     summary = run_job(LocalLauncher(out / "jobs"), spec, config, out, faults)
     keys = ("samples_expected", "samples_trained", "samples_lost", "samples_duplicated", "duplicated_by",
-            "duplicates_refused", "restarts", "resizes",
-            "eval_auc", "eval_loss", "median_throughput", "wall_s")
+            "duplicates_refused", "restarts", "resizes", "bad_rows",
+            "eval_auc", "eval_loss", "export", "median_throughput", "wall_s")
     print(json.dumps({k: summary[k] for k in keys}, indent=2))
     print(f"wrote {out / 'summary.json'} and {out / 'samples.csv'}")
 
@@ -287,10 +292,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ps-memory", default="1Gi")
     p.add_argument("--worker-gpu", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=512)
-    p.add_argument("--samples", type=int, default=2_000_000)
+    p.add_argument("--samples", type=int, default=None,
+                   help="samples to train (default: 2,000,000 synthetic; every training row of a dataset)")
     p.add_argument("--shard-size", type=int, default=8192)
-    p.add_argument("--data", default="synthetic", help="synthetic, or a Criteo-format file")
-    p.add_argument("--table-size", type=int, default=20_000, help="rows of each of the 26 embedding tables")
+    p.add_argument("--data", default="synthetic", metavar="PATH_OR_URL",
+                   help="synthetic, or a Parquet/CSV/TSV file, folder or glob, local or an fsspec URL")
+    p.add_argument("--layout", metavar="LAYOUT.json", help="the feature layout (default: the Criteo columns)")
+    p.add_argument("--model", metavar="pkg.module:build", help="your dense model (default: DenseDLRM)")
+    p.add_argument("--export", metavar="DIR_OR_URL", help="export the trained model here, atomically")
+    p.add_argument("--eval-fraction", type=float, default=0.2, help="rows held out at the dataset's end")
+    p.add_argument("--eval-files", type=int, default=0, help="hold out the dataset's last N files instead")
+    p.add_argument("--max-bad-rows", type=int, default=1000, help="unreadable rows before the job fails")
+    p.add_argument("--table-size", type=int, default=20_000, help="rows of each of the 26 Criteo tables")
     p.add_argument("--embedding-dim", type=int, default=16)
     p.add_argument("--zipf-skew", type=float, default=1.05)
     p.add_argument("--checkpoint-interval", type=float, default=30.0, help="seconds between checkpoints")

@@ -126,7 +126,12 @@ def build_spec(job_id: str, job_args: dict[str, Any] | None):
         if len(dims) == 1:
             values["bottom_mlp"] = (64, dims.pop())
         values["layout"] = layout
-    return prepare(JobSpec(job_id=job_id, **values), check_model=False)
+    try:
+        return prepare(JobSpec(job_id=job_id, **values), check_model=False)
+    except InvalidInputError as err:
+        if err.field.startswith("job_args."):
+            raise
+        raise InvalidInputError(f"job_args.{err.field}", err.value, err.allowed, err.detail) from None
 
 
 def parse_quota(quota: dict[str, Any] | None, default: Any):

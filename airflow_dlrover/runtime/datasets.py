@@ -162,7 +162,9 @@ def _allowed(column: DenseColumn | SparseColumn | None) -> str:
     if isinstance(column, DenseColumn):
         return "an integer or floating-point column"
     values = "integers or strings"
-    return f"a list of {values} (multi_hot)" if column.multi_hot else f"{values} (one id per row)"
+    if column.multi_hot:
+        return f"a list of {values}, or strings of values joined by {column.separator!r} (multi_hot)"
+    return f"{values} (one id per row)"
 
 
 def _type_ok(arrow_type, column: DenseColumn | SparseColumn | None) -> bool:
@@ -180,7 +182,8 @@ def _type_ok(arrow_type, column: DenseColumn | SparseColumn | None) -> bool:
     if isinstance(column, DenseColumn):
         return t.is_integer(arrow_type) or t.is_floating(arrow_type) or t.is_boolean(arrow_type) or t.is_decimal(arrow_type)
     if column.multi_hot:
-        return (t.is_list(arrow_type) or t.is_large_list(arrow_type)) and scalar_id(arrow_type.value_type)
+        joined = t.is_string(arrow_type) or t.is_large_string(arrow_type)
+        return joined or ((t.is_list(arrow_type) or t.is_large_list(arrow_type)) and scalar_id(arrow_type.value_type))
     return scalar_id(arrow_type)
 
 
@@ -591,7 +594,7 @@ def standardize_statistics(source: TabularSource, train_rows: int) -> dict[str, 
         table, _ = source.table(f, columns)
         take = min(table.num_rows, rows - source.starts[f])
         for c in columns:
-            x, bad = _numbers(table.column(c).slice(0, take), True)
+            x, bad = _numbers(table.column(c).slice(0, take))
             values[c].append(x[~bad & np.isfinite(x)])
     stats = {}
     for c in columns:

@@ -100,7 +100,7 @@ class ExportedModel:
         if self.manifest.get("format") != FORMAT:
             raise InvalidInputError("export", url, f"an export of format {FORMAT}", f"found {self.manifest.get('format')}")
         self.layout = FeatureLayout.from_dict(self.manifest["layout"])
-        spec = JobSpec(job_id=self.manifest["job_id"], samples=1, layout=self.layout, model=self.manifest["model"],
+        spec = JobSpec(job_id=self.manifest["job_id"], samples=1, data=self.manifest["data"], layout=self.layout, model=self.manifest["model"],
                        bottom_mlp=tuple(self.manifest["bottom_mlp"]), top_mlp=tuple(self.manifest["top_mlp"]),
                        seed=self.manifest["seed"])
         self.model = build_model(spec)

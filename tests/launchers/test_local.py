@@ -32,18 +32,17 @@ def spec(job_id, **changes):
 
 def untrained_eval_loss(job: JobSpec) -> float:
     """Held-out loss of the model before any update: initial dense weights and initial rows."""
-    import numpy as np
     import torch
 
     from airflow_dlrover.runtime.dlrm import build_model
     from airflow_dlrover.runtime.ps import initial_rows
     from airflow_dlrover.runtime.worker import source_for
 
-    batch = source_for(job).samples(job.samples, job.samples + job.eval_samples)
-    embedded = np.stack([initial_rows(job.seed, t, batch.sparse[:, t], job.embedding_dim)
-                         for t in range(batch.sparse.shape[1])], axis=1)
+    batch = source_for(job).samples(*job.held_out)
+    embedded = [torch.from_numpy(initial_rows(job.seed, t, ids, dim)) for t, (ids, dim) in
+                enumerate(zip(batch.sparse, job.layout.dims))]
     with torch.no_grad():
-        logits = build_model(job)(torch.from_numpy(batch.dense), torch.from_numpy(embedded))
+        logits = build_model(job)(torch.from_numpy(batch.dense), embedded)
         return float(torch.nn.functional.binary_cross_entropy_with_logits(logits, torch.from_numpy(batch.label)))
 
 

@@ -1,0 +1,167 @@
+"""A team's own data and model on the elastic runtime, end to end with the local launcher: Parquet
+read by row group under faults, a user module with its own layout, the checks at launch, the
+bad-row limit, and the export the job writes."""
+
+from __future__ import annotations
+
+import math
+import sys
+import textwrap
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_dlrover.launchers.local import LocalLauncher
+from airflow_dlrover.launchers.run import run_job
+from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, parse_faults
+from airflow_dlrover.runtime.datasets import TabularSource, write_synthetic
+from airflow_dlrover.runtime.evaluate import metrics
+from airflow_dlrover.runtime.export import load_export
+from airflow_dlrover.runtime.spec import JobSpec
+
+CONFIG = Configuration(workers=2, ps=2, worker_cpu=1.0, ps_cpu=0.5, worker_memory_mb=2048, ps_memory_mb=1024)
+
+
+@pytest.fixture(scope="module")
+def day(tmp_path_factory):
+    """A day of synthetic logs as Parquet: 3 files, row groups of 20k, 7k and 33k rows."""
+    folder = tmp_path_factory.mktemp("day")
+    write_synthetic(str(folder / "logs"), 300_000, files=3, row_group_rows=[20_000, 7_000, 33_000], table_sizes=(5000,) * 26)
+    return folder / "logs"
+
+
+@pytest.mark.parametrize("fault", ["kill-worker@3s", "kill-ps@4s"])
+def test_a_parquet_job_recovers_loses_nothing_and_exports_what_it_scored(tmp_path, day, fault):
+    job = JobSpec(job_id=fault.split("@")[0], data=str(day), table_sizes=(5000,) * 26, checkpoint_interval_s=2.0,
+                  export=str(tmp_path / "model"))
+    launcher = LocalLauncher(tmp_path / "jobs")
+    summary = run_job(launcher, job, CONFIG, tmp_path, parse_faults(fault))
+    assert summary["samples_expected"] == summary["samples_trained"] == 240_000  # the last 20 % held out
+    assert summary["samples_lost"] == 0 and summary["samples_duplicated"] <= job.shard_size
+    assert summary["restarts"] >= 1 and summary["bad_rows"] == 0
+    assert summary["eval_samples"] == 60_000 and summary["eval_auc"] >= 0.65
+    assert summary["export"] == str(tmp_path / "model")
+    exported = load_export(summary["export"])  # the round trip: the same model scores the same AUC
+    spec = launcher.spec(summary["job_id"])
+    held_out = TabularSource(spec.dataset, spec.layout).samples(*spec.held_out)
+    again = metrics(held_out.label, exported.logits(held_out))
+    assert again["auc"] == pytest.approx(summary["eval_auc"], abs=1e-6)
+    assert again["loss"] == pytest.approx(summary["eval_loss"], abs=1e-5)
+    assert exported.manifest["metrics"]["auc"] == pytest.approx(summary["eval_auc"])
+    assert not list(tmp_path.glob("model.*"))  # no staging or replaced folder is left behind
+
+
+USER_MODEL = '''
+import torch
+from torch import nn
+
+
+class Ranker(nn.Module):
+    """Concatenate the dense features and every table's vector; two layers."""
+
+    def __init__(self, layout):
+        super().__init__()
+        width = layout.num_dense + sum(layout.dims)
+        self.net = nn.Sequential(nn.Linear(width, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    def forward(self, dense, embedded):
+        return self.net(torch.cat([dense, *embedded], dim=1)).squeeze(1)
+
+
+def build(layout):
+    return Ranker(layout)
+
+
+def build_wrong_shape(layout):
+    model = Ranker(layout)
+    model.forward = lambda dense, embedded: torch.zeros(len(dense), 2)
+    return model
+'''
+
+
+@pytest.fixture()
+def user_package(tmp_path, monkeypatch):
+    """A package ``myrank`` on the path of this process and of the job's processes."""
+    (tmp_path / "pkgs" / "myrank").mkdir(parents=True)
+    (tmp_path / "pkgs" / "myrank" / "__init__.py").write_text(textwrap.dedent(USER_MODEL))
+    (tmp_path / "pkgs" / "broken.py").write_text("import no_such_module_anywhere\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "pkgs"))
+    yield
+    for name in ("myrank", "broken"):
+        sys.modules.pop(name, None)
+
+
+def _own_layout_data(path, rows=60_000, seed=0):
+    """A team's own columns: a label, two numbers, a user id, a country and a multi-hot item list;
+    the click depends on the price and on the items."""
+    rng = np.random.default_rng(seed)
+    price = rng.lognormal(2.0, 1.0, rows)
+    items = [list(rng.integers(0, 200, rng.integers(0, 5))) for _ in range(rows)]
+    logit = -0.5 * np.log(price) + np.array([sum(1.0 if i < 20 else -0.3 for i in x) for x in items])
+    label = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(np.int8)
+    table = pa.table({"clicked": label, "price": price, "age": rng.integers(18, 80, rows).astype(np.float64),
+                      "user": rng.integers(0, 10_000, rows), "country": rng.choice(["de", "fr", "us", "jp"], rows),
+                      "items": pa.array(items, pa.list_(pa.int64()))})
+    pq.write_table(table, path, row_group_size=15_000)
+
+
+LAYOUT = {"label": "clicked",
+          "dense": [{"name": "price", "transform": "log1p"}, {"name": "age", "transform": "standardize"}],
+          "sparse": [{"name": "user", "table_size": 4096, "dim": 8},
+                     {"name": "country", "vocabulary": ["de", "fr", "us"], "dim": 4},
+                     {"name": "items", "table_size": 512, "dim": 8, "multi_hot": True, "pooling": "mean"}]}
+
+
+def test_a_user_model_with_its_own_layout_trains_and_its_export_loads(tmp_path, user_package):
+    _own_layout_data(tmp_path / "own.parquet")
+    job = JobSpec(job_id="own", data=str(tmp_path / "own.parquet"), layout=LAYOUT, model="myrank:build",
+                  export=str(tmp_path / "export"), batch_size=256, shard_size=4096, checkpoint_interval_s=2.0)
+    launcher = LocalLauncher(tmp_path / "jobs")
+    summary = run_job(launcher, job, Configuration(1, 1, 1.0, 0.5, 2048, 1024, batch_size=256), tmp_path)
+    assert summary["samples_trained"] == summary["samples_expected"] == 48_000 and summary["samples_lost"] == 0
+    assert summary["eval_auc"] > 0.6  # the items carry the signal: the bag and the user's net learn it
+    spec = launcher.spec("own")
+    age = next(c for c in spec.layout.dense if c.name == "age")
+    assert 40 < age.mean < 60 and 10 < age.std < 25  # measured at launch, on the training rows
+    exported = load_export(str(tmp_path / "export"))
+    assert [t["dim"] for t in exported.manifest["tables"]] == [8, 4, 8]
+    assert exported.manifest["model"] == "myrank:build"
+    held_out = TabularSource(spec.dataset, spec.layout).samples(*spec.held_out)
+    assert metrics(held_out.label, exported.logits(held_out))["auc"] == pytest.approx(summary["eval_auc"], abs=1e-6)
+
+
+@pytest.mark.parametrize("model, says", [("broken:build", "No module named 'no_such_module_anywhere'"),
+                                         ("myrank:build_wrong_shape", "forward returned (4, 2) for 4 rows"),
+                                         ("myrank:nothing", "has no attribute 'nothing'")])
+def test_a_broken_user_model_fails_at_launch_with_its_traceback_and_starts_nothing(tmp_path, user_package, model, says):
+    _own_layout_data(tmp_path / "own.parquet", rows=2000)
+    job = JobSpec(job_id="broken", data=str(tmp_path / "own.parquet"), layout=LAYOUT, model=model)
+    launcher = LocalLauncher(tmp_path / "jobs")
+    with pytest.raises(InvalidInputError) as err:
+        launcher.launch(job, CONFIG)
+    assert err.value.field == "model" and says in str(err.value)
+    assert not launcher.exists("broken")
+
+
+def test_past_the_bad_row_limit_the_job_fails_without_retry_naming_the_first_row(tmp_path):
+    names = ["label"] + [f"I{j + 1}" for j in range(13)] + [f"C{t + 1}" for t in range(26)]
+    lines = [",".join(names)]
+    for i in range(3000):
+        dense = [str(i % 7)] * 13
+        if i in (1500, 1501, 1502, 1600, 1700):
+            dense[4] = "n/a"
+        lines.append(",".join(["1" if i % 3 == 0 else "0", *dense, *[f"{(i * 7 + t) % 97:08x}" for t in range(26)]]))
+    (tmp_path / "logs.csv").write_text("\n".join(lines) + "\n")
+    job = JobSpec(job_id="bad", data=str(tmp_path / "logs.csv"), table_sizes=(1000,) * 26, shard_size=256,
+                  batch_size=64, max_bad_rows=3)
+    with pytest.raises(RuntimeError, match=r"no retry fixes: .*\d+ rows cannot be read, more than max_bad_rows=3; "
+                                           r"the first: .*logs\.csv: row 1502, column I5: 'n/a'"):
+        run_job(LocalLauncher(tmp_path / "jobs"), job, Configuration(1, 1, 1.0, 0.5, 2048, 1024), tmp_path)
+    tolerant = JobSpec(job_id="tolerant", data=str(tmp_path / "logs.csv"), table_sizes=(1000,) * 26, shard_size=256,
+                       batch_size=64, max_bad_rows=5)
+    summary = run_job(LocalLauncher(tmp_path / "jobs"), tolerant, Configuration(1, 1, 1.0, 0.5, 2048, 1024), tmp_path)
+    assert summary["bad_rows"] == 5 and summary["samples_trained"] == 2400 and summary["samples_lost"] == 0
+    assert not math.isnan(summary["eval_loss"])
