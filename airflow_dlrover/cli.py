@@ -81,9 +81,20 @@ def _print_fit(model: JobModel) -> None:
         print("memory model: none (no *_memory_used_mb columns): `plan` needs one")
 
 
+def _read_layout(path: str):
+    from airflow_dlrover.runtime.layout import FeatureLayout
+
+    try:
+        return FeatureLayout.from_dict(json.loads(Path(path).read_text()))
+    except (OSError, json.JSONDecodeError) as err:
+        raise InvalidInputError("layout", path, "a JSON file of a feature layout (docs/data.md)", str(err)) from None
+
+
 def cmd_fit(args: argparse.Namespace) -> None:
     prior = JobModel.load(args.prior) if args.prior else None
-    model = fit_job_model(_read_table(args.samples, "SAMPLES"), prior, leave_one_out=not args.no_loco or None)
+    capacity = _read_layout(args.layout).table_mb() if args.layout else None
+    model = fit_job_model(_read_table(args.samples, "SAMPLES"), prior, leave_one_out=not args.no_loco or None,
+                          table_capacity_mb=capacity)
     model.save(args.output)
     _print_fit(model)
     print(f"wrote {args.output}")
@@ -188,12 +199,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     samples = args.samples if args.samples is not None or args.data != "synthetic" else 2_000_000
     layout, dim = None, args.embedding_dim
     if args.layout:
-        from airflow_dlrover.runtime.layout import FeatureLayout
-
-        try:
-            layout = FeatureLayout.from_dict(json.loads(Path(args.layout).read_text()))
-        except (OSError, json.JSONDecodeError) as err:
-            raise InvalidInputError("layout", args.layout, "a JSON file of a feature layout (docs/data.md)", str(err)) from None
+        layout = _read_layout(args.layout)
         dim = layout.dims[0]
     spec = JobSpec(job_id=job_id, samples=samples, data=args.data, batch_size=args.batch_size, zipf_skew=skew,
                    shard_size=args.shard_size, checkpoint_interval_s=args.checkpoint_interval, seed=args.seed,
@@ -259,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("samples", metavar="SAMPLES.csv")
     p.add_argument("-o", "--output", required=True, metavar="MODEL.json")
     p.add_argument("--prior", metavar="MODEL.json", help="warm start from an earlier model of the job")
+    p.add_argument("--layout", metavar="LAYOUT.json", help="the job's feature layout: PS memory saturates at its tables")
     p.add_argument("--no-loco", action="store_true", help="measure the out-of-sample error by k-fold CV instead of leave-one-configuration-out when there are many configurations")
     p.set_defaults(func=cmd_fit)
 

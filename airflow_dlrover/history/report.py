@@ -6,6 +6,8 @@ report task's log and by ``dlrover-rm report JOB``.
 
 from __future__ import annotations
 
+import math
+
 import time
 from typing import Any
 
@@ -77,8 +79,10 @@ def utilisation(samples: Any) -> dict[str, float | None]:
 
 def format_report(report: dict[str, Any]) -> list[str]:
     """The report as the lines the task log shows."""
-    def fmt(value: Any, unit: str = "") -> str:
-        return "—" if value is None else f"{value:,.0f}{unit}" if isinstance(value, float) else f"{value}{unit}"
+    def fmt(value: Any, unit: str = "", spec: str = ",.0f") -> str:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "—"
+        return f"{value:{spec}}{unit}" if isinstance(value, float) else f"{value}{unit}"
 
     plan, baseline, job = report["plan"], report["baseline"], report["job"] or {}
     lines = ["DLRover-RM run report", "=" * 72]
@@ -109,5 +113,10 @@ def format_report(report: dict[str, Any]) -> list[str]:
                      f"{job['samples_lost']}, duplicated {job['samples_duplicated']}"
                      + "".join(f" ({n} by {cause})" for cause, n in (job.get("duplicated_by") or {}).items())
                      + f", redone and refused {job.get('duplicates_refused', 0)}; restarts {job['restarts']}; "
-                     f"held-out loss {job['eval_loss']:.4f}, AUC {job['eval_auc']:.3f}")
+                     f"held-out loss {fmt(job['eval_loss'], '', '.4f')}, AUC {fmt(job['eval_auc'], '', '.3f')} "
+                     f"on {job.get('eval_samples', 0):,} rows")
+        if job.get("bad_rows"):
+            lines.append(f"rows that could not be read (trained as nothing): {job['bad_rows']:,}")
+        if job.get("export"):
+            lines.append(f"model exported to {job['export']}")
     return lines

@@ -21,7 +21,7 @@ class DLRoverFitOperator(DLRoverBaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_dlrover.optimizer.job_model import fit_job_model
-        from airflow_dlrover.optimizer.types import InvalidInputError
+        from airflow_dlrover.optimizer.types import EventKind, InvalidInputError
 
         run, _ = self.run_ids(context)
         samples = self.history.samples(self.job, run_id=run, stage="profile")
@@ -32,8 +32,10 @@ class DLRoverFitOperator(DLRoverBaseOperator):
         if samples.empty:  # a warm start profiles nothing: the prior is this run's model until the fine-tune refits
             model = prior
         else:
+            profiled = [e for e in self.history.records(run, "event") if e.get("event") == EventKind.PROFILED]
+            capacity = profiled[-1].get("table_capacity_mb") if profiled else None
             with user_errors():
-                model = fit_job_model(samples, prior)
+                model = fit_job_model(samples, prior, table_capacity_mb=capacity)
         model_id = self.history.save_model(run, model)
         report = model.throughput.report
         summary = {

@@ -52,7 +52,7 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
             window_s = duration_s("probe_window", self.probe_window)
             prior = self.history.prior_model(self.job, before_run=run)
             probes = design_probes(quota, batch_size=spec.batch_size, prior=prior.throughput if prior else None,
-                                   memory=prior.memory if prior else None)
+                                   memory=prior.memory if prior else None, table_mb=spec.layout.table_mb())
         self.log.info("%s start: %d probes under %s", "warm" if prior else "cold", len(probes), quota)
         if probes.empty:  # a warm start: the prior plans, the fine-tune re-scales it (probes.py)
             self.history.clear_samples(run, "profile")
@@ -71,6 +71,7 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
         self.history.clear_samples(run, "profile")  # a retry profiles again: keep one table
         self.history.add_samples(run, table, stage="profile")
         self.history.add(run, "event", {"event": EventKind.PROFILED.value, "probes": len(probes), "measured": len(table),
+                                        "table_capacity_mb": spec.layout.table_mb(),
                                         "warm_start": prior is not None, "profile_s": profile_s,
                                         "bring_your_own": bool(self.command), "time": time.time()})
         if table.empty:

@@ -106,6 +106,10 @@ DEFAULT_PRICE_PER_GB_HOUR = 0.125
 
 #: Probes use at most this fraction of the quota's cores, so profiling is cheap ... (ours)
 PROBE_QUOTA_FRACTION = 0.5
+#: Resident memory of a PS process before any embedding row: the interpreter, numpy and the
+#: runtime's imports (ours: 136 MB measured for a PS of the default job on this machine). A cold
+#: probe's PS gets at least this plus its share of the layout's tables, with the usual margin.
+PS_PROCESS_BASE_MB = 136.0
 #: ... but at least this many cores (or the whole quota, if smaller): under half of a small quota
 #: too few distinct probes fit to identify the model (2 cores: 1 probe against 9). (ours)
 PROBE_MIN_BUDGET_CORES = 4.0

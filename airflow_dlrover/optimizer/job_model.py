@@ -53,10 +53,13 @@ class JobModel:
         return cls.from_dict(data)
 
 
-def fit_job_model(samples: pd.DataFrame, prior: JobModel | None = None, **kwargs: Any) -> JobModel:
-    """Fit throughput (warm-started from ``prior``) and, when memory was measured, memory."""
+def fit_job_model(samples: pd.DataFrame, prior: JobModel | None = None, *, table_capacity_mb: float | None = None,
+                  **kwargs: Any) -> JobModel:
+    """Fit throughput (warm-started from ``prior``) and, when memory was measured, memory (its
+    tables bounded by ``table_capacity_mb``, the job's layout, when given)."""
     table = validate_samples(samples)
     throughput = fit_throughput(table, prior.throughput if prior else None, validated=True, **kwargs)
     has_memory = all(c in table and table[c].notna().any() for c in USAGE_COLUMNS[2:])
-    memory = fit_memory(table, validated=True) if has_memory else (prior.memory if prior else None)
+    memory = (fit_memory(table, validated=True, table_capacity_mb=table_capacity_mb) if has_memory
+              else (prior.memory if prior else None))
     return JobModel(throughput, memory)

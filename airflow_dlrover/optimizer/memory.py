@@ -5,10 +5,15 @@ partitioned over the p servers, and the table grows as new ids arrive — with t
 not with the clock (DLRover-RM §5: PS memory grows with embedding rows; worker memory with the
 batch):
 
-    ps_memory(p, n)   = ps_base_mb + (table_mb + table_growth_mb_per_m_samples · n / 10⁶) / p
+    ps_memory(p, n)   = ps_base_mb + min(table_mb + table_growth_mb_per_m_samples · n / 10⁶, capacity) / p
     worker_memory(B)  = worker_base_mb + activation_mb_per_sample · B
 
-with n the samples trained. Both are linear in their parameters and fitted by NNLS from the
+with n the samples trained and ``capacity`` (``table_capacity_mb``, when the job's feature layout
+is known) the tables with every row touched: Σ_t rows_t·8 + rows_t·(8·dim_t + 8) bytes — the id →
+slot map, then each row and its Adagrad accumulator (float32) and its id
+(``runtime.layout.FeatureLayout.table_mb``; a full 26 × 20,000 × 16 layout: 71.4 MB predicted,
+71.1 MB measured as the growth of one PS's RSS). A PS cannot outgrow its tables, whatever the
+growth fitted on seconds of profiling says. Both are linear in their parameters and fitted by NNLS from the
 ``*_memory_used_mb`` columns of a sample table (growth from its ``samples_seen`` column when the
 windows were taken at different points of a run). A node's memory over time is fitted with the
 Theil–Sen estimator (``scipy.stats.theilslopes``: robust to the allocator's sawtooth and to GC
@@ -47,10 +52,13 @@ class MemoryModel:
     activation_mb_per_sample: float
     table_growth_mb_per_m_samples: float = 0.0
     pinned: dict[str, str] = field(default_factory=dict)
+    table_capacity_mb: float | None = None
 
     def ps_peak_mb(self, ps: Any, samples: Any = 0.0) -> Any:
         """PS memory after training ``samples`` more samples."""
         grown = self.table_mb + self.table_growth_mb_per_m_samples * np.asarray(samples, dtype=float) / 1e6
+        if self.table_capacity_mb is not None:
+            grown = np.minimum(grown, max(self.table_capacity_mb, self.table_mb))
         return self.ps_base_mb + grown / np.asarray(ps, dtype=float)
 
     def worker_peak_mb(self, batch_size: Any) -> Any:
@@ -87,11 +95,12 @@ def _nnls_fit(columns: dict[str, np.ndarray], y: np.ndarray, why: dict[str, str]
     return values, {n: why[n] for n in names if n not in keep}
 
 
-def fit_memory(samples: pd.DataFrame, *, validated: bool = False) -> MemoryModel:
+def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity_mb: float | None = None) -> MemoryModel:
     """Fit the memory model from a sample table with ``ps_memory_used_mb`` and
     ``worker_memory_used_mb`` (per-node means; rows with empty usage are ignored) and, when
     present, ``samples_seen`` (samples trained when the window was measured).
-    ``validated``: ``samples`` is what :func:`validate_samples` returned (not checked again)."""
+    ``validated``: ``samples`` is what :func:`validate_samples` returned (not checked again);
+    ``table_capacity_mb``: the layout's bound on the tables (see the module docstring)."""
     table = samples if validated else validate_samples(samples)
     for column in ("ps_memory_used_mb", "worker_memory_used_mb"):
         if column not in table or not table[column].notna().any():
@@ -120,7 +129,7 @@ def fit_memory(samples: pd.DataFrame, *, validated: bool = False) -> MemoryModel
     pinned = {("table_growth_mb_per_m_samples" if k == "growth" else k): v for k, v in pinned.items()}
     return MemoryModel(
         ps["ps_base_mb"], ps["table_mb"], worker["worker_base_mb"], worker["activation_mb_per_sample"],
-        ps["growth"], pinned | pinned_w,
+        ps["growth"], pinned | pinned_w, table_capacity_mb,
     )
 
 

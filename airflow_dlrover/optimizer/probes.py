@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from airflow_dlrover.optimizer import constants as C
-from airflow_dlrover.optimizer.memory import MemoryModel
+from airflow_dlrover.optimizer.memory import MemoryModel, memory_request_mb
 from airflow_dlrover.optimizer.model import PARAMETERS, ThroughputModel, features
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, InvalidInputError, Quota
 
@@ -37,11 +37,14 @@ def design_probes(
     prior: ThroughputModel | None = None,
     memory: MemoryModel | None = None,
     count: int | None = None,
+    table_mb: float | None = None,
 ) -> pd.DataFrame:
     """Return the probe configurations (a configuration table, one row per probe).
 
     Memory per node comes from ``memory`` (a prior memory model) when given, else an equal share
-    of ``PROBE_QUOTA_FRACTION`` of the quota's memory over the largest probe's nodes.
+    of ``PROBE_QUOTA_FRACTION`` of the quota's memory over the largest probe's nodes — and a PS
+    never less than what its share of the layout's tables needs (``table_mb``: every row touched,
+    ``FeatureLayout.table_mb``), ``memory_request_mb(PS_PROCESS_BASE_MB + table_mb / p)``.
     """
     if worker_gpu and worker_gpu > quota.gpu:
         raise InvalidInputError("worker_gpu", worker_gpu, f"≤ the quota's gpu ({quota.gpu})")
@@ -95,6 +98,15 @@ def design_probes(
         share = float(np.floor(share / C.MEMORY_GRANULARITY_MB) * C.MEMORY_GRANULARITY_MB) or float(C.MEMORY_GRANULARITY_MB)
         table["worker_memory_mb"] = share
         table["ps_memory_mb"] = share
+        if table_mb:
+            need = memory_request_mb(C.PS_PROCESS_BASE_MB + table_mb / table["ps"].to_numpy(float))
+            table["ps_memory_mb"] = np.maximum(share, need)
+            over = table["workers"] * share + table["ps"] * table["ps_memory_mb"] > quota.memory_mb
+            if over.all():
+                first = table[over].iloc[0]
+                raise InvalidInputError("memory", f"{quota.memory_mb:g} MB", f"≥ {float(first.workers * share + first.ps * first.ps_memory_mb):g} MB "
+                                        f"to profile: the layout's tables take {table_mb:,.0f} MB over the PS")
+            table = table[~over].reset_index(drop=True)
     table["worker_gpu"] = int(worker_gpu)
     table["batch_size"] = int(batch_size)
     return table[list(CONFIG_COLUMNS)]

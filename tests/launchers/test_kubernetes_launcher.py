@@ -370,8 +370,9 @@ def _pod(phase, *, container_state=None, reason=None, message=None, conditions=N
                 name="worker", image="i", image_id="", ready=False, restart_count=0, state=container_state)]))
 
 
-def _terminated(code, reason):
-    return client.V1ContainerState(terminated=client.V1ContainerStateTerminated(exit_code=code, reason=reason))
+def _terminated(code, reason, message=None):
+    return client.V1ContainerState(terminated=client.V1ContainerStateTerminated(exit_code=code, reason=reason,
+                                                                                message=message))
 
 
 def _unschedulable(seconds_ago):
@@ -388,6 +389,8 @@ def _unschedulable(seconds_ago):
     (_pod("Failed", container_state=_terminated(137, "OOMKilled")), (OOM_KILLED, 137, "OOMKilled at its 2Gi memory limit", 1)),
     (_pod("Running", container_state=_terminated(137, "OOMKilled")), (OOM_KILLED, 137, "OOMKilled at its 2Gi memory limit", 1)),
     (_pod("Failed", container_state=_terminated(2, "Error")), (FAILED, 2, "exited 2 (Error)", 0)),
+    (_pod("Failed", container_state=_terminated(65, "Error", "model='a.b:c' is invalid: ...Traceback")),
+     (FAILED, 65, "model='a.b:c' is invalid: ...Traceback", 0)),  # a user error: the node's termination message
     (_pod("Failed", reason="Evicted", message="The node had condition: [DiskPressure]."),
      (FAILED, None, "Evicted: The node had condition: [DiskPressure].", 0)),
     (_pod("Unknown"), (LOST, None, "node lost: Unknown", 0)),

@@ -38,6 +38,16 @@ def test_a_failure_fails_the_attempt_once_and_the_next_step_relaunches_the_node(
     assert isinstance(actions[0], Fail) and actions[0].retryable
 
 
+def test_a_node_that_stopped_on_a_user_error_fails_the_attempt_without_retry():
+    wrong = nodes(worker_0={"state": NodeState.FAILED, "exit_code": C.USER_ERROR_EXIT_CODE,
+                            "reason": "data='/d' is invalid: ... the first: /d/a.csv: row 9, column I5: 'x'"})
+    state, actions = step(ControllerState(QUOTA), observe(nodes=wrong))
+    assert actions == [Fail(Reason.USER_ERROR, actions[0].numbers, retryable=False, nodes=("worker-0",))]
+    assert "row 9, column I5" in actions[0].describe()
+    _, again = step(state, observe(nodes=wrong))  # never relaunched: the same input fails the same way
+    assert again == actions
+
+
 def test_an_oom_kill_grows_the_node_once_by_the_growth_factor_and_only_within_the_quota():
     killed = nodes(ps_0={"state": NodeState.OOM_KILLED, "reason": "OOM"})
     state, _ = step(ControllerState(QUOTA), observe(nodes=killed))

@@ -69,3 +69,17 @@ def test_theil_sen_is_scipys(points):
         return
     slope, intercept, _, _ = theilslopes(y, x)
     assert theil_sen(x, y) == pytest.approx((slope, intercept), rel=1e-9, abs=1e-9)
+
+
+def test_ps_memory_saturates_at_the_layouts_tables():
+    from airflow_dlrover.optimizer.memory import MemoryModel
+
+    model = MemoryModel(ps_base_mb=100.0, table_mb=50.0, worker_base_mb=200.0, activation_mb_per_sample=0.1,
+                        table_growth_mb_per_m_samples=400.0, table_capacity_mb=250.0)
+    assert model.ps_peak_mb(2, 0.0) == pytest.approx(125.0)
+    assert model.ps_peak_mb(2, 0.25e6) == pytest.approx(100.0 + 150.0 / 2)  # growing ...
+    assert model.ps_peak_mb(2, 1e9) == pytest.approx(100.0 + 250.0 / 2)  # ... never past every row touched
+    unbounded = MemoryModel(100.0, 50.0, 200.0, 0.1, 400.0)
+    assert unbounded.ps_peak_mb(2, 1e9) > 1e5
+    table = model_samples()
+    assert fit_memory(table, table_capacity_mb=250.0).table_capacity_mb == 250.0

@@ -59,3 +59,15 @@ def test_gpu_design_and_errors():
     with pytest.raises(InvalidInputError) as err:
         design_probes(Quota(0.5, 4096))
     assert err.value.field == "cpu"
+
+
+def test_cold_probes_give_each_ps_its_share_of_the_layouts_tables():
+    quota = Quota(cpu=8, memory_mb=32_768)
+    plain = design_probes(quota)
+    big = design_probes(quota, table_mb=6000.0)  # 26 tables of 1M rows, dim 16, partly
+    need = (C.PS_PROCESS_BASE_MB + 6000.0 / big["ps"]) * (1 + C.MEMORY_MARGIN_FRACTION)
+    assert (big["ps_memory_mb"] >= need).all() and (big["ps_memory_mb"] >= plain["ps_memory_mb"].max()).all()
+    assert (big["workers"] * big["worker_memory_mb"] + big["ps"] * big["ps_memory_mb"] <= quota.memory_mb).all()
+    with pytest.raises(InvalidInputError) as err:
+        design_probes(Quota(cpu=8, memory_mb=4096), table_mb=6000.0)
+    assert err.value.field == "memory" and "the layout's tables take 6,000 MB" in str(err.value)
