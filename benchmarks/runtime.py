@@ -116,8 +116,7 @@ def single_process_throughput(spec: JobSpec, threads: int, seconds: float) -> fl
     while time.perf_counter() - start < seconds:
         batch = source.samples(offset, offset + spec.batch_size)
         offset += spec.batch_size
-        sparse = torch.from_numpy(batch.sparse)
-        embedded = torch.stack([tables[t](sparse[:, t]) for t in range(len(tables))], dim=1)
+        embedded = [tables[t](torch.from_numpy(ids)) for t, ids in enumerate(batch.sparse)]
         loss = torch.nn.functional.binary_cross_entropy_with_logits(
             model(torch.from_numpy(batch.dense), embedded), torch.from_numpy(batch.label))
         dense_opt.zero_grad()

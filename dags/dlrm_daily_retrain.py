@@ -4,9 +4,12 @@ Copy this DAG and change its params. Every task is one of the provider's operato
 an Airflow retry of the ``guard`` task. This file imports no torch and no Kubernetes client.
 
 Params (Trigger DAG w/ config, or ``airflow dags test dlrm_daily_retrain -c '{...}'``):
-  dataset      ``synthetic`` or the path of a Criteo-format file
-  samples      samples to train (one epoch)
-  table_size   rows per embedding table (26 tables)
+  dataset      ``synthetic``, or a Parquet/CSV/TSV file, folder, glob or fsspec URL (``s3://...``)
+  layout       the dataset's feature layout (docs/data.md); null: the Criteo columns
+  model        your dense model, ``pkg.module:build``; empty: DenseDLRM
+  export       a folder or URL: each day's model is exported to ``<export>/<ds>``; empty: none
+  samples      samples to train (one epoch); null: every training row of the dataset
+  table_size   rows per embedding table (26 tables of the Criteo layout)
   quota_cpu / quota_memory   the quota the optimizer plans under
   objective    throughput | deadline | efficiency
   baseline     the configuration the job would run without the optimizer (for the report)
@@ -27,7 +30,9 @@ from airflow_dlrover.operators import (
 from airflow_dlrover.sensors import DLRoverInstabilitySensor
 
 JOB = "dlrm_daily_retrain"
-JOB_ARGS = {"samples": "{{ params.samples }}", "data": "{{ params.dataset }}", "table_size": "{{ params.table_size }}"}
+JOB_ARGS = {"samples": "{{ params.samples }}", "data": "{{ params.dataset }}", "layout": "{{ params.layout }}",
+            "model": "{{ params.model }}", "export": "{{ (params.export ~ '/' ~ ds) if params.export else '' }}",
+            "table_size": "{{ None if params.layout else params.table_size }}"}
 QUOTA = {"cpu": "{{ params.quota_cpu }}", "memory": "{{ params.quota_memory }}"}
 
 with DAG(
@@ -39,8 +44,12 @@ with DAG(
     render_template_as_native_obj=True,
     default_args={"retries": 1, "retry_delay": timedelta(seconds=2)},
     params={
-        "dataset": Param("synthetic", type="string", description="synthetic, or the path of a Criteo-format file"),
-        "samples": Param(16_000_000, type="integer", minimum=1),
+        "dataset": Param("synthetic", type="string",
+                         description="synthetic, or a Parquet/CSV/TSV file, folder, glob or fsspec URL"),
+        "layout": Param(None, type=["object", "null"], description="feature layout; null: the Criteo columns"),
+        "model": Param("", type="string", description="pkg.module:build of your dense model; empty: DenseDLRM"),
+        "export": Param("", type="string", description="export each day's model to <export>/<ds>; empty: none"),
+        "samples": Param(16_000_000, type=["integer", "null"], minimum=1),
         "table_size": Param(20_000, type="integer", minimum=2),
         "quota_cpu": Param(2.0, type="number", exclusiveMinimum=0),
         "quota_memory": Param("8Gi", type="string"),

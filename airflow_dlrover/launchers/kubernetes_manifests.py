@@ -39,9 +39,12 @@ keep strangers from reaching them, ingress and egress, by named port:
 
 * master: ingress on ``http`` from the job's workers and from the launcher (the Airflow pods:
   ``launcher_namespace`` / ``launcher_pod_labels``); egress to the job's PS on ``rpc``;
-* PS: ingress on ``rpc`` from the job's master, workers and the launcher (the report evaluates the
-  model on the PS); no egress;
-* worker: no ingress; egress to the master on ``http`` and the PS on ``rpc``;
+* PS: ingress on ``rpc`` from the job's master and workers (the job evaluates and exports its model
+  itself); no egress;
+* worker: no ingress; egress to the master on ``http`` and the PS on ``rpc`` — and, when the job's
+  data or export is an object-store URL (``s3://``, ``gs://``, ...), on ``STORAGE_EGRESS_PORTS`` to
+  anywhere (the store's endpoints are not pods; narrow it with your own policy, or keep the data
+  on the job's volumes);
 * every role: egress to the cluster DNS (``kube-system`` pods ``k8s-app: kube-dns``, port 53).
 """
 
@@ -65,6 +68,13 @@ from airflow_dlrover.runtime.spec import JobSpec
 
 # -- tuning constants (one line of reason each) ---------------------------------------------------
 MASTER_PORT = 8080  # the master's HTTP API (fixed in a pod, unlike local.py's free port: a Service needs it)
+#: the spec (with its dataset index: ~40 bytes per row group) must fit the ConfigMap that carries it;
+#: the API server refuses objects over 1 MiB, and the job record shares the map
+SPEC_CONFIG_MAP_MAX_BYTES = 900_000
+#: fsspec protocols that read and write the pod's own filesystem (the job's volumes)
+LOCAL_PROTOCOLS = ("file", "local")
+#: ports a worker may reach anywhere when the job's data or export is on an object store (HTTPS)
+STORAGE_EGRESS_PORTS = (443,)
 PS_PORT = 7070  # each PS's transport port (fixed: the DNS name + port is the address the master is given)
 JOB_DIR = "/var/lib/dlrover/job"  # the job dir in every pod: same path everywhere, so checkpoint paths agree
 DATA_DIR = "/var/lib/dlrover/data"  # where data_volume_claim is mounted (read-only) in the workers
@@ -401,6 +411,10 @@ def job_objects(spec: JobSpec, placement: Placement, owner: list[dict[str, Any]]
     """The job's Secret, ConfigMap, Services and NetworkPolicies (everything but its pods)."""
     job, namespace = spec.job_id, placement.namespace
     data = {"spec.json": dataclasses.replace(spec, authkey="").to_json()}
+    if len(data["spec.json"].encode()) > SPEC_CONFIG_MAP_MAX_BYTES:
+        raise InvalidInputError("data", spec.data, f"a dataset whose index fits the job's ConfigMap "
+                                f"(≤ {SPEC_CONFIG_MAP_MAX_BYTES:,} bytes): fewer, larger files or row groups",
+                                f"its spec takes {len(data['spec.json'].encode()):,} bytes")
     if record is not None:
         data["job.json"] = json.dumps(record, sort_keys=True)
     return [
@@ -421,11 +435,19 @@ def job_objects(spec: JobSpec, placement: Placement, owner: list[dict[str, Any]]
                   # DNS names exist before readiness: the master connects while the PS start.
                   "publishNotReadyAddresses": True,
                   "ports": [{"name": "rpc", "port": PS_PORT, "targetPort": "rpc", "protocol": "TCP"}]}},
-        *network_policies(job, placement, owner),
+        *network_policies(job, placement, owner, remote_storage=remote_storage(spec)),
     ]
 
 
-def network_policies(job: str, placement: Placement, owner: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+def remote_storage(spec: JobSpec) -> bool:
+    """Whether the job's workers read its data or write its export over the network (an fsspec URL
+    whose protocol is not a local one)."""
+    urls = [u for u in (spec.data, spec.export) if u and u != "synthetic"]
+    return any("://" in u and u.split("://", 1)[0] not in LOCAL_PROTOCOLS for u in urls)
+
+
+def network_policies(job: str, placement: Placement, owner: list[dict[str, Any]] | None,
+                     remote_storage: bool = False) -> list[dict[str, Any]]:
     """The job's NetworkPolicies, one per role (see the module docstring)."""
     namespace = placement.namespace
 
@@ -442,9 +464,11 @@ def network_policies(job: str, placement: Placement, owner: list[dict[str, Any]]
            "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
     rules = {
         "master": ([{"from": [pods("worker"), launcher], "ports": http}], [dns, {"to": [pods("ps")], "ports": rpc}]),
-        "ps": ([{"from": [pods("master"), pods("worker"), launcher], "ports": rpc}], [dns]),
+        "ps": ([{"from": [pods("master"), pods("worker")], "ports": rpc}], [dns]),
         "worker": ([], [dns, {"to": [pods("master")], "ports": http}, {"to": [pods("ps")], "ports": rpc}]),
     }
+    if remote_storage:
+        rules["worker"][1].append({"ports": [{"port": port, "protocol": "TCP"} for port in STORAGE_EGRESS_PORTS]})
     return [
         {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
          "metadata": _metadata(network_policy_name(job, role), namespace, _labels(job, role, "all"), owner),

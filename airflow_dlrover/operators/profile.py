@@ -19,7 +19,8 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
     command runs once per probe for ``probe_window`` with the configuration in its placeholders
     and ``DLROVER_CONFIG``, its throughput read from ``metrics_file`` or ``log_regex``.
 
-    :param job_args: the job: samples, data (``synthetic`` or a Criteo-format path), table_size,
+    :param job_args: the job: samples, data (``synthetic``, or a Parquet/CSV/TSV dataset: a file, folder,
+        glob or fsspec URL), layout, model, export, eval_fraction, eval_files, max_bad_rows, table_size,
         tables, embedding_dim, batch_size, ... (templated)
     :param probe_window: measurement time per probe, for ``command`` (templated)
     :param command: bring-your-own trainer command, an argv list (or a string split like a shell

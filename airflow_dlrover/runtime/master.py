@@ -196,22 +196,20 @@ class Master:
 
     def _next_todo(self, worker: str) -> int | None:
         """The shard after the worker's last one when it is free (a worker reads on through the
-        fragment it has decoded), else the first free shard of the fragment nobody reads, else
-        the first free one."""
+        fragment it has decoded), else the first free shard of a fragment no other worker reads
+        (holds a lease in, or was last handed a shard of), else the first free one."""
         free = [s for s in range(self.spec.num_shards) if s not in self.done and s not in self.leases]
-        if not free:
-            return None
+        if not free or self.spec.dataset is None:  # synthetic samples cost the same anywhere
+            return free[0] if free else None
         after = self.last_shard.get(worker, -2) + 1
         if after in free and self._fragment(after) == self._fragment(after - 1):
             return after
         busy = {self._fragment(s) for s in self.leases if s != FINISH}
+        busy |= {self._fragment(s) for w, s in self.last_shard.items() if w != worker and s != FINISH}
         return next((s for s in free if self._fragment(s) not in busy), free[0])
 
     def _fragment(self, shard: int) -> int:
         """The fragment (row group, run of lines) a shard lies in; shards never cross one."""
-        dataset = self.spec.dataset
-        if dataset is None:
-            return shard
         return bisect.bisect_right(self._fragment_starts, self.spec.shard_range(shard)[0]) - 1
 
     def finish(self, worker: str, generation: int, **result: Any) -> dict[str, Any]:

@@ -387,7 +387,9 @@ def _allowed(policies, source, target, port):
         if not selecting:
             return True  # not isolated in that direction
         key, peers_key = ("ingress", "from") if kind == "Ingress" else ("egress", "to")
-        return any(any(_peer_admits(peer, other, p["metadata"]["namespace"]) for peer in rule[peers_key])
+        # A rule without peers admits every peer (the NetworkPolicy API's rule).
+        return any((peers_key not in rule or any(_peer_admits(peer, other, p["metadata"]["namespace"])
+                                                 for peer in rule[peers_key]))
                    and (not rule.get("ports") or _port_admits(rule["ports"], port, target))
                    for p in selecting for rule in p["spec"].get(key, []))
     return direction(target, "Ingress", source) and direction(source, "Egress", target)
@@ -418,8 +420,9 @@ def test_the_jobs_network_policies_admit_the_job_and_its_launcher_and_nobody_els
     everything = policies + list(by_name(render(CPU_PLAN, job_id="other-job"), "NetworkPolicy").values())
     http, rpc = km.MASTER_PORT, km.PS_PORT
     admitted = [(worker, master, http), (airflow, master, http), (master, ps, rpc), (worker, ps, rpc),
-                (airflow, ps, rpc), (worker, dns, 53), (master, dns, 53), (ps, dns, 53)]
+                (worker, dns, 53), (master, dns, 53), (ps, dns, 53)]
     refused = [(stranger, master, http), (airflow_web, master, http), (other_job["other-job-worker-0"], master, http),
+               (airflow, ps, rpc),  # the job evaluates and exports its model itself: no launcher reads the PS
                (other_job["other-job-worker-0"], ps, rpc), (stranger, ps, rpc), (stranger, worker, 1234),
                (master, worker, 1234), (ps, master, http), (worker, master, rpc), (master, stranger, 443),
                (worker, stranger, 443), (ps, stranger, 443), (worker, other_job["other-job-ps-0"], rpc)]
@@ -427,6 +430,23 @@ def test_the_jobs_network_policies_admit_the_job_and_its_launcher_and_nobody_els
         assert _allowed(everything, source, target, port), (source, target, port)
     for source, target, port in refused:
         assert not _allowed(everything, source, target, port), (source, target, port)
+
+
+def test_workers_reach_an_object_store_only_when_the_data_or_export_is_on_one():
+    import dataclasses
+
+    remote = km.render_job(dataclasses.replace(spec("dlrm-daily"), data="s3://logs/day", export="/models/x"), CPU_PLAN,
+                           namespace="training", image="registry.example/airflow-dlrover:0.1.0")
+    policies = list(by_name(remote, "NetworkPolicy").values())
+    pods = _pods(remote)
+    store = {"namespace": "", "labels": {}, "ports": {}}
+    assert _allowed(policies, pods["dlrm-daily-worker-0"], store, 443)
+    assert not _allowed(policies, pods["dlrm-daily-worker-0"], store, 80)
+    assert not _allowed(policies, pods["dlrm-daily-ps-0"], store, 443)
+    assert not _allowed(policies, pods["dlrm-daily-master"], store, 443)
+    local = km.render_job(dataclasses.replace(spec("dlrm-daily"), data="file:///data/day", export="/models/x"), CPU_PLAN,
+                          namespace="training", image="registry.example/airflow-dlrover:0.1.0")
+    assert not _allowed(list(by_name(local, "NetworkPolicy").values()), pods["dlrm-daily-worker-0"], store, 443)
 
 
 def test_the_launcher_defaults_to_the_jobs_namespace():
