@@ -9,7 +9,8 @@ reader     writes Parquet copies of the synthetic data (row groups of 65,536 row
            fresh process pinned to one core; against the synthetic source the same way. Prints rows/s
            and the process's peak RSS: the goal is an RSS independent of the dataset's size.
 training   the demo's plan (3 workers × 0.5 core + 1 PS × 0.5 core) on synthetic data and on its
-           Parquet copy, alternated; the job's samples/s after a warm-up (goal: Parquet ≥ 0.9×).
+           Parquet copy, alternated; the workers' samples/s over 8 s after a 4 s warm-up
+           (``runtime.measure``; goal: Parquet ≥ 0.9×).
 ps-memory  26 tables of 1,000,000 rows, dim 16, 2 PS, uniform ids (so the tables fill: ~1.9 GB per
            PS): the memory model fitted on the first quarter of the run (as a profile would, with the
            layout's bound) forecasts each PS's peak; against the peak the cgroup measured, and against
@@ -29,6 +30,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from runtime import measure
 
 from airflow_dlrover.launchers.cgroups import CgroupManager
 from airflow_dlrover.launchers.local import LocalLauncher
@@ -83,25 +86,6 @@ def cmd_reader(args) -> None:
                   f"{_size_gb(folder):6.2f} GB {rate:16,.0f} {rss:7.0f} MB", flush=True)
 
 
-def _throughput(launcher: LocalLauncher, spec: JobSpec, config: Configuration, warmup_s=6.0, measure_s=12.0) -> float:
-    """The workers' samples/s over ``measure_s`` after ``warmup_s`` of training."""
-    job_id = launcher.launch(spec, config)
-    try:
-        deadline = time.monotonic() + 120
-        while launcher.master_call(job_id, "/status")["samples_done"] == 0:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{job_id} did not start training")
-            time.sleep(0.2)
-        time.sleep(warmup_s)
-        before, t0 = launcher.metrics(job_id), time.monotonic()
-        time.sleep(measure_s)
-        after, t1 = launcher.metrics(job_id), time.monotonic()
-        workers = [n for n, m in after["nodes"].items() if m.get("role") == "worker"]
-        return sum(after["nodes"][n]["samples"] - before["nodes"].get(n, {}).get("samples", 0) for n in workers) / (t1 - t0)
-    finally:
-        launcher.stop(job_id)
-
-
 def cmd_training(args) -> None:
     config = Configuration(3, 1, 0.5, 0.5, 2048, 2048)
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
@@ -113,7 +97,7 @@ def cmd_training(args) -> None:
                 spec = JobSpec(job_id=f"{kind}-{repeat}", samples=2_400_000 if kind == "synthetic" else None,
                                data="synthetic" if kind == "synthetic" else str(Path(tmp) / "copy"),
                                checkpoint_interval_s=30.0)
-                rates[kind].append(_throughput(launcher, spec, config))
+                rates[kind].append(measure(launcher, config, spec.job_id, spec=spec)["throughput"])
                 print(f"{kind:9s} run {repeat + 1}: {rates[kind][-1]:8,.0f} samples/s", flush=True)
     syn, pq = statistics.median(rates["synthetic"]), statistics.median(rates["parquet"])
     print(f"\n{config.describe()}: median synthetic {syn:,.0f}, Parquet {pq:,.0f} samples/s; ratio {pq / syn:.2f} "

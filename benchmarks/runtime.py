@@ -37,9 +37,12 @@ WARMUP_S = 4.0
 MEASURE_S = 8.0
 
 
-def measure(launcher: LocalLauncher, config: Configuration, job_id: str, batch: int = 512) -> dict:
-    """Launch, wait for training to warm up, measure throughput and per-node usage, stop."""
-    spec = JobSpec(job_id=job_id, samples=50_000_000, batch_size=batch, checkpoint_interval_s=3600)
+def measure(launcher: LocalLauncher, config: Configuration, job_id: str, batch: int = 512,
+            spec: JobSpec | None = None) -> dict:
+    """Launch, wait for training to warm up, measure throughput and per-node usage, stop.
+    ``spec``: the job (default: synthetic, long enough not to finish)."""
+    spec = spec or JobSpec(job_id=job_id, samples=50_000_000, batch_size=batch, checkpoint_interval_s=3600)
+    job_id = spec.job_id
     launcher.launch(spec, config)
     try:
         deadline = time.monotonic() + 60

@@ -224,7 +224,7 @@ class Launcher:
                 log.info("job %s already running: adopted", job_id)
                 return job_id
             self._discard(job_id, record)
-        spec = prepare(spec, check_model=self.runs_local_code)
+        spec = prepare(spec, runs_here=self.runs_local_code)
         record = {"job_id": job_id, "config": config.to_row(), "nodes": {}, "events": [], "resizes": 0,
                   "started": time.time()}
         self._new_node(record, "master", "master", 0, C.MASTER_CPU, C.MASTER_MEMORY_MB)

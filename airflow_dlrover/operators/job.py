@@ -127,7 +127,7 @@ def build_spec(job_id: str, job_args: dict[str, Any] | None):
             values["bottom_mlp"] = (64, dims.pop())
         values["layout"] = layout
     try:
-        return prepare(JobSpec(job_id=job_id, **values), check_model=False)
+        return prepare(JobSpec(job_id=job_id, **values), runs_here=False)
     except InvalidInputError as err:
         if err.field.startswith("job_args."):
             raise

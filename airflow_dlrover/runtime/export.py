@@ -42,7 +42,15 @@ def _fs(url: str):
 def export_model(spec, model: torch.nn.Module, checkpoint_files: list[str], metrics: dict[str, Any],
                  heartbeat=lambda: None) -> str:
     """Write the model of ``spec`` (dense ``model``, tables from the PS checkpoint files) to
-    ``spec.export``; returns the export's URL. ``heartbeat`` is called after each table."""
+    ``spec.export``; returns the export's URL. ``heartbeat`` is called after each table. A
+    destination the job may not write is a user error (``InvalidInputError``); others retry."""
+    try:
+        return _export(spec, model, checkpoint_files, metrics, heartbeat)
+    except (PermissionError, NotADirectoryError, FileExistsError) as err:
+        raise InvalidInputError("export", spec.export, "a folder or URL the job's workers can write", str(err)) from None
+
+
+def _export(spec, model, checkpoint_files, metrics, heartbeat) -> str:
     fs, path = _fs(spec.export)
     path = path.rstrip("/")
     staging = f"{path}.staging-{uuid.uuid4().hex[:8]}"

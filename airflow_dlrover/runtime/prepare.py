@@ -1,18 +1,22 @@
 """What a launch checks and fills in before any node starts (``Launcher.launch``): the dataset
-indexed and its files checked against the layout, the ``standardize`` columns measured, and the
-user's model imported, built and run on a small batch where the launcher runs the job's code."""
+indexed and its files checked against the layout, the ``standardize`` columns measured, the
+export's destination writable, and the user's model imported, built and run on a small batch
+where the launcher runs the job's code."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
+from airflow_dlrover.optimizer.types import InvalidInputError
 from airflow_dlrover.runtime.spec import JobSpec
 
 
-def prepare(spec: JobSpec, *, check_model: bool) -> JobSpec:
+def prepare(spec: JobSpec, *, runs_here: bool) -> JobSpec:
     """``spec`` with its dataset index (and measured statistics); raises ``InvalidInputError``
-    naming the file, the column and what is allowed. ``check_model``: the model's module is
-    importable here (the local launcher); on Kubernetes it is in the image, and the workers check it."""
+    naming the file, the column and what is allowed. ``runs_here``: the job's nodes run on this
+    machine (the local launcher), so its model module and export folder are checked here too; on
+    Kubernetes they are the image's and the volume's, and the workers check them."""
     if spec.data != "synthetic" and spec.dataset is None:
         from airflow_dlrover.runtime.datasets import TabularSource, scan, standardize_statistics
 
@@ -20,8 +24,28 @@ def prepare(spec: JobSpec, *, check_model: bool) -> JobSpec:
         stats = standardize_statistics(TabularSource(spec.dataset, spec.layout), spec.held_out[0])
         if stats:
             spec = replace(spec, layout=spec.layout.with_statistics(stats))
-    if check_model and spec.model:
+    if runs_here and spec.export:
+        check_destination(spec.export)
+    if runs_here and spec.model:
         from airflow_dlrover.runtime.dlrm import build_model
 
         build_model(spec)
     return spec
+
+
+def check_destination(url: str) -> None:
+    """A destination the job can write: its parent folder exists, or can be made, and is writable
+    (checked at launch on a local filesystem; an object store's permissions show at the export)."""
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if protocol not in ("file", "local"):
+        return
+    parent = os.path.dirname(path.rstrip("/")) or "/"
+    try:
+        fs.makedirs(parent, exist_ok=True)
+    except OSError as err:
+        raise InvalidInputError("export", url, "a folder whose parent the job can create and write", str(err)) from None
+    if not os.access(parent, os.W_OK):
+        raise InvalidInputError("export", url, "a folder whose parent the job can write", f"{parent} is not writable")

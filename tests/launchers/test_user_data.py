@@ -165,3 +165,24 @@ def test_past_the_bad_row_limit_the_job_fails_without_retry_naming_the_first_row
     summary = run_job(LocalLauncher(tmp_path / "jobs"), tolerant, Configuration(1, 1, 1.0, 0.5, 2048, 1024), tmp_path)
     assert summary["bad_rows"] == 5 and summary["samples_trained"] == 2400 and summary["samples_lost"] == 0
     assert not math.isnan(summary["eval_loss"])
+
+
+def test_a_worker_that_finds_the_model_broken_exits_with_the_user_error_code_and_says_why(tmp_path, user_package):
+    """What a pod does on Kubernetes, where the launcher cannot import the image's module."""
+    from airflow_dlrover.optimizer.constants import USER_ERROR_EXIT_CODE
+    from airflow_dlrover.runtime.__main__ import main
+
+    JobSpec(job_id="k8s", samples=1000, model="myrank:build_wrong_shape").save(tmp_path / "spec.json")
+    code = main(["worker", "--job-dir", str(tmp_path), "--master", "127.0.0.1:9", "--name", "worker-0"])
+    assert code == USER_ERROR_EXIT_CODE
+    message = (tmp_path / "exit" / "worker-0.message").read_text()
+    assert message.startswith("model='myrank:build_wrong_shape' is invalid") and "forward returned (4, 2)" in message
+
+
+def test_an_export_folder_the_job_cannot_write_fails_at_launch(tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    job = JobSpec(job_id="unwritable", samples=1000, export=str(tmp_path / "a-file" / "model"))
+    launcher = LocalLauncher(tmp_path / "jobs")
+    with pytest.raises(InvalidInputError) as err:
+        launcher.launch(job, CONFIG)
+    assert err.value.field == "export" and "a-file" in str(err.value) and not launcher.exists("unwritable")

@@ -137,7 +137,7 @@ def test_parquet_row_groups_of_varied_size_over_files_are_the_synthetic_rows(tmp
 
 def test_shards_never_cross_a_row_group_and_cover_the_training_rows_once(tmp_path):
     write_synthetic(str(tmp_path / "d"), 20_000, files=2, row_group_rows=[3000, 700])
-    spec = prepare(JobSpec(job_id="s", data=str(tmp_path / "d"), shard_size=1000), check_model=False)
+    spec = prepare(JobSpec(job_id="s", data=str(tmp_path / "d"), shard_size=1000), runs_here=False)
     assert spec.samples == 16_000 and spec.held_out == (16_000, 20_000)
     bounds = spec.shard_bounds
     assert bounds[0] == 0 and bounds[-1] == 16_000 and all(b - a <= 1000 for a, b in zip(bounds, bounds[1:]))
@@ -145,7 +145,7 @@ def test_shards_never_cross_a_row_group_and_cover_the_training_rows_once(tmp_pat
     for a, b in zip(bounds, bounds[1:]):
         assert not any(a < e < b for e in edges)
     assert [spec.shard_of(s) for s in (0, 999, 1000, 15_999)] == [0, 0, 1, spec.num_shards - 1]
-    by_file = prepare(JobSpec(job_id="s", data=str(tmp_path / "d"), eval_files=1), check_model=False)
+    by_file = prepare(JobSpec(job_id="s", data=str(tmp_path / "d"), eval_files=1), runs_here=False)
     assert by_file.held_out == (10_000, 20_000) and by_file.samples == 10_000
     with pytest.raises(InvalidInputError, match=r"≤ the 16000 training rows"):
         JobSpec(job_id="s", data=str(tmp_path / "d"), samples=16_001, dataset=spec.dataset)
@@ -189,7 +189,7 @@ def test_a_memory_url_and_a_multi_hot_list_column_with_pooling():
 def test_a_fresh_reader_reads_any_row_range_as_the_file_holds_it(tmp_path):
     """What a resumed or relaunched worker does: a new reader, an arbitrary shard in mid-file."""
     files = write_synthetic(str(tmp_path / "d"), 12_000, files=2, row_group_rows=[2500, 900])
-    spec = prepare(JobSpec(job_id="r", data=str(tmp_path / "d"), shard_size=700), check_model=False)
+    spec = prepare(JobSpec(job_id="r", data=str(tmp_path / "d"), shard_size=700), runs_here=False)
     direct = pa.concat_tables([pq.read_table(f) for f in files])
     for shard in (0, 5, spec.num_shards // 2, spec.num_shards - 1):
         start, stop = spec.shard_range(shard)
@@ -203,7 +203,7 @@ def test_the_master_keeps_each_worker_in_its_own_row_group(tmp_path):
     from airflow_dlrover.runtime.master import Master
 
     write_synthetic(str(tmp_path / "d"), 8000, row_group_rows=[2000])
-    spec = prepare(JobSpec(job_id="m", data=str(tmp_path / "d"), shard_size=500), check_model=False)
+    spec = prepare(JobSpec(job_id="m", data=str(tmp_path / "d"), shard_size=500), runs_here=False)
     master = Master(spec, tmp_path)
     master.ps_addresses = ["127.0.0.1:1"]  # handed out, never dialled here
     source, fragment = TabularSource(spec.dataset, spec.layout), {}
