@@ -233,27 +233,25 @@ class Worker:
         w["compute"] += t3 - t2
         w["push"] += t4 - t3
 
-    def scores(self, start: int, stop: int, batch_size: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-        """Logits and labels of the readable rows of ``[start, stop)``, with the PS's current model."""
-        scores, labels = [], []
+    def evaluate(self, start: int, stop: int, batch_size: int = 4096) -> dict[str, float]:
+        """Held-out metrics (``evaluate.StreamingMetrics``) of the readable rows of ``[start, stop)``,
+        with the PS's current model, in memory that does not grow with the rows."""
+        from airflow_dlrover.runtime.evaluate import StreamingMetrics
+
+        streaming = StreamingMetrics()
         with torch.no_grad():
             for offset in range(start, stop, batch_size):
                 batch = self.source.samples(offset, min(offset + batch_size, stop))
                 uniques, inverses, owner = route(batch.sparse, len(self.peers))
                 logits, _ = self._forward(batch, uniques, inverses, self._lookup(owner), grad=False)
                 keep = batch.valid_mask
-                scores.append(logits.cpu().numpy()[keep])
-                labels.append(batch.label[keep])
+                streaming.update(batch.label[keep], logits.cpu().numpy()[keep])
                 self._report()  # keeps the finish's lease
-        return (np.concatenate(scores) if scores else np.zeros(0, np.float32),
-                np.concatenate(labels) if labels else np.zeros(0, np.float32))
+        return streaming.result()
 
     def _finish(self) -> dict[str, Any]:
-        """The job's last task: held-out loss and AUC (``evaluate.metrics``), and the export."""
-        from airflow_dlrover.runtime.evaluate import metrics
-
-        scores, labels = self.scores(*self.spec.held_out)
-        result = metrics(labels, scores)
+        """The job's last task: held-out loss and AUC, and the export."""
+        result = self.evaluate(*self.spec.held_out)
         if self.spec.export:
             from airflow_dlrover.runtime.export import export_model
 

@@ -47,7 +47,7 @@ def test_a_parquet_job_recovers_loses_nothing_and_exports_what_it_scored(tmp_pat
     spec = launcher.spec(summary["job_id"])
     held_out = TabularSource(spec.dataset, spec.layout).samples(*spec.held_out)
     again = metrics(held_out.label, exported.logits(held_out))
-    assert again["auc"] == pytest.approx(summary["eval_auc"], abs=1e-6)
+    assert again["auc"] == pytest.approx(summary["eval_auc"], abs=1e-5)
     assert again["loss"] == pytest.approx(summary["eval_loss"], abs=1e-5)
     assert exported.manifest["metrics"]["auc"] == pytest.approx(summary["eval_auc"])
     assert not list(tmp_path.glob("model.*"))  # no staging or replaced folder is left behind
@@ -130,7 +130,7 @@ def test_a_user_model_with_its_own_layout_trains_and_its_export_loads(tmp_path, 
     assert [t["dim"] for t in exported.manifest["tables"]] == [8, 4, 8]
     assert exported.manifest["model"] == "myrank:build"
     held_out = TabularSource(spec.dataset, spec.layout).samples(*spec.held_out)
-    assert metrics(held_out.label, exported.logits(held_out))["auc"] == pytest.approx(summary["eval_auc"], abs=1e-6)
+    assert metrics(held_out.label, exported.logits(held_out))["auc"] == pytest.approx(summary["eval_auc"], abs=1e-5)
 
 
 @pytest.mark.parametrize("model, says", [("broken:build", "No module named 'no_such_module_anywhere'"),

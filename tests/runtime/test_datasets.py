@@ -213,3 +213,21 @@ def test_the_master_keeps_each_worker_in_its_own_row_group(tmp_path):
             fragment.setdefault(worker, set()).add(source.fragment_of(reply["start"]))
             master.shard_done(worker, reply["shard"], reply["generation"])
     assert len(fragment["a"]) == len(fragment["b"]) == 1 and fragment["a"] != fragment["b"]
+
+
+def test_the_streamed_metrics_match_the_exact_ones_in_any_split():
+    from airflow_dlrover.runtime.data import roc_auc
+    from airflow_dlrover.runtime.evaluate import StreamingMetrics, metrics
+
+    rng = np.random.default_rng(7)
+    logits = rng.normal(-0.8, 1.5, 1_000_000)  # a trained CTR model's scale
+    labels = (rng.random(len(logits)) < 1 / (1 + np.exp(-logits))).astype(np.float32)
+    whole = metrics(labels, logits)
+    assert whole["auc"] == pytest.approx(roc_auc(labels, logits), abs=1e-5)
+    exact_loss = float(np.mean(-labels * np.log(1 / (1 + np.exp(-logits))) - (1 - labels) * np.log(1 - 1 / (1 + np.exp(-logits)))))
+    assert whole["loss"] == pytest.approx(exact_loss, rel=1e-9) and whole["samples"] == 1_000_000
+    streaming = StreamingMetrics()
+    for a in range(0, len(logits), 300_007):
+        streaming.update(labels[a:a + 300_007], logits[a:a + 300_007])
+    assert streaming.result() == pytest.approx(whole)
+    assert math.isnan(metrics(np.ones(5), np.arange(5.0))["auc"]) and metrics([], [])["samples"] == 0
