@@ -100,7 +100,10 @@ class DLRoverJobTrigger(BaseTrigger):
             status = watch.launcher.master_call(self.job_id, "/status", timeout=C.MASTER_POLL_TIMEOUT_S)
         except ConnectionError:
             status = None  # the master is down: the guard sees it as a failed node
-        if status is not None and status["state"] == "done":
+        ended = status is not None and (status["state"] == "done" or
+                                        # the job's input is wrong: nothing to tune; the guard fails it
+                                        (status["state"] == "failed" and self.purpose == "finetune"))
+        if ended:
             return {"kind": "done", "rows": watch.rows}
         if status is not None:
             watch.meter.observe(status, healthy=not failed)
