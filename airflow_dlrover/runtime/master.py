@@ -34,7 +34,10 @@ only read throughput, shard counts and the generation, or "ok" — nothing that 
 reveal its data:
   GET  /status  /metrics  /metrics/prometheus  /healthz  /plan  /accounting
   POST /shard/next {worker, generation}        → {shard,start,stop,generation,ps} | {wait} | {exit} | {done}
-  POST /shard/done {worker, shard, generation}  POST /shard/abandon {worker, shard}
+                                                 | {finish, generation, ps}: evaluate and export (one worker)
+                                                 | {fail}: the data is past its bad-row limit
+  POST /shard/done {worker, shard, generation, bad_rows?, first_bad?}  POST /shard/abandon {worker, shard}
+  POST /finish {worker, generation, loss, auc, samples, export?}  the job's result: its state is done
   POST /report {node, role, ...metrics}        → {command}
   POST /cluster {ps: ["host:port", ...]}       POST /plan {...}
   POST /node_lost {node}  POST /drain {node}  POST /command {node, command}
