@@ -171,7 +171,7 @@ class Batch:
                      np.concatenate([b.label for b in batches]), valid)
 
     @staticmethod
-    def empty(spec: "FeatureSpec" = None) -> "Batch":
+    def empty(spec: "FeatureSpec | None" = None) -> "Batch":
         spec = spec or FeatureSpec()
         return Batch(np.zeros((0, spec.num_dense), np.float32), tuple(np.zeros(0, np.int64) for _ in spec.table_sizes),
                      np.zeros(0, np.float32))

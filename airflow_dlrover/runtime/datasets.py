@@ -34,7 +34,7 @@ import io
 import math
 import re
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -90,9 +90,6 @@ class DatasetIndex:
     @property
     def fragment_starts(self) -> list[int]:
         return np.concatenate([[0], np.cumsum(self.fragment_rows)]).astype(int).tolist()
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # ---------------------------------------------------------------------------------------------

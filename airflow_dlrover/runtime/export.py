@@ -142,4 +142,5 @@ class ExportedModel:
 
 
 def load_export(url: str) -> ExportedModel:
+    """The export at ``url`` (a folder with its manifest), loaded to score."""
     return ExportedModel(url)
