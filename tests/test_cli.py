@@ -116,3 +116,24 @@ def test_train_runs_a_local_job_and_writes_its_files(tmp_path, capsys):
     assert (out / "samples.csv").exists()
     assert main(["train", "--inject", "kill-everything@3s", "--out", str(tmp_path / "bad")]) == 2
     assert "inject='kill-everything@3s' is invalid" in capsys.readouterr().err
+
+
+def test_train_takes_a_parquet_dataset_a_layout_file_and_an_export(tmp_path, capsys):
+    from airflow_dlrover.runtime.datasets import write_synthetic
+    from airflow_dlrover.runtime.export import load_export
+
+    write_synthetic(str(tmp_path / "day"), 50_000, files=2, row_group_rows=[9000, 4000], table_sizes=(2000,) * 26)
+    layout = {"label": "label", "dense": [f"I{j + 1}" for j in range(13)],
+              "sparse": [{"name": f"C{t + 1}", "table_size": 2000, "dim": 8} for t in range(26)]}
+    (tmp_path / "layout.json").write_text(json.dumps(layout))
+    out = tmp_path / "run"
+    assert main(["train", "--workers", "1", "--ps", "1", "--data", str(tmp_path / "day"), "--layout",
+                 str(tmp_path / "layout.json"), "--export", str(tmp_path / "model"), "--eval-files", "1",
+                 "--job-id", "cli-pq", "--out", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out.split("\nwrote")[0])
+    assert printed["samples_expected"] == printed["samples_trained"] == 25_000 and printed["samples_lost"] == 0
+    assert printed["export"] == str(tmp_path / "model") and printed["bad_rows"] == 0
+    assert load_export(printed["export"]).manifest["metrics"]["samples"] == 25_000  # the last file, held out
+    assert main(["train", "--data", str(tmp_path / "day"), "--layout", str(tmp_path / "nope.json"),
+                 "--out", str(tmp_path / "bad")]) == 2
+    assert "layout=" in capsys.readouterr().err

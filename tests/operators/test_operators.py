@@ -246,3 +246,26 @@ def test_a_trainer_command_runs_without_a_shell_and_its_metrics_file_stays_in_it
         with pytest.raises(InvalidInputError) as err:
             metrics_path_in(tmp_path, outside)
         assert err.value.field == "metrics_file"
+
+
+def test_job_args_take_a_dataset_a_layout_as_json_text_a_model_and_an_export(tmp_path):
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"y": [0, 1] * 500, "price": [1.0, 2.0] * 500, "user": list(range(1000))}),
+                   tmp_path / "day.parquet", row_group_size=300)
+    layout = {"label": "y", "dense": ["price"], "sparse": [{"name": "user", "table_size": 64, "dim": 8}]}
+    spec = build_spec("j", {"data": str(tmp_path / "day.parquet"), "layout": json.dumps(layout),  # as a template renders it
+                            "export": str(tmp_path / "models" / "2026-12-01"), "eval_fraction": 0.1})
+    assert spec.samples == 900 and spec.held_out == (900, 1000) and spec.dataset.fragment_rows == (300, 300, 300, 100)
+    assert spec.layout.dims == (8,) and spec.bottom_mlp[-1] == 8 and spec.export.endswith("2026-12-01")
+    for args, field in (({"data": str(tmp_path / "day.parquet"), "layout": {**layout, "dense": ["cost"]}},
+                         "job_args.layout column 'cost'"),
+                        ({"data": str(tmp_path / "day.parquet"), "layout": "{not json"}, "job_args.layout"),
+                        ({"layout": layout, "table_size": 10}, "job_args.layout"),
+                        ({"model": "not an import path"}, "job_args.model")):
+        with pytest.raises(InvalidInputError) as err:
+            build_spec("j", args)
+        assert err.value.field == field
