@@ -68,7 +68,7 @@ from airflow_dlrover.runtime.spec import JobSpec
 
 # -- tuning constants (one line of reason each) ---------------------------------------------------
 MASTER_PORT = 8080  # the master's HTTP API (fixed in a pod, unlike local.py's free port: a Service needs it)
-#: the spec (with its dataset index: ~40 bytes per row group) must fit the ConfigMap that carries it;
+#: the spec (with its dataset index: ~32 bytes per row group) must fit the ConfigMap that carries it;
 #: the API server refuses objects over 1 MiB, and the job record shares the map
 SPEC_CONFIG_MAP_MAX_BYTES = 900_000
 #: fsspec protocols that read and write the pod's own filesystem (the job's volumes)

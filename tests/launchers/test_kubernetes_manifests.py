@@ -457,3 +457,21 @@ def test_the_launcher_defaults_to_the_jobs_namespace():
         render(CPU_PLAN, launcher_pod_labels={"component": 3})
     with pytest.raises(InvalidInputError, match="launcher_namespace"):
         render(CPU_PLAN, launcher_namespace="Airflow Pods")
+
+
+def test_a_dataset_index_too_big_for_the_configmap_is_refused_naming_the_dataset():
+    import dataclasses
+
+    from airflow_dlrover.runtime.datasets import DatasetIndex
+
+    groups = 30_000  # ~32 bytes each in the spec: past what one ConfigMap holds
+    index = DatasetIndex("parquet", ("s3://logs/day/part-0.parquet",), (0,) * groups, tuple(range(groups)),
+                         (0,) * groups, (100_000,) * groups, tuple(range(1, 100_000 * groups, 100_000)))
+    big = dataclasses.replace(spec("dlrm-daily"), data="s3://logs/day", samples=None, dataset=index)
+    with pytest.raises(InvalidInputError) as err:
+        km.job_objects(big, km.Placement(namespace="training", image="registry.example/airflow-dlrover:0.1.0"), None)
+    assert err.value.field == "data" and "fewer, larger files or row groups" in str(err.value)
+    small = dataclasses.replace(big, samples=None, dataset=dataclasses.replace(index, **{k: getattr(index, k)[:2000] for k in (
+        "fragment_file", "fragment_locator", "fragment_length", "fragment_rows", "fragment_first_row")}))
+    assert any(o["kind"] == "ConfigMap" for o in km.job_objects(
+        small, km.Placement(namespace="training", image="registry.example/airflow-dlrover:0.1.0"), None))
