@@ -307,6 +307,9 @@ def test_v2_usage_pids_and_preexec(fake_v2):
     group.add_pid(4321)
     assert (node / "cgroup.procs").read_text() == "4321"
     assert group.pids() == [4321]
+    # The hook writes without truncating, as a cgroupfs file takes each write as one record; this
+    # fake is a regular file, so empty it first (a shorter pid would read "5621" after "4321").
+    (node / "cgroup.procs").write_text("")
     group.preexec_fn()()  # in a child it would move the child; here it writes our own pid
     assert (node / "cgroup.procs").read_text() == str(os.getpid())
 
