@@ -86,8 +86,9 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
                 row, usage = meter.close(time.time())
                 if row:
                     rows.append(row)
+            progress = {"samples_done": status["samples_done"], "samples_total": status["samples_total"]} if status else {}
             state, actions = step(state, Observation(time.time(), Configuration(**record["config"]), nodes=nodes,
-                                                     usage=tuple(usage)))
+                                                     usage=tuple(usage), **progress))
             for action in (a for a in actions if isinstance(a, Fail)):
                 events.append({**action.to_record(), "time_s": now})
                 if not action.retryable:

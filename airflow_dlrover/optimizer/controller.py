@@ -296,7 +296,9 @@ def _guard(state: ControllerState, obs: Observation) -> tuple[ControllerState, l
         running = {n.name for n in obs.nodes if n.state == NodeState.RUNNING}
         history = tuple(r for r in history if r["node"] in running)
     state = replace(state, node_history=history)
-    if not history:
+    if not history or obs.remaining == 0:
+        # Nothing left to train: the finishing worker evaluates and exports for seconds, a phase whose
+        # memory ramp is no trend of the job's; a real OOM kill there is recovered as a failure.
         return state, []
     table = {c: [r.get(c) for r in history] for c in (*METRIC_COLUMNS, "throughput")}
     events = detect(table, remaining_s=_remaining_s(state, obs))

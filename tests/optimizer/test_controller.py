@@ -100,6 +100,17 @@ def test_a_node_at_oom_risk_grows_its_whole_role_and_is_judged_afresh():
     assert not [r for r in state.node_history if r["role"] == "worker"]
 
 
+def test_nothing_is_healed_once_every_sample_is_trained():
+    """The finishing worker's evaluation and export ramp its memory for seconds: no trend of the job's."""
+    rows = tuple(usage(3 * t, "worker-0", "worker", 0.9, 1.0, 1960 + t % 2, 2048, 100.0) for t in range(8))
+    finished = Observation(now_s=100.0, config=CONFIG, samples_done=1e6, samples_total=1e6, nodes=nodes(), usage=rows)
+    assert step(ControllerState(QUOTA), finished)[1] == []
+    lost = nodes(worker_0={"state": NodeState.LOST})  # a failure is still recovered
+    _, (fail,) = step(ControllerState(QUOTA), Observation(now_s=100.0, config=CONFIG, samples_done=1e6,
+                                                          samples_total=1e6, nodes=lost, usage=rows))
+    assert isinstance(fail, Fail) and fail.retryable
+
+
 def test_a_straggler_is_replaced_with_the_planned_cpu():
     rows = tuple(usage(t, f"worker-{i}", "worker", 0.2, 0.25 if i == 0 else 1.0, 900, 2048, 20.0 if i == 0 else 100.0)
                  for t in (1, 2, 3) for i in (0, 1))
