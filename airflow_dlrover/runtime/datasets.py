@@ -96,7 +96,9 @@ class DatasetIndex:
 # Files
 # ---------------------------------------------------------------------------------------------
 
-def _filesystem(url: str):
+def filesystem(url: str):
+    """(fsspec filesystem, path) of a local path or URL; a protocol whose package is missing is a
+    user error naming the URL."""
     import fsspec
 
     try:
@@ -104,6 +106,17 @@ def _filesystem(url: str):
     except (ImportError, ValueError) as err:  # an fsspec protocol whose package is not installed
         raise InvalidInputError("data", url, "a local path or an fsspec URL whose filesystem is installed "
                                 "(s3fs for s3://, gcsfs for gs://)", str(err)) from None
+
+
+def is_local(fs) -> bool:
+    """Whether ``fs`` reads and writes this machine's (or pod's) own filesystem."""
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("file", "local")
+
+
+def _url(fs, path: str) -> str:
+    """What a file of ``fs`` is called in the spec: its path locally, its URL elsewhere."""
+    return path if is_local(fs) else fs.unstrip_protocol(path)
 
 
 def _format_of(path: str) -> str | None:
@@ -121,7 +134,7 @@ def _format_of(path: str) -> str | None:
 def list_files(data: str) -> tuple[str, list[str]]:
     """(format, file URLs) of ``data``: a file, a folder (every Parquet/CSV/TSV file under it, not
     hidden ones nor ``_SUCCESS``-style markers) or a glob, sorted; one format per dataset."""
-    fs, root = _filesystem(data)
+    fs, root = filesystem(data)
     if any(c in root for c in "*?["):
         paths = sorted(fs.glob(root))
     elif fs.isdir(root):
@@ -138,9 +151,7 @@ def list_files(data: str) -> tuple[str, list[str]]:
     kinds = set(known.values())
     if len(kinds) > 1:
         raise InvalidInputError("data", data, "one format per dataset: Parquet or CSV/TSV, not both")
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    urls = [p if protocol in ("file", "local") else fs.unstrip_protocol(p) for p in known]
-    return kinds.pop(), urls
+    return kinds.pop(), [_url(fs, p) for p in known]
 
 
 def _open(url: str, mode: str = "rb", compression: str | None = None):
@@ -679,7 +690,6 @@ def write_synthetic(url: str, rows: int, *, files: int = 1, row_group_rows: int 
     synthetic dense features back exactly), ``C1..C26`` the int64 ids — over ``files`` files of row
     groups of ``row_group_rows`` (a list: cycled, for groups of varied size). Written a row group at a
     time. Returns the files' URLs."""
-    import fsspec
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -690,7 +700,7 @@ def write_synthetic(url: str, rows: int, *, files: int = 1, row_group_rows: int 
     names = criteo_columns(spec)
     schema = pa.schema([("label", pa.int8())] + [(n, pa.int64()) for n in names[1:]])
     groups = row_group_rows if isinstance(row_group_rows, list) else [row_group_rows]
-    fs, root = fsspec.core.url_to_fs(url)
+    fs, root = filesystem(url)
     fs.makedirs(root, exist_ok=True)
     per_file = -(-rows // files)
     written, start, g = [], 0, 0
@@ -707,5 +717,5 @@ def write_synthetic(url: str, rows: int, *, files: int = 1, row_group_rows: int 
                 columns += [pa.array(ids) for ids in b.sparse]
                 writer.write_table(pa.Table.from_arrays(columns, schema=schema), row_group_size=end - start)
                 start = end
-        written.append(path if fs.protocol in ("file", ("file", "local")) else fs.unstrip_protocol(path))
+        written.append(_url(fs, path))
     return written

@@ -27,16 +27,11 @@ import numpy as np
 import torch
 
 from airflow_dlrover.optimizer.types import InvalidInputError
+from airflow_dlrover.runtime.datasets import filesystem
 from airflow_dlrover.runtime.layout import FeatureLayout
 
 FORMAT = "airflow-dlrover-export/1"
 MANIFEST = "manifest.json"
-
-
-def _fs(url: str):
-    import fsspec
-
-    return fsspec.core.url_to_fs(url)
 
 
 def export_model(spec, model: torch.nn.Module, checkpoint_files: list[str], metrics: dict[str, Any],
@@ -51,7 +46,7 @@ def export_model(spec, model: torch.nn.Module, checkpoint_files: list[str], metr
 
 
 def _export(spec, model, checkpoint_files, metrics, heartbeat) -> str:
-    fs, path = _fs(spec.export)
+    fs, path = filesystem(spec.export)
     path = path.rstrip("/")
     staging = f"{path}.staging-{uuid.uuid4().hex[:8]}"
     fs.makedirs(f"{staging}/tables", exist_ok=True)
@@ -99,7 +94,7 @@ class ExportedModel:
         from airflow_dlrover.runtime.dlrm import build_model
         from airflow_dlrover.runtime.spec import JobSpec
 
-        fs, path = _fs(url)
+        fs, path = filesystem(url)
         path = path.rstrip("/")
         if not fs.exists(f"{path}/{MANIFEST}"):
             raise InvalidInputError("export", url, f"a complete export (a folder with {MANIFEST})")

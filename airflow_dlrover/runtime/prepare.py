@@ -36,11 +36,10 @@ def prepare(spec: JobSpec, *, runs_here: bool) -> JobSpec:
 def check_destination(url: str) -> None:
     """A destination the job can write: its parent folder exists, or can be made, and is writable
     (checked at launch on a local filesystem; an object store's permissions show at the export)."""
-    import fsspec
+    from airflow_dlrover.runtime.datasets import filesystem, is_local
 
-    fs, path = fsspec.core.url_to_fs(url)
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    if protocol not in ("file", "local"):
+    fs, path = filesystem(url)
+    if not is_local(fs):
         return
     parent = os.path.dirname(path.rstrip("/")) or "/"
     try:
