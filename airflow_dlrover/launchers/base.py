@@ -23,6 +23,15 @@ backend fields), ``_create_job`` (the job's objects and its master), ``_start_no
 ``_adoptable``, ``_discard``, ``_master_url``, ``_acquire`` / ``_release`` (the job's lock),
 ``job_dir``, ``spec``, ``stop``, ``kill_node``.
 
+A *trainer of the user's* (``spec.trainer``, ``launchers.contract``) has no master: its nodes get
+the contract's environment (``_trainer_env``) and report through their metrics file or log
+(``_read_output``); a resize restarts the group (SIGTERM → the trainer checkpoints → the new
+configuration starts and resumes), timed from the SIGTERM to the first report of the new group;
+a failed node restarts the whole group of an ``allreduce`` trainer (as torchrun's elastic agent
+does) and only itself in a ``ps`` trainer. A node that exits non-zero before its first report,
+or reports nothing within ``report_timeout_s``, broke the contract: it reads as exit code
+``USER_ERROR_EXIT_CODE`` (no retry fixes it).
+
 Every operation that changes the job (launch, relaunch, set_limits, resize, stop) holds the job's
 lock from its read of the record to its last write: two launcher processes (the fine-tune resizing
 while the guard relaunches a node) take turns instead of each writing back a record without the
@@ -32,6 +41,7 @@ other's change. The lock is reentrant within a process (a resize relaunches node
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -40,6 +50,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from airflow_dlrover.launchers.contract import (
+    TrainerSpec, checkpoint_dir_for, job_progress, node_argv, node_env, node_report, parse_reports,
+)
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import FAILED_STATES, Configuration, NodeState, NodeStatus
 from airflow_dlrover.runtime.auth import call_master
@@ -79,6 +92,7 @@ class Launcher:
 
     def __init__(self) -> None:
         self._keys: dict[str, bytes] = {}
+        self._trainers: dict[str, TrainerSpec | None] = {}
         self._locks: dict[str, tuple[threading.RLock, list]] = {}  # job → (thread lock, [depth, handle])
         self._locks_guard = threading.Lock()
 
@@ -133,6 +147,11 @@ class Launcher:
         """Stop the node and wait until it is gone; ``replacing``: it starts again at once."""
         raise NotImplementedError
 
+    def _stop_nodes(self, job_id: str, record: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
+        """Stop several nodes, signalled together (a trainer's ranks stop as one)."""
+        for node in nodes:
+            self._stop_node(job_id, record, node, replacing=False)
+
     def _set_limits(self, job_id: str, node: dict[str, Any]) -> None:
         """Apply the node's ``cpu`` / ``memory_mb`` to the running node, in place."""
         raise NotImplementedError
@@ -157,6 +176,19 @@ class Launcher:
     def _master_url(self, job_id: str) -> str:
         raise NotImplementedError
 
+    def _peer_address(self, job_id: str, record: dict[str, Any], node: dict[str, Any]) -> str:
+        """``host:port`` where a trainer's node listens (its ``TF_CONFIG`` entry)."""
+        raise NotImplementedError
+
+    def _rendezvous(self, job_id: str, record: dict[str, Any]) -> tuple[str, int]:
+        """(host, port) of a trainer group's ``torch.distributed`` rendezvous, on worker 0."""
+        raise NotImplementedError
+
+    def _read_output(self, job_id: str, node: dict[str, Any], log: bool) -> tuple[str, float | None]:
+        """(text, modification time) of a trainer node's metrics file, or with ``log`` its output,
+        since its start; ("", None) when there is none yet."""
+        raise NotImplementedError
+
     def _acquire(self, job_id: str) -> Any:
         """Take the job's lock across processes (block until it is free); returns a handle."""
         raise NotImplementedError
@@ -179,7 +211,10 @@ class Launcher:
     def read_job(self, job_id: str) -> dict[str, Any]:
         """The record with each node's live ``state``, ``exit_code``, ``reason``, ``oom_kills``, ``started``."""
         record = self._record(job_id)
-        return with_live_states(record, self._live_states(job_id, record))
+        record = with_live_states(record, self._live_states(job_id, record))
+        if record.get("trainer"):
+            self._check_contract(job_id, record)
+        return record
 
     def status(self, job_id: str) -> list[NodeStatus]:
         return statuses(self.read_job(job_id))
@@ -208,6 +243,161 @@ class Launcher:
     def _node_state(self, job_id: str, record: dict[str, Any], name: str) -> str:
         return self._live_states(job_id, {**record, "nodes": {name: record["nodes"][name]}})[name][0]
 
+    # -- a trainer of the user's (launchers.contract) ----------------------------------------------
+    def trainer(self, job_id: str) -> TrainerSpec | None:
+        """The job's trainer, or None for our runtime (read once per job and launcher)."""
+        if job_id not in self._trainers:
+            data = self.spec(job_id).trainer
+            self._trainers[job_id] = TrainerSpec.from_dict(data) if data else None
+        return self._trainers[job_id]
+
+    def progress(self, job_id: str) -> dict[str, Any]:
+        """The job's ``state``, ``samples_done``, ``samples_total`` and ``throughput``: its master's
+        ``/status`` (our runtime), or its trainer's reports (:func:`contract.job_progress`)."""
+        if self.trainer(job_id) is None:
+            return self.master_call(job_id, "/status", timeout=C.MASTER_POLL_TIMEOUT_S)
+        record = self.read_job(job_id)
+        return job_progress(self._trainer_reports(job_id, record), {n: node["state"] for n, node in record["nodes"].items()})
+
+    def _trainer_reports(self, job_id: str, record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """Each running or finished node's :func:`contract.node_report`, with its ``role``."""
+        trainer = self.trainer(job_id)
+        reports = {}
+        for name, node in record["nodes"].items():
+            if node.get("state") == STOPPED:
+                continue
+            text, mtime = self._read_output(job_id, node, log=bool(trainer.log_regex))
+            reports[name] = {**node_report(parse_reports(text, trainer.log_regex, written_at=mtime)), "role": node["role"]}
+        return reports
+
+    def trainer_metrics(self, job_id: str, record: dict[str, Any]) -> dict[str, Any]:
+        """A trainer's answer in the shape of our master's ``/metrics``: per-node reports, the
+        job's throughput and progress."""
+        reports = self._trainer_reports(job_id, record)
+        status = job_progress(reports, {n: node["state"] for n, node in record["nodes"].items()})
+        return {"throughput": status["throughput"], "nodes": reports, "status": status}
+
+    def _check_contract(self, job_id: str, record: dict[str, Any]) -> None:
+        """Mark the workers that broke the contract (module docstring) as the user's failures."""
+        trainer = self.trainer(job_id)
+        now = time.time()
+        for name, node in record["nodes"].items():
+            if node["role"] != "worker" or node.get("state") not in (RUNNING, FAILED):
+                continue
+            if node["state"] == FAILED and node.get("exit_code") == C.USER_ERROR_EXIT_CODE:
+                continue
+            text, mtime = self._read_output(job_id, node, log=bool(trainer.log_regex))
+            if parse_reports(text, trainer.log_regex, written_at=mtime):
+                continue
+            source = f"log lines matching {trainer.log_regex!r}" if trainer.log_regex else "DLROVER_METRICS_FILE"
+            if node["state"] == FAILED:
+                output, _ = self._read_output(job_id, node, log=True)
+                why = f"{node.get('reason') or 'failed'} before its first report (in {source}); output tail:\n{output[-1500:]}"
+            elif now - (node.get("started") or now) > trainer.report_timeout_s:
+                why = f"reported nothing (in {source}) in report_timeout_s={trainer.report_timeout_s:g}s"
+            else:
+                continue
+            node.update(state=FAILED, exit_code=C.USER_ERROR_EXIT_CODE, reason=f"trainer {name} {why}")
+
+    def _trainer_env(self, job_id: str, record: dict[str, Any], node: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+        """The argv and contract environment of a trainer's node."""
+        trainer = self.trainer(job_id)
+        peers = {name: self._peer_address(job_id, record, other) for name, other in record["nodes"].items()}
+        env = node_env(job_id=job_id, trainer=trainer, config=Configuration(**record["config"]), node=node,
+                       samples=self.spec(job_id).samples, peers=peers, rendezvous=tuple(record["rendezvous"]),
+                       checkpoint_dir=checkpoint_dir_for(trainer, self.job_dir(job_id)),
+                       metrics_file=self._metrics_file(job_id, node), generation=record["generation"])
+        return node_argv(trainer, env), env
+
+    def _metrics_file(self, job_id: str, node: dict[str, Any]) -> str:
+        return str(self.job_dir(job_id) / "metrics" / f"{node['name']}.jsonl")
+
+    def _start_group(self, job_id: str, record: dict[str, Any], config: Configuration,
+                     restarts: dict[str, int] | None = None) -> None:
+        """Place every node of ``config`` (PS, then workers), then start them: each gets its peers'
+        addresses."""
+        grace = self.trainer(job_id).grace_s
+        nodes = [self._new_node(record, f"ps-{i}", "ps", i, config.ps_cpu, config.ps_memory_mb, count=config.ps)
+                 for i in range(config.ps)]
+        nodes += [self._new_node(record, f"worker-{i}", "worker", i, config.worker_cpu, config.worker_memory_mb,
+                                 gpu=config.worker_gpu) for i in range(config.workers)]
+        for node in nodes:
+            node.update(grace_s=grace, restarts=(restarts or {}).get(node["name"], 0))
+        record["rendezvous"] = list(self._rendezvous(job_id, record))
+        for node in nodes:
+            self._start_node(job_id, record, node)
+        self._write(job_id, record)
+
+    def _stop_group(self, job_id: str, record: dict[str, Any]) -> dict[str, int]:
+        """SIGTERM every node (the trainer checkpoints in its grace period); returns the restart
+        count each node's next incarnation gets."""
+        self._stop_nodes(job_id, record, [n for n in record["nodes"].values() if n.get("state") != STOPPED])
+        return {name: node.get("restarts", 0) + 1 for name, node in record["nodes"].items()}
+
+    def _restart_group(self, job_id: str, record: dict[str, Any], config: Configuration, reason: str) -> dict[str, Any]:
+        """Stop the trainer's group and start it on ``config`` (it resumes from its checkpoint);
+        returns the actions and the seconds from the SIGTERM to the first report of every new worker
+        (None when one did not report within ``report_timeout_s``: the guard sees why)."""
+        started, stamp = time.monotonic(), time.time()
+        current = record["config"]
+        restarts = self._stop_group(job_id, record)
+        stopped_s = time.monotonic() - started
+        record["nodes"] = {}
+        record["config"] = config.to_row()
+        record["generation"] = record.get("generation", 0) + 1
+        self._start_group(job_id, record, config, restarts)
+        reported = self._wait_first_reports(job_id)
+        seconds = None if reported is None else reported - stamp
+        event = {"time": stamp, "event": "restart", "reason": reason, "generation": record["generation"],
+                 "from": current, "to": config.to_row(), "stop_s": stopped_s, "restart_s": seconds}
+        record["events"].append(event)
+        if reason == "resize":
+            record["resizes"] = record.get("resizes", 0) + 1
+        self._write(job_id, record)
+        restart = "trainer did not report again" if seconds is None else f"training again after {seconds:.1f} s"
+        return {"actions": [f"group restarted on {config.describe()} ({reason}; {restart})"],
+                "seconds": time.monotonic() - started, "restart_s": seconds}
+
+    def _wait_first_reports(self, job_id: str) -> float | None:
+        """Time of the last first report of the group's workers, None when a node failed or the
+        trainer's ``report_timeout_s`` passed first."""
+        deadline = time.monotonic() + self.trainer(job_id).report_timeout_s
+        while time.monotonic() < deadline:
+            record = self.read_job(job_id)
+            workers = [n for n in record["nodes"].values() if n["role"] == "worker"]
+            if any(n["state"] in FAILED_STATES for n in record["nodes"].values()):
+                return None
+            reports = self._trainer_reports(job_id, record)
+            if all(reports[n["name"]]["reports"] > 0 or n["state"] == SUCCEEDED for n in workers):
+                return time.time()
+            time.sleep(max(self.poll_s, 0.2))
+        return None
+
+    def _relaunch_trainer_node(self, job_id: str, record: dict[str, Any], node: dict[str, Any],
+                               cpu: float | None, memory_mb: float | None) -> NodeStatus:
+        """A failed trainer node: an ``allreduce`` group restarts as a whole (with the node's new
+        resources for its whole role), a ``ps`` trainer's node alone."""
+        role = node["role"]
+        config = Configuration(**record["config"])
+        changes = {}
+        if cpu is not None:
+            changes[f"{role}_cpu"] = cpu
+        if memory_mb is not None and memory_mb > (getattr(config, f"{role}_memory_mb") or 0):
+            changes[f"{role}_memory_mb"] = memory_mb
+        config = dataclasses.replace(config, **changes)
+        if self.trainer(job_id).kind == "allreduce":
+            self._restart_group(job_id, record, config, f"{node['name']} relaunched")
+        else:
+            self._stop_node(job_id, record, node, replacing=True)
+            node.update(cpu=getattr(config, f"{role}_cpu"), memory_mb=getattr(config, f"{role}_memory_mb") or None,
+                        restarts=node.get("restarts", 0) + 1)
+            record["config"] = config.to_row()
+            record["events"].append({"time": time.time(), "node": node["name"], "event": "relaunch",
+                                     "cpu": node["cpu"], "memory_mb": node["memory_mb"]})
+            self._start_node(job_id, record, node)
+            self._write(job_id, record)
+        return next(s for s in self.status(job_id) if s.name == node["name"])
+
     # -- launch / adopt -----------------------------------------------------------------------------
     @exclusive
     def launch(self, spec: JobSpec, config: Configuration) -> str:
@@ -220,13 +410,23 @@ class Launcher:
         resuming = self.exists(job_id)
         if resuming:
             record = self.read_job(job_id)
-            if record.get("launched") and self._adoptable(record):  # a half-launched job is redone
+            adoptable = _group_alive(record) if record.get("trainer") else self._adoptable(record)
+            if record.get("launched") and adoptable:  # a half-launched job is redone
                 log.info("job %s already running: adopted", job_id)
                 return job_id
             self._discard(job_id, record)
-        spec = prepare(spec, runs_here=self.runs_local_code)
         record = {"job_id": job_id, "config": config.to_row(), "nodes": {}, "events": [], "resizes": 0,
                   "started": time.time()}
+        if spec.trainer is not None:
+            trainer = TrainerSpec.from_dict(spec.trainer)
+            self._trainers[job_id] = trainer
+            record.update(trainer=True, generation=0)
+            self._create_job(spec, record)
+            self._start_group(job_id, record, config)
+            record["launched"] = True
+            self._write(job_id, record)
+            return job_id
+        spec = prepare(spec, runs_here=self.runs_local_code)
         self._new_node(record, "master", "master", 0, C.MASTER_CPU, C.MASTER_MEMORY_MB)
         self._create_job(spec, record)
         self._wait_ready(job_id, record, ["master"])
@@ -266,6 +466,8 @@ class Launcher:
         the nodes of a role are alike, and a later resize must not shrink it back."""
         record = self.read_job(job_id)
         node = record["nodes"][node_name]
+        if record.get("trainer"):
+            return self._relaunch_trainer_node(job_id, record, node, cpu, memory_mb)
         self._stop_node(job_id, record, node, replacing=True)
         node["cpu"] = node["cpu"] if cpu is None else cpu
         node["memory_mb"] = node["memory_mb"] if memory_mb is None else memory_mb
@@ -329,6 +531,8 @@ class Launcher:
         """Change the job to ``config`` (see the module docstring); ``remove``: workers that leave
         first. Returns the actions taken and the seconds they took."""
         record = self.read_job(job_id)
+        if record.get("trainer"):
+            return self._restart_group(job_id, record, config, "resize")
         current = Configuration(**record["config"])
         started = time.monotonic()
         actions = []
@@ -418,6 +622,12 @@ class Launcher:
         _, actions = step(ControllerState(quota, failures_reported=failed),
                           Observation(time.time(), config, nodes=tuple(nodes)))
         return [a.to_record() for a in actions if isinstance(a, Fail)] + self.apply(job_id, actions)
+
+
+def _group_alive(record: dict[str, Any]) -> bool:
+    """Whether a trainer's group still runs (or finished): a retry adopts it."""
+    states = [n.get("state") for n in record["nodes"].values() if n.get("state") != STOPPED]
+    return bool(states) and all(s in (RUNNING, SUCCEEDED) for s in states)
 
 
 def with_live_states(record: dict[str, Any], states: dict[str, tuple]) -> dict[str, Any]:

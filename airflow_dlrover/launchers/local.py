@@ -114,7 +114,8 @@ class LocalLauncher(Launcher):
     def _place(self, record: dict[str, Any], node: dict[str, Any], previous: dict[str, Any] | None) -> None:
         """Nodes keep their ports across restarts (clients reconnect transparently); a worker
         listens on none."""
-        node["port"] = (previous or {}).get("port") or (0 if node["role"] == "worker" else _free_port())
+        listens = node["role"] != "worker" or record.get("trainer")
+        node["port"] = (previous or {}).get("port") or (_free_port() if listens else 0)
 
     def _command(self, job_id: str, node: dict[str, Any], master: str | None) -> list[str]:
         args = [self.python, "-m", "airflow_dlrover.runtime", node["role"], "--job-dir", str(self.job_dir(job_id)),
@@ -130,7 +131,24 @@ class LocalLauncher(Launcher):
         folder.mkdir(parents=True, exist_ok=True)
         spec.save(folder / "spec.json")
         self._write(spec.job_id, record)
-        self._start_node(spec.job_id, record, record["nodes"]["master"])
+        if "master" in record["nodes"]:
+            self._start_node(spec.job_id, record, record["nodes"]["master"])
+
+    def _peer_address(self, job_id: str, record: dict[str, Any], node: dict[str, Any]) -> str:
+        return f"127.0.0.1:{node['port']}"
+
+    def _rendezvous(self, job_id: str, record: dict[str, Any]) -> tuple[str, int]:
+        return "127.0.0.1", _free_port()
+
+    def _read_output(self, job_id: str, node: dict[str, Any], log: bool) -> tuple[str, float | None]:
+        folder = self.job_dir(job_id)
+        path = folder / "logs" / f"{node['name']}.log" if log else Path(self._metrics_file(job_id, node))
+        try:
+            with open(path, "rb") as f:
+                f.seek(node.get("log_offset", 0) if log else 0)
+                return f.read().decode(errors="replace"), os.fstat(f.fileno()).st_mtime
+        except FileNotFoundError:
+            return "", None
 
     def _start_node(self, job_id: str, record: dict[str, Any], node: dict[str, Any]) -> None:
         name = node["name"]
@@ -142,12 +160,19 @@ class LocalLauncher(Launcher):
         exit_file.unlink(missing_ok=True)
         exit_file.with_suffix(".message").unlink(missing_ok=True)
         group = self._group(job_id, node, apply=True)
-        master = record["nodes"]["master"].get("address")
+        if record.get("trainer"):
+            (folder / "metrics").mkdir(exist_ok=True)
+            Path(self._metrics_file(job_id, node)).unlink(missing_ok=True)
+            argv, contract_env = self._trainer_env(job_id, record, node)
+            env = dict(os.environ, **contract_env, PYTHONUNBUFFERED="1")
+            log_path = folder / "logs" / f"{name}.log"
+            node["log_offset"] = log_path.stat().st_size if log_path.exists() else 0
+        else:
+            argv = self._command(job_id, node, record["nodes"]["master"].get("address"))
+            env = dict(os.environ, OMP_NUM_THREADS=str(torch_threads(node["cpu"])),
+                       DLROVER_WORKER_GPU=str(node.get("gpu", 0)), PYTHONUNBUFFERED="1")
         # The wrapper records the exit status; every argument is quoted (no templated shell text).
-        inner = shlex.join(self._command(job_id, node, master))
-        script = f"{inner}; echo $? > {shlex.quote(str(exit_file))}"
-        env = dict(os.environ, OMP_NUM_THREADS=str(torch_threads(node["cpu"])),
-                   DLROVER_WORKER_GPU=str(node.get("gpu", 0)), PYTHONUNBUFFERED="1")
+        script = f"{shlex.join(argv)}; echo $? > {shlex.quote(str(exit_file))}"
         with open(folder / "logs" / f"{name}.log", "ab") as logfile:
             process = subprocess.Popen(["/bin/sh", "-c", script], stdout=logfile, stderr=subprocess.STDOUT, env=env,
                                        start_new_session=True, preexec_fn=group.preexec_fn(), cwd=folder)
@@ -199,33 +224,47 @@ class LocalLauncher(Launcher):
         return LOST, None, "process vanished without an exit status", ooms
 
     def _stop_node(self, job_id: str, record: dict[str, Any], node: dict[str, Any], *, replacing: bool) -> None:
-        self._kill(node, signal.SIGKILL if replacing else signal.SIGTERM,
-                   C.RELAUNCH_GRACE_S if replacing else C.STOP_GRACE_S)
+        if replacing and not record.get("trainer"):  # our runtime's replaced node resumes from the master
+            self._kill(node, signal.SIGKILL, C.RELAUNCH_GRACE_S)
+        else:
+            self._kill(node)
 
-    def _kill(self, node: dict[str, Any], sig: int = signal.SIGTERM, grace_s: float = C.STOP_GRACE_S) -> None:
-        """Signal the node's whole process group (wrapper and training process), wait until the
-        group is empty, SIGKILL it after ``grace_s``."""
-        try:
-            process = psutil.Process(node["pid"])
-            if abs(process.create_time() - node["started"]) >= 1.0:
-                return
-            group = os.getpgid(process.pid)
-        except (psutil.NoSuchProcess, ProcessLookupError, KeyError):
-            return
-        deadline = time.monotonic() + grace_s
-        try:
-            os.killpg(group, sig)
-            while True:
+    def _kill(self, node: dict[str, Any], sig: int = signal.SIGTERM, grace_s: float | None = None) -> None:
+        self._kill_all([node], sig, grace_s)
+
+    def _stop_nodes(self, job_id: str, record: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
+        self._kill_all(nodes)
+
+    def _kill_all(self, nodes: list[dict[str, Any]], sig: int = signal.SIGTERM, grace_s: float | None = None) -> None:
+        """Signal every node's whole process group (wrapper and training process) at once — the
+        ranks of a group stop together — wait until the groups are empty, SIGKILL a group after
+        ``grace_s`` (default: the node's own — a trainer's — else ``STOP_GRACE_S``)."""
+        signalled = []
+        for node in nodes:
+            try:
+                process = psutil.Process(node["pid"])
+                if abs(process.create_time() - node["started"]) >= 1.0:
+                    continue
+                group = os.getpgid(process.pid)
+                os.killpg(group, sig)
+            except (psutil.NoSuchProcess, ProcessLookupError, KeyError):
+                continue
+            grace = grace_s if grace_s is not None else node.get("grace_s", C.STOP_GRACE_S)
+            signalled.append((node, group, time.monotonic() + grace))
+        while signalled:
+            for entry in list(signalled):
+                node, group, deadline = entry
                 try:  # reap our own child, if it is one, so that it does not linger as a zombie
                     os.waitpid(node["pid"], os.WNOHANG)
                 except ChildProcessError:
                     pass
-                os.killpg(group, 0)  # raises once no process of the group is left
-                if time.monotonic() > deadline:
-                    os.killpg(group, signal.SIGKILL)
-                time.sleep(0.02)
-        except ProcessLookupError:
-            return
+                try:
+                    os.killpg(group, 0)  # raises once no process of the group is left
+                    if time.monotonic() > deadline:
+                        os.killpg(group, signal.SIGKILL)
+                except ProcessLookupError:
+                    signalled.remove(entry)
+            time.sleep(0.02)
 
     def _set_limits(self, job_id: str, node: dict[str, Any]) -> None:
         self._group(job_id, node, apply=True)
@@ -244,10 +283,13 @@ class LocalLauncher(Launcher):
     def metrics(self, job_id: str) -> dict[str, Any]:
         """The master's metrics plus each node's cgroup usage (CPU seconds, memory)."""
         job = self._record(job_id)
-        try:
-            metrics = self.master_call(job_id, "/metrics", timeout=C.MASTER_POLL_TIMEOUT_S)
-        except ConnectionError:
-            metrics = {"throughput": 0.0, "nodes": {}, "status": None}
+        if job.get("trainer"):
+            metrics = self.trainer_metrics(job_id, self.read_job(job_id))
+        else:
+            try:
+                metrics = self.master_call(job_id, "/metrics", timeout=C.MASTER_POLL_TIMEOUT_S)
+            except ConnectionError:
+                metrics = {"throughput": 0.0, "nodes": {}, "status": None}
         usage = {}
         for name, node in job["nodes"].items():
             if node.get("state") == STOPPED:
@@ -268,8 +310,7 @@ class LocalLauncher(Launcher):
     @exclusive
     def stop(self, job_id: str) -> None:
         job = self._record(job_id)
-        for node in job["nodes"].values():
-            self._kill(node)
+        self._kill_all(list(job["nodes"].values()))
         for node in job["nodes"].values():
             node["state"] = STOPPED
         self._write(job_id, job)

@@ -265,3 +265,12 @@ POD_POLL_S = 1.0
 #: its model module broken (sysexits' EX_DATAERR). The node writes why to its termination file
 #: (a pod's ``/dev/termination-log``); the controller fails the attempt without retry.
 USER_ERROR_EXIT_CODE = 65
+#: A trainer of the user's (``launchers.contract``) gets this long between SIGTERM and SIGKILL to
+#: write its checkpoint (Kubernetes' default ``terminationGracePeriodSeconds``) ...
+TRAINER_GRACE_S = 30.0
+#: ... and must write its first report within this long of its start (torch import, rendezvous,
+#: data loading); a node that never reports is the user's mistake, not the cluster's. (ours)
+TRAINER_REPORT_TIMEOUT_S = 120.0
+#: Cost of restarting a trainer's group (SIGTERM → checkpoint → start → first report) charged by
+#: the fine-tune until the job has measured its own (``FineTuneState`` keeps the measured one). (ours)
+TRAINER_RESTART_COST_S = 60.0

@@ -33,6 +33,8 @@ class JobSpec:
     hands out: ``shard_size`` samples, never crossing a fragment of the dataset. ``model``:
     ``"pkg.module:build"``, the user's dense network (``runtime.dlrm``); empty for ``DenseDLRM``.
     ``export``: the folder or URL the trained model is exported to (``runtime.export``).
+    ``trainer``: a trainer of the user's instead of our runtime (``launchers.contract.TrainerSpec``
+    as a mapping): then only ``job_id``, ``samples`` and ``batch_size`` apply, handed to it.
     """
 
     job_id: str
@@ -59,6 +61,7 @@ class JobSpec:
     export: str = ""
     #: rows that cannot be read (counted, reported, trained as nothing) before the job fails
     max_bad_rows: int = 1000
+    trainer: dict | None = None
     authkey: str = field(default_factory=lambda: secrets.token_hex(16))
 
     def __post_init__(self) -> None:
@@ -72,7 +75,7 @@ class JobSpec:
         set_(self, "table_sizes", self.layout.table_sizes)
         if isinstance(self.dataset, dict):
             set_(self, "dataset", DatasetIndex(**self.dataset))
-        if self.samples is None and self.data == "synthetic":
+        if self.samples is None and self.data == "synthetic" and self.trainer is None:
             set_(self, "samples", 200_000)
         dims = set(self.layout.dims)
         checks = {
