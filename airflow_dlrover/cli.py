@@ -29,6 +29,7 @@ from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
 from airflow_dlrover.optimizer.planner import plan
 from airflow_dlrover.optimizer.probes import design_probes
 from airflow_dlrover.optimizer.types import (
+    CONFIG_COLUMNS,
     Configuration,
     OBJECTIVES,
     FaultKind,
@@ -214,6 +215,91 @@ def cmd_train(args: argparse.Namespace) -> None:
     print(f"wrote {out / 'summary.json'} and {out / 'samples.csv'}")
 
 
+def _trainer_spec(args: argparse.Namespace, job_id: str, samples: int | None, batch_size: int):
+    """The ``JobSpec`` of a trainer of the user's from ``run-trainer`` / ``profile`` arguments."""
+    from airflow_dlrover.launchers.contract import TrainerSpec
+    from airflow_dlrover.runtime.spec import JobSpec
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise InvalidInputError("COMMAND", "", "the trainer's argv after `--`, e.g. -- python train.py")
+    trainer = TrainerSpec(command=tuple(command), kind=args.kind or ("ps" if args.ps else "allreduce"),
+                          log_regex=args.log_regex or "", grace_s=args.grace, report_timeout_s=args.report_timeout)
+    return JobSpec(job_id=job_id, samples=samples, batch_size=batch_size, trainer=trainer.to_dict())
+
+
+def cmd_run_trainer(args: argparse.Namespace) -> None:
+    """Run a trainer of your own under the contract with the local launcher, recovering injected
+    faults as the guard would; write summary.json."""
+    from airflow_dlrover.launchers.local import LocalLauncher
+    from airflow_dlrover.launchers.run import run_job
+
+    config = Configuration(
+        workers=args.workers, ps=args.ps, worker_cpu=args.worker_cpu, ps_cpu=args.ps_cpu if args.ps else 0.0,
+        worker_memory_mb=parse_memory_mb(args.worker_memory, "worker_memory"),
+        ps_memory_mb=parse_memory_mb(args.ps_memory, "ps_memory") if args.ps else 0.0,
+        worker_gpu=args.worker_gpu, batch_size=args.batch_size,
+    )
+    out = Path(args.out)
+    spec = _trainer_spec(args, args.job_id or f"trainer-{int(time.time())}", args.samples, args.batch_size)
+    resizes = [(at, Configuration(**{**config.to_row(), **changes})) for at, changes in map(_parse_resize, args.resize)]
+    summary = run_job(LocalLauncher(out / "jobs"), spec, config, out, parse_faults(args.inject), resizes,
+                      timeout_s=args.timeout)
+    keys = ("samples_total", "samples_done", "restarts", "resizes", "restart_s", "median_throughput", "loss", "auc",
+            "wall_s")
+    print(json.dumps({k: summary.get(k) for k in keys}, indent=2))
+    print(f"wrote {out / 'summary.json'} and {out / 'samples.csv'}")
+
+
+def _parse_resize(text: str) -> tuple[float, dict[str, float]]:
+    """``30s:workers=1,worker_cpu=1`` → (30.0, {"workers": 1, "worker_cpu": 1.0})."""
+    at, _, changes = text.partition(":")
+    values = {}
+    for item in filter(None, changes.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or key not in CONFIG_COLUMNS:
+            raise InvalidInputError("resize", text, f"T:column=value[,…] with columns among {', '.join(CONFIG_COLUMNS)}")
+        values[key] = float(value)
+    if not values:
+        raise InvalidInputError("resize", text, "T:column=value[,…], e.g. 30s:workers=1")
+    return parse_duration_s(at, "resize"), values
+
+
+def cmd_profile(args: argparse.Namespace) -> None:
+    """Profile a trainer of your own on the designed probes, each a bounded window through the
+    local launcher (per-node CPU and memory from each node's cgroup); write the sample table."""
+    from airflow_dlrover.launchers.local import LocalLauncher
+    from airflow_dlrover.launchers.profiling import profile_job
+
+    batch_size = args.batch_size or 512
+    probes = design_probes(_quota(args), batch_size=batch_size, worker_gpu=args.worker_gpu, allreduce=args.ps == 0)
+    out = Path(args.out)
+    jobs = Path(args.jobs_dir) if args.jobs_dir else out.parent / f"{out.stem}-jobs"
+    spec = _trainer_spec(args, args.job_id or f"profile-{int(time.time())}", args.samples, batch_size)
+    launcher = LocalLauncher(jobs)
+    try:
+        table = profile_job(launcher, spec, probes, window_s=args.window)
+    finally:
+        if launcher.exists(spec.job_id):
+            launcher.stop(spec.job_id)
+    table.to_csv(out, index=False)
+    print(table.to_string(index=False, max_rows=20))
+    print(f"wrote {len(table)} samples to {out}; job folder (logs): {jobs / spec.job_id}")
+
+
+def _add_trainer(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kind", choices=("allreduce", "ps"), default=None,
+                        help="allreduce (torch.distributed, no PS: the group restarts as one) or ps (default: by --ps)")
+    parser.add_argument("--log-regex", default=None,
+                        help="read reports from the log: a regex with (?P<throughput>…) [samples_done, samples_total, loss, auc]")
+    parser.add_argument("--grace", type=float, default=C.TRAINER_GRACE_S, help="seconds from SIGTERM to SIGKILL")
+    parser.add_argument("--report-timeout", type=float, default=C.TRAINER_REPORT_TIMEOUT_S,
+                        help="a node that reports nothing this long after its start is a contract error")
+    parser.add_argument("--samples", type=int, default=None, help="samples to train (DLROVER_SAMPLES)")
+    parser.add_argument("--job-id", default=None)
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the trainer's argv")
+
+
 RENDER_LAUNCHERS = ("kubernetes",)  # the local launcher starts processes: it has nothing to render
 
 
@@ -319,6 +405,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--job-id", default=None)
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("run-trainer", help="run a trainer of your own under the contract (docs/trainers.md)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--ps", type=int, default=0)
+    p.add_argument("--worker-cpu", type=float, default=1.0)
+    p.add_argument("--ps-cpu", type=float, default=0.5)
+    p.add_argument("--worker-memory", default="2Gi")
+    p.add_argument("--ps-memory", default="1Gi")
+    p.add_argument("--worker-gpu", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=512)
+    p.add_argument("--inject", action="append", default=[], help="fault, e.g. kill-worker@20s (repeatable)")
+    p.add_argument("--resize", action="append", default=[], metavar="T:COLUMN=VALUE,…",
+                   help="resize (a group restart) at T, e.g. 30s:workers=1,worker_cpu=1 (repeatable)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="give up after this many seconds")
+    p.add_argument("--out", required=True)
+    _add_trainer(p)
+    p.set_defaults(func=cmd_run_trainer)
+
+    p = sub.add_parser("profile", help="profile a trainer of your own on the designed probes")
+    _add_quota(p)
+    p.add_argument("--ps", type=int, default=None, help="0: an all-reduce trainer (probes without PS)")
+    p.add_argument("--worker-gpu", type=int, default=0)
+    p.add_argument("--window", type=float, default=C.TRAINER_PROBE_WINDOW_S, help="seconds each probe is measured")
+    p.add_argument("--jobs-dir", default=None, help="where the probe job's folder goes (default: beside --out)")
+    p.add_argument("--out", required=True, metavar="SAMPLES.csv")
+    _add_trainer(p)
+    p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("report", help="print the report of a job's last run from the history store")
     p.add_argument("job")

@@ -74,7 +74,7 @@ def profile_job(launcher: Any, spec: JobSpec, probes: pd.DataFrame, window_s: fl
         meter = JobMeter(launcher, job_id)
         status = {"state": "training"}
         while meter.elapsed_s < window_s and status["state"] != "done":
-            status = launcher.master_call(job_id, "/status", timeout=C.MASTER_POLL_TIMEOUT_S)
+            status = launcher.progress(job_id)
             meter.observe(status, healthy=all_running(launcher.status(job_id)))
             time.sleep(C.SUPERVISOR_POLL_S)
         row, _ = meter.close(time.monotonic() - started)
@@ -89,17 +89,29 @@ def profile_job(launcher: Any, spec: JobSpec, probes: pd.DataFrame, window_s: fl
 def _settle(launcher: Any, job_id: str, since: float) -> bool:
     """Wait until every active worker reported ``PROBE_REPORT_AFTER_S`` after ``since``;
     False when the job is done."""
-    deadline = time.monotonic() + C.PROBE_SETTLE_TIMEOUT_S
+    trainer = launcher.trainer(job_id)
+    timeout = C.PROBE_SETTLE_TIMEOUT_S + (trainer.report_timeout_s if trainer else 0.0)
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         metrics = launcher.metrics(job_id)
         if metrics.get("status") and metrics["status"]["state"] == "done":
             return False
-        workers = [s.name for s in launcher.status(job_id) if s.role == "worker" and s.state == "running"]
+        nodes = launcher.status(job_id)
+        broken = next((s for s in nodes if s.failed and s.exit_code == C.USER_ERROR_EXIT_CODE), None)
+        if broken is not None:
+            raise InvalidInputError("trainer" if trainer else "job", broken.name, "a job that keeps the contract "
+                                    "(docs/trainers.md)", broken.reason)
+        if any(s.failed for s in nodes):  # a probe too small for the job (an OOM kill): recovered as the guard does
+            for record in launcher.recover(job_id):
+                log.warning("while profiling: %s", record.get("text") or record)
+            since = time.time()
+            continue
+        workers = [s.name for s in nodes if s.role == "worker" and s.state == "running"]
         reports = metrics["nodes"]
         if workers and all(reports.get(w, {}).get("reported_at", 0) >= since + C.PROBE_REPORT_AFTER_S for w in workers):
             return True
         time.sleep(C.SUPERVISOR_POLL_S)
-    raise TimeoutError(f"job {job_id}: workers did not report within {C.PROBE_SETTLE_TIMEOUT_S:.0f}s of a probe resize")
+    raise TimeoutError(f"job {job_id}: workers did not report within {timeout:.0f}s of a probe resize")
 
 
 def command_argv(command: str | list[str], row: dict[str, Any]) -> list[str]:

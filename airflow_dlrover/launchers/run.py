@@ -27,7 +27,9 @@ from airflow_dlrover.launchers.local import LocalLauncher
 from airflow_dlrover.launchers.watch import WINDOW_S, JobMeter
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.controller import ControllerState, Fail, Observation, step
-from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, SAMPLE_TABLE_COLUMNS, Configuration, Fault, FaultKind
+from airflow_dlrover.optimizer.types import (
+    CONFIG_COLUMNS, SAMPLE_TABLE_COLUMNS, Configuration, Fault, FaultKind, InvalidInputError,
+)
 from airflow_dlrover.runtime.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -79,14 +81,14 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
             nodes = tuple(statuses(record))
             if not any(n.role == "master" and n.failed for n in nodes):  # a dead master is not waited for
                 try:
-                    status = launcher.master_call(job_id, "/status", timeout=C.MASTER_POLL_TIMEOUT_S)
+                    status = launcher.progress(job_id)
                 except ConnectionError:  # the master is down: its node status says so
                     pass
             if status is not None and meter.elapsed_s >= WINDOW_S:
                 row, usage = meter.close(time.time())
                 if row:
                     rows.append(row)
-            progress = {"samples_done": status["samples_done"], "samples_total": status["samples_total"]} if status else {}
+            progress = {k: status[k] for k in ("samples_done", "samples_total") if status and status.get(k) is not None}
             state, actions = step(state, Observation(time.time(), Configuration(**record["config"]), nodes=nodes,
                                                      usage=tuple(usage), **progress))
             for action in (a for a in actions if isinstance(a, Fail)):
@@ -115,8 +117,12 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
 
 def inject(launcher: LocalLauncher, job_id: str, fault: Fault, now: float) -> dict[str, Any]:
     log.warning("injecting %s into %s at %.1fs", fault.kind, fault.node, now)
-    if fault.kind in (FaultKind.KILL_WORKER, FaultKind.KILL_PS, FaultKind.KILL_MASTER):
+    if fault.kind == FaultKind.KILL_WORKER or (fault.kind in (FaultKind.KILL_PS, FaultKind.KILL_MASTER)
+                                               and not launcher.trainer(job_id)):
         launcher.kill_node(job_id, fault.node)
+    elif fault.kind in (FaultKind.OOM_WORKER, FaultKind.KILL_MASTER, FaultKind.KILL_PS) and launcher.trainer(job_id):
+        raise InvalidInputError("inject", fault.kind.value, "kill-worker or slow-worker for a trainer of your own "
+                                "(its memory and its master, if any, are its own)")
     elif fault.kind == FaultKind.OOM_WORKER:
         launcher.master_call(job_id, "/command", {"node": fault.node, "command": "oom"})
     elif fault.kind == FaultKind.SLOW_WORKER:
@@ -128,12 +134,30 @@ def inject(launcher: LocalLauncher, job_id: str, fault: Fault, now: float) -> di
 def _summarize(launcher, job_id, spec, events, series, started, series_points) -> dict[str, Any]:
     job = launcher.read_job(job_id)
     throughput = [s["throughput"] for s in series if s["throughput"] > 0]
+    summary = trainer_summary(launcher, job_id) if launcher.trainer(job_id) else job_summary(launcher, job_id, spec)
     return {
-        **job_summary(launcher, job_id, spec),
+        **summary,
         "wall_s": time.time() - started,
         "median_throughput": float(np.median(throughput)) if throughput else 0.0,
         "events": events + job["events"],
         "throughput_series": series if series_points is None else series[:: max(1, len(series) // series_points)],
+    }
+
+
+def trainer_summary(launcher: LocalLauncher, job_id: str) -> dict[str, Any]:
+    """What a trainer of the user's did, as it reported it (its own progress counter: a trainer
+    that lost samples reports fewer than ``samples_total``), with the launcher's restarts and the
+    measured cost of each group restart."""
+    progress = launcher.progress(job_id)
+    job = launcher.read_job(job_id)
+    restarts = [e for e in job["events"] if e.get("event") == "restart"]
+    return {
+        "job_id": job_id, "samples_total": progress["samples_total"], "samples_done": progress["samples_done"],
+        "restarts": sum(1 for e in job["events"] if e.get("event") == "relaunch"
+                        or (e.get("event") == "restart" and e["reason"] != "resize")),
+        "resizes": int(job.get("resizes", 0)),
+        "restart_s": [e["restart_s"] for e in restarts],
+        "loss": progress.get("loss"), "auc": progress.get("auc"), "config": job["config"],
     }
 
 

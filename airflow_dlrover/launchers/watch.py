@@ -72,14 +72,24 @@ class JobMeter:
 
 
 def worker_reports(job: dict[str, Any], metrics: dict[str, Any]) -> dict[str, tuple[float, float]]:
-    """(cumulative samples, report time) of each active worker's last report."""
+    """Each active worker's (cumulative numerator, cumulative denominator) of its throughput: our
+    runtime's (samples, report time), so that a window's rate is Δsamples / Δt; a trainer's
+    (Σ reported throughput, number of reports), so that it is the mean of the window's reports."""
     active = {n for n, node in job["nodes"].items() if node["role"] == "worker" and node.get("state") != "stopped"}
-    return {n: (float(m["samples"]), float(m["reported_at"])) for n, m in metrics.get("nodes", {}).items()
-            if n in active and "reported_at" in m}
+    reports = {}
+    for name, m in metrics.get("nodes", {}).items():
+        if name not in active:
+            continue
+        if "throughput_sum" in m and m.get("reports"):
+            reports[name] = (float(m["throughput_sum"]), float(m["reports"]))
+        elif "samples" in m and "reported_at" in m:
+            reports[name] = (float(m["samples"]), float(m["reported_at"]))
+    return reports
 
 
 def job_throughput(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> float | None:
-    """Σ_workers Δsamples / Δt; None unless every worker reported, without a restart, in between."""
+    """Σ_workers Δnumerator / Δdenominator (:func:`worker_reports`); None unless every worker
+    reported, without a restart, in between."""
     if not after or set(after) != set(before):
         return None
     rates = []
@@ -120,14 +130,16 @@ def _cpu_used(usage: dict[str, Any], before: dict[str, Any], seconds: float) -> 
 
 def profile_row(config: dict[str, Any], nodes: list[dict[str, Any]], throughput: float,
                 samples_done: int) -> dict[str, Any] | None:
-    """One profile sample: the configuration + measured throughput and mean per-role usage."""
+    """One profile sample: the configuration + measured throughput and mean per-role usage (a job
+    without PS has none to measure: its PS columns stay empty)."""
     by_role = {role: [n for n in nodes if n["role"] == role] for role in ("worker", "ps")}
-    if not by_role["worker"] or not by_role["ps"] or throughput <= 0:
+    if not by_role["worker"] or (config["ps"] and not by_role["ps"]) or throughput <= 0:
         return None
     row = {**config, "throughput": throughput, "samples_seen": samples_done, "timestamp": time.time()}
     for role, group in by_role.items():
-        row[f"{role}_cpu_used"] = float(np.mean([n["cpu_used"] for n in group]))
-        row[f"{role}_memory_used_mb"] = float(np.mean([n["memory_used_mb"] for n in group]))
+        if group:
+            row[f"{role}_cpu_used"] = float(np.mean([n["cpu_used"] for n in group]))
+            row[f"{role}_memory_used_mb"] = float(np.mean([n["memory_used_mb"] for n in group]))
     return row
 
 

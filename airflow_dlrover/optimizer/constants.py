@@ -271,6 +271,10 @@ TRAINER_GRACE_S = 30.0
 #: ... and must write its first report within this long of its start (torch import, rendezvous,
 #: data loading); a node that never reports is the user's mistake, not the cluster's. (ours)
 TRAINER_REPORT_TIMEOUT_S = 120.0
+#: Seconds each probe of a trainer of the user's is measured: it reports about once a second, and
+#: a mean of ~10 reports per worker damps its step-time noise (ours; cf. PROBE_WINDOW_S, which
+#: reads our runtime's exact counters).
+TRAINER_PROBE_WINDOW_S = 10.0
 #: Cost of restarting a trainer's group (SIGTERM → checkpoint → start → first report) charged by
 #: the fine-tune until the job has measured its own (``FineTuneState`` keeps the measured one). (ours)
 TRAINER_RESTART_COST_S = 60.0

@@ -1,0 +1,70 @@
+"""A trainer of the user's (examples/ddp_dlrm, torch.distributed) through the local launcher:
+launch, resize by group restart, a killed worker recovered, contract errors refused."""
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from airflow_dlrover.launchers.contract import TrainerSpec
+from airflow_dlrover.launchers.local import LocalLauncher
+from airflow_dlrover.launchers.run import run_job
+from airflow_dlrover.optimizer.types import Configuration, Fault, FaultKind
+from airflow_dlrover.runtime.spec import JobSpec
+
+DDP = Path(__file__).resolve().parents[2] / "examples" / "ddp_dlrm" / "train.py"
+TWO = Configuration(workers=2, ps=0, worker_cpu=0.5, ps_cpu=0, worker_memory_mb=1024)
+ONE = Configuration(workers=1, ps=0, worker_cpu=1.0, ps_cpu=0, worker_memory_mb=1024)
+
+
+def trainer_spec(job_id, command, samples=None, **trainer):
+    return JobSpec(job_id=job_id, samples=samples, batch_size=512,
+                   trainer=TrainerSpec(command=tuple(command), grace_s=10, **trainer).to_dict())
+
+
+def test_ddp_trainer_resized_and_killed_trains_every_sample_once(tmp_path):
+    spec = trainer_spec("ddp", [sys.executable, str(DDP), "--checkpoint-interval", "2"], samples=4_500_000)
+    summary = run_job(LocalLauncher(tmp_path / "jobs"), spec, TWO, tmp_path, resizes=[(20.0, ONE)],
+                      faults=[Fault(FaultKind.KILL_WORKER, 30.0, "worker-0")], timeout_s=240)
+    # the trainer's own counter, restored from its checkpoint after each restart, reached the end
+    assert summary["samples_done"] == summary["samples_total"] == 4_500_000
+    assert summary["resizes"] == 1 and summary["restarts"] == 1
+    assert len(summary["restart_s"]) == 2 and all(0 < s < 60 for s in summary["restart_s"])
+    assert summary["auc"] > 0.7
+    assert summary["config"] == ONE.to_row()
+    events = [e for e in summary["events"] if e.get("action") == "relaunch"]
+    assert events and events[0]["node"] == "worker-0"  # the controller's step relaunched it
+    samples = pd.read_csv(tmp_path / "samples.csv")
+    assert len(samples) >= 2 and (samples.ps == 0).all() and samples.ps_cpu_used.isna().all()
+    for config in (TWO, ONE):  # measured per node, from its own cgroup, within its quota
+        rows = samples[(samples.workers == config.workers) & (samples.worker_cpu == config.worker_cpu)]
+        assert len(rows) >= 1 and (rows.worker_cpu_used > 0.1).all()
+        assert (rows.worker_cpu_used <= config.worker_cpu * 1.15).all()
+        assert (rows.worker_memory_used_mb > 50).all()
+
+
+def test_a_trainer_that_fails_before_reporting_is_the_users_mistake(tmp_path):
+    launcher = LocalLauncher(tmp_path / "jobs")
+    spec = trainer_spec("bad", [sys.executable, "-c", "import sys; print('unknown flag --lr'); sys.exit(1)"])
+    with pytest.raises(RuntimeError) as err:
+        run_job(launcher, spec, ONE, tmp_path, timeout_s=60)
+    message = str(err.value)
+    assert "exited 1 before its first report" in message and "unknown flag --lr" in message and "no retry" in message
+    assert not (tmp_path / "jobs" / "bad" / "logs" / "worker-0.log").read_text().count("unknown flag") > 1  # not retried
+
+
+def test_a_trainer_that_never_reports_is_refused_after_its_report_timeout(tmp_path):
+    launcher = LocalLauncher(tmp_path / "jobs")
+    spec = trainer_spec("mute", [sys.executable, "-c", "import time; time.sleep(60)"], report_timeout_s=2.0)
+    launcher.launch(spec, ONE)
+    try:
+        import time
+
+        time.sleep(3.0)
+        records = launcher.recover("mute")
+        assert records[0]["reason"] == "user_error" and records[0]["retryable"] is False
+        assert "reported nothing" in records[0]["text"] and "report_timeout_s=2s" in records[0]["text"]
+        assert not any(r.get("action") == "relaunch" for r in records)
+    finally:
+        launcher.stop("mute")
