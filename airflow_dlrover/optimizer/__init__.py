@@ -9,7 +9,7 @@ from typing import Any
 
 _EXPORTS = {
     "CONFIG_COLUMNS": "types", "Configuration": "types", "InfeasibleQuotaError": "types", "InvalidInputError": "types",
-    "Objective": "types", "Plan": "types", "Quota": "types", "validate_samples": "types",
+    "Objective": "types", "Plan": "types", "Quota": "types", "is_allreduce": "types", "validate_samples": "types",
     "ControllerState": "controller", "Observation": "controller", "step": "controller",
     "InstabilityEvent": "instability", "detect": "instability",
     "JobModel": "job_model", "fit_job_model": "job_model",

@@ -1,7 +1,10 @@
 """The one vocabulary: a configuration is a row; samples, quotas and plans build on it.
 
 A configuration is ``workers, ps, worker_cpu, ps_cpu, worker_memory_mb, ps_memory_mb, worker_gpu,
-batch_size``. A profile sample is a configuration plus the measured ``throughput`` (samples/s,
+batch_size``. A job is of one kind for its whole life (:func:`is_allreduce`): a parameter-server job
+(``ps ≥ 1``, ``ps_cpu > 0``) or an all-reduce data-parallel job without parameter servers
+(``ps = 0``; its ``ps_cpu`` and ``ps_memory_mb`` are 0, and a PS size given for it is an error, not
+dropped: it says the user thinks the job has PS). A profile sample is a configuration plus the measured ``throughput`` (samples/s,
 whole job) and, where measured, ``worker_cpu_used, ps_cpu_used, worker_memory_used_mb,
 ps_memory_used_mb`` (per node, mean). Sample tables are pandas DataFrames with these columns.
 
@@ -126,12 +129,16 @@ def _check_number(name: str, value: Any, *, minimum: float, integer: bool, stric
         raise InvalidInputError(name, value, f"{kind} {bound}")
 
 
+_NO_PS_SIZE = "0 when ps = 0 (an all-reduce job has no PS)"
+
+
 @dataclass(frozen=True)
 class Configuration:
-    """One allocation of a PS training job (a row of the vocabulary).
+    """One allocation of a training job (a row of the vocabulary).
 
     ``worker_cpu`` and ``ps_cpu`` are cores per node (λw, λp); memories are MB per node;
-    ``worker_gpu`` GPUs per worker; ``batch_size`` samples per worker step.
+    ``worker_gpu`` GPUs per worker; ``batch_size`` samples per worker step. ``ps = 0``: an
+    all-reduce job, whose ``ps_cpu`` and ``ps_memory_mb`` must be 0.
     """
 
     workers: int
@@ -145,11 +152,15 @@ class Configuration:
 
     def __post_init__(self) -> None:
         _check_number("workers", self.workers, minimum=1, integer=True, strict=False)
-        _check_number("ps", self.ps, minimum=1, integer=True, strict=False)
+        _check_number("ps", self.ps, minimum=0, integer=True, strict=False)
         _check_number("worker_cpu", self.worker_cpu, minimum=0, integer=False, strict=True)
-        _check_number("ps_cpu", self.ps_cpu, minimum=0, integer=False, strict=True)
+        _check_number("ps_cpu", self.ps_cpu, minimum=0, integer=False, strict=self.ps > 0)
         _check_number("worker_memory_mb", self.worker_memory_mb, minimum=0, integer=False, strict=False)
         _check_number("ps_memory_mb", self.ps_memory_mb, minimum=0, integer=False, strict=False)
+        if self.ps == 0:
+            for name in ("ps_cpu", "ps_memory_mb"):
+                if getattr(self, name) != 0:
+                    raise InvalidInputError(name, getattr(self, name), _NO_PS_SIZE)
         _check_number("worker_gpu", self.worker_gpu, minimum=0, integer=True, strict=False)
         _check_number("batch_size", self.batch_size, minimum=1, integer=True, strict=False)
         for name in INTEGER_COLUMNS:
@@ -178,9 +189,11 @@ class Configuration:
 
     def describe(self) -> str:
         gpu = f" + {self.worker_gpu} GPU" if self.worker_gpu else ""
+        ps = (f"{self.ps} PS × {self.ps_cpu:g} CPU / {self.ps_memory_mb:g} MB" if self.ps
+              else "no PS (all-reduce)")
         return (
             f"{self.workers} worker × {self.worker_cpu:g} CPU{gpu} / {self.worker_memory_mb:g} MB, "
-            f"{self.ps} PS × {self.ps_cpu:g} CPU / {self.ps_memory_mb:g} MB, batch {self.batch_size}"
+            f"{ps}, batch {self.batch_size}"
         )
 
 
@@ -284,7 +297,9 @@ def validate_samples(samples: pd.DataFrame, *, name: str = "samples") -> pd.Data
     """Check a sample table and return a clean copy with defaults for optional columns.
 
     Raises :class:`InvalidInputError` naming the column, the first bad row and its value.
-    Optional ``worker_gpu`` defaults to 0; memory columns default to 0 (unknown).
+    Optional ``worker_gpu`` defaults to 0; memory columns default to 0 (unknown). Every row is of
+    one kind of job (:func:`is_allreduce`); rows with ``ps = 0`` have ``ps_cpu`` and
+    ``ps_memory_mb`` 0 (empty reads as 0) and no PS usage (empty, or 0).
     """
     if not isinstance(samples, pd.DataFrame):
         raise InvalidInputError(name, type(samples).__name__, "a pandas DataFrame / CSV table")
@@ -304,18 +319,25 @@ def validate_samples(samples: pd.DataFrame, *, name: str = "samples") -> pd.Data
     columns.setdefault("worker_gpu", np.zeros(n, dtype=int))
     for column in ("worker_memory_mb", "ps_memory_mb"):
         columns.setdefault(column, np.zeros(n))
-    rules = {
-        "workers": (1, True, False), "ps": (1, True, False), "batch_size": (1, True, False),
+    rules = {  # in this order: ps comes before the PS sizes, which depend on it
+        "workers": (1, True, False), "ps": (0, True, False), "batch_size": (1, True, False),
         "worker_gpu": (0, True, False), "worker_cpu": (0, False, True), "ps_cpu": (0, False, True),
         "throughput": (0, False, True), "worker_memory_mb": (0, False, False),
         "ps_memory_mb": (0, False, False),
     }
+    no_ps = np.zeros(n, dtype=bool)
     for column, (minimum, integer, strict) in rules.items():
         values = _as_float(columns[column])
+        checked = np.ones(n, dtype=bool)
+        if column in _PS_SIZE_COLUMNS:
+            values = np.where(no_ps & np.isnan(values), 0.0, values)
+            _refuse_ps_values(name, column, values, no_ps & (values != 0), _NO_PS_SIZE + ", or empty")
+            checked = ~no_ps
         bad = ~np.isfinite(values)
         bad |= values <= minimum if strict else values < minimum
         if integer:
             bad |= np.isfinite(values) & (values != np.round(values))
+        bad &= checked
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
             kind = "an integer" if integer else "a finite number"
@@ -325,6 +347,9 @@ def validate_samples(samples: pd.DataFrame, *, name: str = "samples") -> pd.Data
                 f"First bad row: {row} ({int(bad.sum())} bad rows).",
             )
         columns[column] = values.astype(int) if integer else values
+        if column == "ps":
+            _job_kind(columns["ps"], f"{name}.ps")
+            no_ps = columns["ps"] == 0
     for column in USAGE_COLUMNS:
         if column in columns:
             values = _as_float(columns[column])
@@ -335,8 +360,58 @@ def validate_samples(samples: pd.DataFrame, *, name: str = "samples") -> pd.Data
                     f"{name}.{column}", values[row], "a number ≥ 0 (or empty when not measured)",
                     f"First bad row: {row}.",
                 )
+            if column in _PS_USAGE_COLUMNS:
+                _refuse_ps_values(name, column, values, no_ps & (values > 0),
+                                  "empty or 0 where ps = 0 (an all-reduce job has no PS to measure)")
             columns[column] = values
     return pd.DataFrame(columns)
+
+
+_PS_SIZE_COLUMNS = ("ps_cpu", "ps_memory_mb")
+_PS_USAGE_COLUMNS = ("ps_cpu_used", "ps_memory_used_mb")
+
+
+def _refuse_ps_values(name: str, column: str, values: np.ndarray, bad: np.ndarray, allowed: str) -> None:
+    """A PS size or usage on a row without PS (``bad``) is a user's mistake, named."""
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise InvalidInputError(f"{name}.{column}", values[row], allowed,
+                                f"First bad row: {row} ({int(bad.sum())} bad rows).")
+
+
+def _job_kind(ps: np.ndarray, field_name: str) -> bool:
+    """True when every ``ps`` is 0 (all-reduce), False when every one is ≥ 1 (PS); a mix is an
+    :class:`InvalidInputError`: a job is one kind for its whole life."""
+    no_ps = np.asarray(ps) == 0
+    if no_ps.all() or not no_ps.any():
+        return bool(no_ps.all()) and len(no_ps) > 0
+    first_ar, first_ps = int(np.flatnonzero(no_ps)[0]), int(np.flatnonzero(~no_ps)[0])
+    raise InvalidInputError(
+        field_name, f"ps={int(ps[first_ps])} in row {first_ps} and ps=0 in row {first_ar}",
+        "one kind of job in a table: every row ps = 0 (all-reduce, no PS) or every row ps ≥ 1 (parameter servers)",
+        "A job is a PS job or an all-reduce job for its whole life: fit and plan each job on its own samples.",
+    )
+
+
+def is_allreduce(job: Any) -> bool:
+    """Whether ``job`` is an all-reduce job (``ps = 0``: data-parallel, no parameter servers) or
+    a PS job (``ps ≥ 1``). The one test of a job's kind, for everything below.
+
+    ``job``: a :class:`Configuration`, a row (a mapping with ``ps``), a table with a ``ps``
+    column (every row of one kind, else :class:`InvalidInputError`), or a fitted model (anything
+    with an ``allreduce`` attribute: ``ThroughputModel``, ``MemoryModel``, ``JobModel``).
+    """
+    if hasattr(job, "allreduce"):
+        return bool(job.allreduce)
+    if isinstance(job, Configuration):
+        return job.ps == 0
+    if isinstance(job, pd.DataFrame):
+        if "ps" not in job:
+            raise InvalidInputError("columns", list(job.columns), "a table with a ps column")
+        return _job_kind(job["ps"].to_numpy(), "ps")
+    if isinstance(job, Mapping):
+        return int(job["ps"]) == 0
+    raise InvalidInputError("job", type(job).__name__, "a Configuration, a row, a table or a fitted model")
 
 
 def _as_float(values: np.ndarray) -> np.ndarray:
