@@ -23,9 +23,13 @@ from airflow_dlrover.optimizer.model import PARAMETERS, ThroughputModel, feature
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, InvalidInputError, Quota
 
 #: θ₀ for a cold-start design: only its rough proportions matter (which term dominates where).
-#: From a fit of our queueing simulation of a small CPU DLRM (benchmarks/accuracy.py).
+#: From a fit of our queueing simulation of a small CPU DLRM (benchmarks/accuracy.py). The
+#: all-reduce terms are our estimate, not a fit (no all-reduce job was profiled yet): a ring of a
+#: small DLRM's dense gradients (a few MB) takes about the step's overhead in bandwidth, and a
+#: hop ~0.1 ms (gloo over TCP on one machine).
 DESIGN_GUESS = dict(
-    overhead=2e-3, worker_compute=4e-4, gpu_compute=4e-5, ps_latency=5e-5, ps_service=1e-4, ps_request=1e-5, network=1e-5, contention=1e-6, io=1e-6
+    overhead=2e-3, worker_compute=4e-4, gpu_compute=4e-5, ps_latency=5e-5, ps_service=1e-4, ps_request=1e-5, network=1e-5, contention=1e-6, io=1e-6,
+    allreduce=2e-3, allreduce_latency=1e-4,
 )
 
 

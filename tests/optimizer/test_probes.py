@@ -2,7 +2,7 @@ import pytest
 
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel
-from airflow_dlrover.optimizer.model import fit_throughput
+from airflow_dlrover.optimizer.model import ALLREDUCE_TERMS, fit_throughput
 from airflow_dlrover.optimizer.probes import design_probes
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, InvalidInputError, Quota
 from synthetic import TRUE_THETA, model_samples
@@ -21,10 +21,11 @@ def test_cold_design_identifies_every_cpu_parameter_cheaply(cpu):
         assert probes[column].nunique() >= 2, column
     memory = probes.workers * probes.worker_memory_mb + probes.ps * probes.ps_memory_mb
     assert (memory <= quota.memory_mb * C.PROBE_QUOTA_FRACTION).all()
-    # Noiseless samples at exactly these probes recover the model: nothing but the GPU is pinned.
+    # Noiseless samples at exactly these probes recover the model: nothing but the GPU (and the
+    # all-reduce terms, which a PS job has not) is pinned.
     configs = list(probes[["workers", "ps", "worker_cpu", "ps_cpu"]].itertuples(index=False, name=None))
     model = fit_throughput(model_samples(configs=configs), sharpness=1.0, leave_one_out=False)
-    assert set(model.report.pinned) == {"gpu_compute"}
+    assert set(model.report.pinned) == {"gpu_compute", *ALLREDUCE_TERMS}
     for name, value in TRUE_THETA.items():
         assert model.params[name] == pytest.approx(value, rel=0.01, abs=1e-12)
 
@@ -34,7 +35,7 @@ def test_a_tiny_probing_budget_reports_what_it_cannot_identify():
     assert len(probes) == 5  # every configuration that fits
     configs = list(probes[["workers", "ps", "worker_cpu", "ps_cpu"]].itertuples(index=False, name=None))
     model = fit_throughput(model_samples(configs=configs), sharpness=1.0, leave_one_out=False)
-    assert set(model.report.pinned) == {"gpu_compute", "network", "contention", "io"}
+    assert set(model.report.pinned) == {"gpu_compute", "network", "contention", "io", *ALLREDUCE_TERMS}
     assert model.report.pinned["io"] == "5 configurations cannot identify every parameter; set to 0"
 
 
