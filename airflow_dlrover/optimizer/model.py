@@ -84,8 +84,10 @@ from scipy.optimize import nnls
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import (
     InvalidInputError,
+    check_kind,
     configuration_codes,
     is_allreduce,
+    not_identifiable,
     validate_samples,
 )
 
@@ -109,11 +111,6 @@ _IDENTIFY_ORDER = (
     "ps_service", "worker_compute", "gpu_compute", "overhead", "allreduce", "ps_latency", "ps_request", "network",
     "contention", "allreduce_latency", "io",
 )
-
-
-def not_identifiable(allreduce: bool) -> str:
-    """Why the terms of the other kind of job are not identifiable (``report.pinned``)."""
-    return "not identifiable: the job has no PS" if allreduce else "not identifiable: the job has PS (no all-reduce)"
 
 
 def kind_parameters(allreduce: bool) -> tuple[str, ...]:
@@ -234,12 +231,7 @@ class ThroughputModel:
 
     def predict(self, configs: pd.DataFrame, band: bool = True):
         """Throughput of a configuration table (of this model's kind of job), with its band."""
-        if is_allreduce(configs) != self.allreduce:
-            raise InvalidInputError(
-                "configs.ps", sorted(set(configs["ps"].tolist())),
-                "ps = 0 (the model is of an all-reduce job)" if self.allreduce
-                else "ps ≥ 1 (the model is of a PS job)",
-            )
+        check_kind(configs, self.allreduce, "configs.ps", "the model is")
         table = configs.copy()
         if "worker_gpu" not in table:
             table["worker_gpu"] = 0
@@ -481,12 +473,8 @@ def fit_throughput(
     """
     table = samples if validated else validate_samples(samples)
     problem = _Problem.of(table, half_life)
-    if prior is not None and prior.allreduce != problem.allreduce:
-        raise InvalidInputError(
-            "prior", "a model of an all-reduce job" if prior.allreduce else "a model of a PS job",
-            f"a model of the samples' kind of job ({'all-reduce: ps = 0' if problem.allreduce else 'PS: ps ≥ 1'})",
-            "A job is one kind for its whole life: its prior is an earlier run of the same job.",
-        )
+    if prior is not None:
+        check_kind(prior, problem.allreduce, "prior", "the samples are")
     n_configs = problem.n_configs
     if n_configs < 2 and prior is None:
         raise InvalidInputError(
