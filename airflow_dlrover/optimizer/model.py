@@ -125,10 +125,12 @@ def kind_columns(allreduce: bool) -> np.ndarray:
 
 
 def features(
-    workers: Any, ps: Any, worker_cpu: Any, ps_cpu: Any, worker_gpu: Any, batch_size: Any
+    workers: Any, ps: Any, worker_cpu: Any, ps_cpu: Any, worker_gpu: Any, batch_size: Any,
+    columns: Any = None,
 ) -> np.ndarray:
     """The design row f(x) of each configuration, so that 1/X = f(x)·θ. Shape (n, 11), columns in
-    ``PARAMETERS``' order: the PS features are 0 where p = 0, the all-reduce features where p ≥ 1."""
+    ``PARAMETERS``' order: the PS features are 0 where p = 0, the all-reduce features where p ≥ 1.
+    ``columns``: only these (indices in ``PARAMETERS``, e.g. ``kind_columns``), in that order."""
     w = np.asarray(workers, dtype=float)
     p = np.asarray(ps, dtype=float)
     lw = np.asarray(worker_cpu, dtype=float)
@@ -138,25 +140,26 @@ def features(
     w, p, lw, lp, g, b = np.broadcast_arrays(w, p, lw, lp, g, b)
     on_gpu = g > 0
     has_ps = p > 0
-    ps_on = has_ps.astype(float)  # the PS features of an all-reduce row are 0, not 1/0
-    p_, lp_ = np.where(has_ps, p, 1.0), np.where(has_ps, lp, 1.0)
-    ring = np.where(has_ps, 0.0, 2.0 * (w - 1.0) / w)  # 2(w−1)/w of the gradients per worker
-    return np.stack(
-        [
-            1.0 / (w * b),
-            np.where(on_gpu, 0.0, 1.0 / (w * lw)),
-            np.where(on_gpu, 1.0 / (w * np.maximum(g, 1.0)), 0.0),
-            ps_on / (w * p_ * np.minimum(lp_, 1.0)),
-            ps_on / (p_ * lp_),
-            ps_on / (lp_ * b),
-            ps_on / p_,
-            ps_on * w / (p_ * p_ * lp_),
-            np.ones_like(w),
-            ring / (w * b),
-            ring / b,
-        ],
-        axis=-1,
-    )
+    if has_ps.all():  # PS rows only (the planner's PS grid): no ring, nothing to guard
+        ps_on, p_, lp_, ring = 1.0, p, lp, np.zeros_like(w)
+    else:
+        ps_on = has_ps.astype(float)  # the PS features of an all-reduce row are 0, not 1/0
+        p_, lp_ = np.where(has_ps, p, 1.0), np.where(has_ps, lp, 1.0)
+        ring = np.where(has_ps, 0.0, 2.0 * (w - 1.0) / w)  # 2(w−1)/w of the gradients per worker
+    design = [
+        1.0 / (w * b),
+        np.where(on_gpu, 0.0, 1.0 / (w * lw)),
+        np.where(on_gpu, 1.0 / (w * np.maximum(g, 1.0)), 0.0),
+        ps_on / (w * p_ * np.minimum(lp_, 1.0)),
+        ps_on / (p_ * lp_),
+        ps_on / (lp_ * b),
+        ps_on / p_,
+        ps_on * w / (p_ * p_ * lp_),
+        np.ones_like(w),
+        ring / (w * b),
+        ring / b,
+    ]
+    return np.stack(design if columns is None else [design[j] for j in columns], axis=-1)
 
 
 def table_features(table: pd.DataFrame) -> np.ndarray:
