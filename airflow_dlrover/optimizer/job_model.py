@@ -9,9 +9,9 @@ from typing import Any
 
 import pandas as pd
 
-from airflow_dlrover.optimizer.memory import MemoryModel, fit_memory
+from airflow_dlrover.optimizer.memory import MemoryModel, fit_memory, has_memory_usage
 from airflow_dlrover.optimizer.model import ThroughputModel, fit_throughput
-from airflow_dlrover.optimizer.types import InvalidInputError, USAGE_COLUMNS, validate_samples
+from airflow_dlrover.optimizer.types import InvalidInputError, check_kind, validate_samples
 
 FORMAT = "airflow-dlrover/job-model"
 VERSION = 1
@@ -19,8 +19,18 @@ VERSION = 1
 
 @dataclass(frozen=True)
 class JobModel:
+    """The throughput and memory models of one job, of one kind (``types.is_allreduce``)."""
+
     throughput: ThroughputModel
     memory: MemoryModel | None
+
+    def __post_init__(self) -> None:
+        if self.memory is not None:
+            check_kind(self.memory, self.throughput.allreduce, "model.memory", "the throughput model is")
+
+    @property
+    def allreduce(self) -> bool:
+        return self.throughput.allreduce
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -59,7 +69,6 @@ def fit_job_model(samples: pd.DataFrame, prior: JobModel | None = None, *, table
     tables bounded by ``table_capacity_mb``, the job's layout, when given)."""
     table = validate_samples(samples)
     throughput = fit_throughput(table, prior.throughput if prior else None, validated=True, **kwargs)
-    has_memory = all(c in table and table[c].notna().any() for c in USAGE_COLUMNS[2:])
-    memory = (fit_memory(table, validated=True, table_capacity_mb=table_capacity_mb) if has_memory
+    memory = (fit_memory(table, validated=True, table_capacity_mb=table_capacity_mb) if has_memory_usage(table)
               else (prior.memory if prior else None))
     return JobModel(throughput, memory)

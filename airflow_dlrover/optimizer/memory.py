@@ -18,6 +18,16 @@ growth fitted on seconds of profiling says. Both are linear in their parameters 
 windows were taken at different points of a run). A node's memory over time is fitted with the
 Theil–Sen estimator (``scipy.stats.theilslopes``: robust to the allocator's sawtooth and to GC
 drops) to forecast when it reaches its limit.
+
+An all-reduce job (p = 0, ``types.is_allreduce``) has no PS: ``ps_base_mb`` and ``table_mb`` are
+None ("not identifiable: the job has no PS" in ``pinned``) and a PS needs 0 MB. Each of its
+workers holds the whole model, tables included, so the tables' growth is each worker's:
+
+    worker_memory(B, n) = worker_base_mb + activation_mb_per_sample · B
+                          + min(table_growth_mb_per_m_samples · n / 10⁶, capacity)      (p = 0)
+
+fitted from ``worker_memory_used_mb`` (and ``samples_seen``); the tables at the start are in
+``worker_base_mb``, so the cap over-reserves them at most once the tables are full.
 A request is the forecast peak plus ``MEMORY_MARGIN_FRACTION`` (VPA's safety margin), at least
 ``MEMORY_MIN_HEADROOM_MB`` more, rounded up to ``MEMORY_GRANULARITY_MB``.
 """
@@ -32,7 +42,7 @@ import pandas as pd
 from scipy.optimize import nnls
 
 from airflow_dlrover.optimizer import constants as C
-from airflow_dlrover.optimizer.types import InvalidInputError, validate_samples
+from airflow_dlrover.optimizer.types import InvalidInputError, is_allreduce, not_identifiable, validate_samples
 
 
 def memory_request_mb(peak_mb: Any) -> Any:
@@ -44,31 +54,56 @@ def memory_request_mb(peak_mb: Any) -> Any:
 
 @dataclass(frozen=True)
 class MemoryModel:
-    """Per-node memory in MB; see the module docstring for the equations."""
+    """Per-node memory in MB; see the module docstring for the equations. ``ps_base_mb`` and
+    ``table_mb`` None: the model of an all-reduce job (no PS)."""
 
-    ps_base_mb: float
-    table_mb: float
+    ps_base_mb: float | None
+    table_mb: float | None
     worker_base_mb: float
     activation_mb_per_sample: float
     table_growth_mb_per_m_samples: float = 0.0
     pinned: dict[str, str] = field(default_factory=dict)
     table_capacity_mb: float | None = None
 
+    @property
+    def allreduce(self) -> bool:
+        """The model of an all-reduce job (``types.is_allreduce``): it has no PS part."""
+        return self.ps_base_mb is None
+
     def ps_peak_mb(self, ps: Any, samples: Any = 0.0) -> Any:
-        """PS memory after training ``samples`` more samples."""
-        grown = self.table_mb + self.table_growth_mb_per_m_samples * np.asarray(samples, dtype=float) / 1e6
+        """PS memory after training ``samples`` more samples; 0 where ``ps`` is 0 (no PS)."""
+        p = np.asarray(ps, dtype=float)
+        n = np.asarray(samples, dtype=float)
+        if self.allreduce:
+            if np.any(p != 0):
+                raise InvalidInputError("ps", ps, "0: the memory model is of an all-reduce job (no PS)")
+            return np.zeros(np.broadcast(p, n).shape)
+        grown = self.table_mb + self.table_growth_mb_per_m_samples * n / 1e6
         if self.table_capacity_mb is not None:
             grown = np.minimum(grown, max(self.table_capacity_mb, self.table_mb))
-        return self.ps_base_mb + grown / np.asarray(ps, dtype=float)
+        if np.all(p > 0):
+            return self.ps_base_mb + grown / p
+        return np.where(p > 0, self.ps_base_mb + grown / np.where(p > 0, p, 1.0), 0.0)
 
-    def worker_peak_mb(self, batch_size: Any) -> Any:
-        return self.worker_base_mb + self.activation_mb_per_sample * np.asarray(batch_size, dtype=float)
+    def worker_peak_mb(self, batch_size: Any, samples: Any = 0.0) -> Any:
+        """Worker memory at ``batch_size``; an all-reduce worker's after training ``samples``
+        more samples (it holds the whole tables; a PS job's worker holds none)."""
+        peak = self.worker_base_mb + self.activation_mb_per_sample * np.asarray(batch_size, dtype=float)
+        if not self.allreduce or not self.table_growth_mb_per_m_samples:
+            return peak
+        grown = self.table_growth_mb_per_m_samples * np.asarray(samples, dtype=float) / 1e6
+        if self.table_capacity_mb is not None:
+            grown = np.minimum(grown, self.table_capacity_mb)
+        return peak + grown
 
     def ps_request_mb(self, ps: Any, samples: Any = 0.0) -> Any:
-        return memory_request_mb(self.ps_peak_mb(ps, samples))
+        """The request (``memory_request_mb``) for a PS's peak; 0 where ``ps`` is 0: nothing runs."""
+        request = memory_request_mb(self.ps_peak_mb(ps, samples))
+        p = np.asarray(ps)
+        return request if np.all(p > 0) else np.where(p > 0, request, 0.0)
 
-    def worker_request_mb(self, batch_size: Any) -> Any:
-        return memory_request_mb(self.worker_peak_mb(batch_size))
+    def worker_request_mb(self, batch_size: Any, samples: Any = 0.0) -> Any:
+        return memory_request_mb(self.worker_peak_mb(batch_size, samples))
 
     def with_table_growth(self, mb_per_m_samples: float) -> "MemoryModel":
         """The same model with another growth of the whole table (sum over PS), MB per 10⁶ samples."""
@@ -95,24 +130,36 @@ def _nnls_fit(columns: dict[str, np.ndarray], y: np.ndarray, why: dict[str, str]
     return values, {n: why[n] for n in names if n not in keep}
 
 
+def memory_columns(allreduce: bool) -> tuple[str, ...]:
+    """The usage columns a memory fit needs: the workers' (all-reduce), and the PS's (PS jobs)."""
+    return ("worker_memory_used_mb",) if allreduce else ("ps_memory_used_mb", "worker_memory_used_mb")
+
+
+def has_memory_usage(table: pd.DataFrame) -> bool:
+    """Whether a (validated) sample table measured what ``fit_memory`` needs for its kind of job."""
+    return all(c in table and table[c].notna().any() for c in memory_columns(is_allreduce(table)))
+
+
 def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity_mb: float | None = None) -> MemoryModel:
-    """Fit the memory model from a sample table with ``ps_memory_used_mb`` and
+    """Fit the memory model from a sample table with ``ps_memory_used_mb`` (PS jobs) and
     ``worker_memory_used_mb`` (per-node means; rows with empty usage are ignored) and, when
     present, ``samples_seen`` (samples trained when the window was measured).
     ``validated``: ``samples`` is what :func:`validate_samples` returned (not checked again);
     ``table_capacity_mb``: the layout's bound on the tables (see the module docstring)."""
     table = samples if validated else validate_samples(samples)
-    for column in ("ps_memory_used_mb", "worker_memory_used_mb"):
+    allreduce = is_allreduce(table)
+    for column in memory_columns(allreduce):
         if column not in table or not table[column].notna().any():
             raise InvalidInputError(
                 f"samples.{column}", "missing",
                 "measured per-node memory in MB (the profiler records it)",
                 "The planner sizes memory from it.",
             )
+    if allreduce:
+        return _fit_allreduce_memory(table, table_capacity_mb)
     ps_rows = table[table["ps_memory_used_mb"].notna()]
     inverse_ps = 1.0 / ps_rows["ps"].to_numpy(float)
-    seen = pd.to_numeric(ps_rows.get("samples_seen", 0.0), errors="coerce")
-    seen = np.nan_to_num(np.broadcast_to(np.asarray(seen, dtype=float), inverse_ps.shape))
+    seen = _samples_seen(ps_rows)
     ps, pinned = _nnls_fit(
         {"ps_base_mb": np.ones_like(inverse_ps), "table_mb": inverse_ps, "growth": seen / 1e6 * inverse_ps},
         ps_rows["ps_memory_used_mb"].to_numpy(float),
@@ -131,6 +178,27 @@ def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity
         ps["ps_base_mb"], ps["table_mb"], worker["worker_base_mb"], worker["activation_mb_per_sample"],
         ps["growth"], pinned | pinned_w, table_capacity_mb,
     )
+
+
+def _samples_seen(rows: pd.DataFrame) -> np.ndarray:
+    seen = pd.to_numeric(rows.get("samples_seen", 0.0), errors="coerce")
+    return np.nan_to_num(np.broadcast_to(np.asarray(seen, dtype=float), (len(rows),)))
+
+
+def _fit_allreduce_memory(table: pd.DataFrame, table_capacity_mb: float | None) -> MemoryModel:
+    """The workers' part of the model, with the tables' growth on each worker (no PS part)."""
+    rows = table[table["worker_memory_used_mb"].notna()]
+    batch = rows["batch_size"].to_numpy(float)
+    worker, pinned = _nnls_fit(
+        {"worker_base_mb": np.ones_like(batch), "activation_mb_per_sample": batch, "growth": _samples_seen(rows) / 1e6},
+        rows["worker_memory_used_mb"].to_numpy(float),
+        {"activation_mb_per_sample": "batch_size never varies: worker memory is taken as constant",
+         "growth": "no samples_seen that varies: table growth unknown (0)"},
+    )
+    pinned = {("table_growth_mb_per_m_samples" if k == "growth" else k): v for k, v in pinned.items()}
+    no_ps = dict.fromkeys(("ps_base_mb", "table_mb"), not_identifiable(True))
+    return MemoryModel(None, None, worker["worker_base_mb"], worker["activation_mb_per_sample"], worker["growth"],
+                       no_ps | pinned, table_capacity_mb)
 
 
 @dataclass(frozen=True)

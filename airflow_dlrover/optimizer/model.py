@@ -1,4 +1,4 @@
-"""Throughput model of parameter-server DLRM training, fitted by non-negative least squares.
+"""Throughput model of DLRM training (parameter-server or all-reduce), fitted by non-negative least squares.
 
 Each worker runs steps of ``B`` samples. After the structure of the DLRover-RM paper (§4: the step
 time is a sum of worker compute, PS service and communication terms), the time of one step is
@@ -21,16 +21,34 @@ time is a sum of worker compute, PS service and communication terms), the time o
                                                  takes PS cores: θ_ps_service · (1 + α·w/p)
            + θ_io             · w · B            a job-wide cap no allocation moves (the shared
                                                  data source, the master's shard service)
+           + θ_allreduce      · 2(w−1)/w         all-reduce jobs (p = 0) only: a ring all-reduce
+                                                 of the dense gradients sends and receives
+                                                 2(w−1)/w of them per worker, whatever B
+           + θ_allreduce_latency · 2(w−1)        ... in 2(w−1) hops round the ring, each with a
+                                                 fixed latency
 
 and the job throughput is X = w·B / t_step. Each term, alone, bounds the throughput:
 
     X ≤ 1/t_k(x)   with t_k(x) = θ_k · f_k(x) and
-    f = [1/(w·B), 1/(w·λw), 1/(w·g), 1/(w·p·min(λp,1)), 1/(p·λp), 1/(λp·B), 1/p, w/(p²·λp), 1]
+    f = [1/(w·B), 1/(w·λw), 1/(w·g), 1/(w·p·min(λp,1)), 1/(p·λp), 1/(λp·B), 1/p, w/(p²·λp), 1,
+         2(w−1)/(w²·B), 2(w−1)/(w·B)]
 
 — X ≤ w·λw/θ_worker_compute (worker cores), X ≤ p·λp/θ_ps_service (PS cores), X ≤ p/θ_network
 (links), X ≤ 1/θ_io (a plateau more resources cannot lift: what keeps the fine-tune policy still
 on a flat curve); the contention term makes throughput *fall* past
 w* = p·sqrt(λp·(θ_overhead/B + θ_worker_compute/λw)/θ_contention) (at q = 1): a best worker/PS ratio.
+
+A job is of one kind for its whole life (``types.is_allreduce``). A PS job (p ≥ 1) has no ring:
+its two all-reduce features are 0. An all-reduce job (p = 0: data-parallel workers, no PS) has no
+PS: its five PS features (ps_latency, ps_service, ps_request, network, contention) are 0, and
+a lone worker (w = 1) has no ring either. A model records its kind (``ThroughputModel.allreduce``,
+from the samples it was fitted on), and the terms of the other kind are reported as not
+identifiable. With p = 0 the all-reduce terms make adding workers stop paying: the bandwidth
+term's share of 1/X falls only as 1/w (2(w−1)/w² ≈ 2/w) while compute falls as 1/w too, and the
+latency term tends to 2θ_allreduce_latency/B, a plateau X ≤ B/(2θ_allreduce_latency) like θ_io's.
+At q = 1 and one batch size the latency feature is a combination of two others,
+2(w−1)/(w·B) = (2/B)·1 − 2·1/(w·B): then ``io`` is pinned (it is last to be admitted) and
+θ_allreduce_latency with θ_overhead carries it, which predicts the same.
 
 The terms combine by a q-norm, whose exponent q (the "sharpness") is fitted too:
 
@@ -47,7 +65,7 @@ so each fit is one NNLS problem (``scipy.optimize.nnls``); q is chosen from ``SH
 by grouped cross-validation over configurations. Rows are weighted by X^q so that residuals are
 relative errors (≈ q × the relative error of X), and recent rows weigh more. Parameters the
 samples cannot identify (``gpu_compute`` with no GPU sample; ``ps_service`` against ``network``
-when λp never varies) are pinned — to the prior when there is one, else to 0 — and listed in the
+when λp never varies; the terms of the other kind of job) are pinned — to the prior when there is one, else to 0 — and listed in the
 report. A prior (yesterday's model of the same job) enters as a ridge toward its parameters in
 relative terms (weight ``WARM_START_PRIOR_WEIGHT``), so that a few new probes correct the terms
 they exercise and the prior keeps the rest; it also fixes q. Predictions carry a band from the covariance of φ plus the noise, which is at least the
@@ -66,27 +84,53 @@ from scipy.optimize import nnls
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import (
     InvalidInputError,
+    check_kind,
     configuration_codes,
+    is_allreduce,
+    not_identifiable,
     validate_samples,
 )
 
+#: The terms only a PS job has, and those only an all-reduce job has (see the module docstring).
+PS_TERMS = ("ps_latency", "ps_service", "ps_request", "network", "contention")
+ALLREDUCE_TERMS = ("allreduce", "allreduce_latency")
+
 PARAMETERS = (
     "overhead", "worker_compute", "gpu_compute", "ps_latency", "ps_service", "ps_request", "network",
-    "contention", "io",
+    "contention", "io", *ALLREDUCE_TERMS,
 )
+#: The parameters of the models written before all-reduce jobs (their covariance is 9 × 9): the
+#: first ones of ``PARAMETERS``, in its order.
+_LEGACY_PARAMETERS = PARAMETERS[:9]
 
 #: Order in which parameters are admitted when the samples identify only some of them: the
-#: simplest explanation first (cores on each side), refinements last.
+#: simplest explanation first (cores on each side), refinements last. The ring's latency comes
+#: before ``io``, which at q = 1 and one batch size it can stand for (the module docstring), but
+#: not the other way round without a negative overhead.
 _IDENTIFY_ORDER = (
-    "ps_service", "worker_compute", "gpu_compute", "overhead", "ps_latency", "ps_request", "network",
-    "contention", "io",
+    "ps_service", "worker_compute", "gpu_compute", "overhead", "allreduce", "ps_latency", "ps_request", "network",
+    "contention", "allreduce_latency", "io",
 )
+
+
+def kind_parameters(allreduce: bool) -> tuple[str, ...]:
+    """The parameters a job of this kind has: all but the other kind's terms, in ``PARAMETERS``' order."""
+    other = PS_TERMS if allreduce else ALLREDUCE_TERMS
+    return tuple(name for name in PARAMETERS if name not in other)
+
+
+def kind_columns(allreduce: bool) -> np.ndarray:
+    """The indices in ``PARAMETERS`` (and in a design row) of ``kind_parameters(allreduce)``."""
+    return np.array([PARAMETERS.index(name) for name in kind_parameters(allreduce)])
 
 
 def features(
-    workers: Any, ps: Any, worker_cpu: Any, ps_cpu: Any, worker_gpu: Any, batch_size: Any
+    workers: Any, ps: Any, worker_cpu: Any, ps_cpu: Any, worker_gpu: Any, batch_size: Any,
+    columns: Any = None,
 ) -> np.ndarray:
-    """The design row f(x) of each configuration, so that 1/X = f(x)·θ. Shape (n, 9)."""
+    """The design row f(x) of each configuration, so that 1/X = f(x)·θ. Shape (n, 11), columns in
+    ``PARAMETERS``' order: the PS features are 0 where p = 0, the all-reduce features where p ≥ 1.
+    ``columns``: only these (indices in ``PARAMETERS``, e.g. ``kind_columns``), in that order."""
     w = np.asarray(workers, dtype=float)
     p = np.asarray(ps, dtype=float)
     lw = np.asarray(worker_cpu, dtype=float)
@@ -95,20 +139,27 @@ def features(
     b = np.asarray(batch_size, dtype=float)
     w, p, lw, lp, g, b = np.broadcast_arrays(w, p, lw, lp, g, b)
     on_gpu = g > 0
-    return np.stack(
-        [
-            1.0 / (w * b),
-            np.where(on_gpu, 0.0, 1.0 / (w * lw)),
-            np.where(on_gpu, 1.0 / (w * np.maximum(g, 1.0)), 0.0),
-            1.0 / (w * p * np.minimum(lp, 1.0)),
-            1.0 / (p * lp),
-            1.0 / (lp * b),
-            1.0 / p,
-            w / (p * p * lp),
-            np.ones_like(w),
-        ],
-        axis=-1,
-    )
+    has_ps = p > 0
+    if has_ps.all():  # PS rows only (the planner's PS grid): no ring, nothing to guard
+        ps_on, p_, lp_, ring = 1.0, p, lp, np.zeros_like(w)
+    else:
+        ps_on = has_ps.astype(float)  # the PS features of an all-reduce row are 0, not 1/0
+        p_, lp_ = np.where(has_ps, p, 1.0), np.where(has_ps, lp, 1.0)
+        ring = np.where(has_ps, 0.0, 2.0 * (w - 1.0) / w)  # 2(w−1)/w of the gradients per worker
+    design = [
+        1.0 / (w * b),
+        np.where(on_gpu, 0.0, 1.0 / (w * lw)),
+        np.where(on_gpu, 1.0 / (w * np.maximum(g, 1.0)), 0.0),
+        ps_on / (w * p_ * np.minimum(lp_, 1.0)),
+        ps_on / (p_ * lp_),
+        ps_on / (lp_ * b),
+        ps_on / p_,
+        ps_on * w / (p_ * p_ * lp_),
+        np.ones_like(w),
+        ring / (w * b),
+        ring / b,
+    ]
+    return np.stack(design if columns is None else [design[j] for j in columns], axis=-1)
 
 
 def table_features(table: pd.DataFrame) -> np.ndarray:
@@ -142,7 +193,8 @@ class FitReport:
 @dataclass(frozen=True)
 class ThroughputModel:
     """Fitted θ and sharpness q (see the module docstring), the covariance of φ = θ^q, and the
-    relative noise of a measurement around the model."""
+    relative noise of a measurement around the model. ``allreduce``: the kind of job it models
+    (from its samples: ``types.is_allreduce``); the other kind's terms are 0 and not identified."""
 
     params: dict[str, float]
     sharpness: float
@@ -151,25 +203,38 @@ class ThroughputModel:
     batch_size: int
     report: FitReport | None = None
     identified: tuple[str, ...] = field(default=PARAMETERS)
+    allreduce: bool = False
 
     @property
     def theta(self) -> np.ndarray:
         return np.array([self.params[name] for name in PARAMETERS])
 
-    def predict_features(self, feats: np.ndarray, band: bool = True, feats_q: np.ndarray | None = None):
-        """Throughput (and its lower, upper band) from design rows; ``feats_q`` = feats**q if cached."""
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        """The parameters of this kind of job (``kind_parameters``)."""
+        return kind_parameters(self.allreduce)
+
+    def predict_features(self, feats: np.ndarray, band: bool = True, feats_q: np.ndarray | None = None,
+                         columns: np.ndarray | None = None):
+        """Throughput (and its lower, upper band) from design rows; ``feats_q`` = feats**q if cached.
+        ``columns``: the indices in ``PARAMETERS`` of the rows' columns, when they are not all of
+        them (the planner's grid keeps only its kind's: ``kind_columns``)."""
         q = self.sharpness
         fq = feats**q if feats_q is None else feats_q
-        yq = np.maximum(fq @ self.theta**q, 1e-300)
+        theta = self.theta if columns is None else self.theta[columns]
+        yq = np.maximum(fq @ theta**q, 1e-300)
         x = yq ** (-1.0 / q)
         if not band:
             return x
-        var = np.einsum("ij,jk,ik->i", fq, self.covariance, fq)
+        covariance = self.covariance if columns is None else self.covariance[np.ix_(columns, columns)]
+        var = np.einsum("ij,jk,ik->i", fq, covariance, fq)
         rel = np.sqrt(np.maximum(var, 0.0)) / yq / q
         total = C.BAND_Z * np.sqrt(rel**2 + self.relative_noise**2)
         return x, x / (1.0 + total), x / np.maximum(1.0 - total, 0.05)
 
     def predict(self, configs: pd.DataFrame, band: bool = True):
+        """Throughput of a configuration table (of this model's kind of job), with its band."""
+        check_kind(configs, self.allreduce, "configs.ps", "the model is")
         table = configs.copy()
         if "worker_gpu" not in table:
             table["worker_gpu"] = 0
@@ -185,23 +250,39 @@ class ThroughputModel:
             "relative_noise": self.relative_noise,
             "batch_size": self.batch_size,
             "identified": list(self.identified),
+            "allreduce": self.allreduce,
             "report": self.report.to_dict() if self.report else None,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ThroughputModel":
+        """The model ``to_dict`` wrote; also one written before all-reduce jobs (9 parameters,
+        a 9 × 9 covariance, no ``allreduce``): a PS job's, whose all-reduce terms are 0."""
         try:
             k = len(PARAMETERS)
+            allreduce = bool(data.get("allreduce", False))
+            params = {name: float(data["params"].get(name, 0.0) if name in ALLREDUCE_TERMS else data["params"][name])
+                      for name in PARAMETERS}
+            stored = np.asarray(data["covariance"], dtype=float)
+            m = len(_LEGACY_PARAMETERS) if stored.size == len(_LEGACY_PARAMETERS) ** 2 else k
+            covariance = np.zeros((k, k))
+            covariance[:m, :m] = stored.reshape(m, m)
+            report = FitReport(**data["report"]) if data.get("report") else None
+            if report is not None:
+                other = [name for name in PARAMETERS if name not in kind_parameters(allreduce)]
+                report = replace(report, pinned=dict(report.pinned) | {
+                    name: not_identifiable(allreduce) for name in other if name not in report.pinned})
             return cls(
-                params={name: float(data["params"][name]) for name in PARAMETERS},
+                params=params,
                 sharpness=float(data["sharpness"]),
-                covariance=np.asarray(data["covariance"], dtype=float).reshape(k, k),
+                covariance=covariance,
                 relative_noise=float(data["relative_noise"]),
                 batch_size=int(data["batch_size"]),
-                report=FitReport(**data["report"]) if data.get("report") else None,
-                identified=tuple(data.get("identified", PARAMETERS)),
+                report=report,
+                identified=tuple(data.get("identified", kind_parameters(allreduce))),
+                allreduce=allreduce,
             )
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise InvalidInputError(
                 "model.throughput", f"{type(err).__name__}: {err}",
                 "a throughput model written by `dlrover-rm fit`",
@@ -254,6 +335,13 @@ def _select_identifiable(design: np.ndarray, candidates: list[int]) -> list[int]
 
 
 def _why_pinned(name: str, table: pd.DataFrame) -> str:
+    if name not in kind_parameters(is_allreduce(table)):
+        return not_identifiable(is_allreduce(table))
+    if name in ALLREDUCE_TERMS and (table["workers"] == 1).all():
+        return "every sample has one worker: a ring of one exchanges nothing"
+    if name in ("io", "allreduce_latency", "overhead") and is_allreduce(table) and table["batch_size"].nunique() == 1:
+        return ("batch_size never varies, so the ring's latency, io and overhead cannot all be told apart "
+                "(2(w−1)/(w·B) = (2/B)·1 − 2·1/(w·B))")
     if name == "gpu_compute" and not (table["worker_gpu"] > 0).any():
         return "no sample has a GPU worker"
     if name == "worker_compute" and (table["worker_gpu"] > 0).all():
@@ -274,12 +362,14 @@ class _Problem:
     observed: np.ndarray
     weights: np.ndarray  # sqrt of the recency weights
     batch: int
+    allreduce: bool
 
     @classmethod
     def of(cls, table: pd.DataFrame, half_life: float) -> "_Problem":
         return cls(
             configuration_codes(table), table_features(table), table["throughput"].to_numpy(dtype=float),
             np.sqrt(_recency_weights(table, half_life)), _most_common(table["batch_size"].to_numpy()),
+            is_allreduce(table),
         )
 
     @property
@@ -287,7 +377,8 @@ class _Problem:
         return len(np.unique(self.codes))
 
     def subset(self, rows: np.ndarray) -> "_Problem":
-        return _Problem(self.codes[rows], self.feats[rows], self.observed[rows], self.weights[rows], self.batch)
+        return _Problem(self.codes[rows], self.feats[rows], self.observed[rows], self.weights[rows], self.batch,
+                        self.allreduce)
 
 
 def _solve(problem: _Problem, q: float, prior: ThroughputModel | None, prior_weight: float) -> ThroughputModel:
@@ -337,6 +428,7 @@ def _solve(problem: _Problem, q: float, prior: ThroughputModel | None, prior_wei
         relative_noise=noise,
         batch_size=problem.batch,
         identified=tuple(PARAMETERS[j] for j in free),
+        allreduce=problem.allreduce,
     )
 
 
@@ -384,6 +476,8 @@ def fit_throughput(
     """
     table = samples if validated else validate_samples(samples)
     problem = _Problem.of(table, half_life)
+    if prior is not None:
+        check_kind(prior, problem.allreduce, "prior", "the samples are")
     n_configs = problem.n_configs
     if n_configs < 2 and prior is None:
         raise InvalidInputError(
@@ -418,9 +512,9 @@ def fit_throughput(
     pinned = {
         name: _why_pinned(name, table)
         + (f"; kept at the prior's {prior.params[name]:.3g}" if prior is not None else "; set to 0")
-        for name in PARAMETERS
+        for name in model.parameters
         if name not in model.identified
-    }
+    } | {name: not_identifiable(model.allreduce) for name in PARAMETERS if name not in model.parameters}
     predicted = model.predict_features(problem.feats, band=False)
     report = FitReport(
         n_samples=len(table),

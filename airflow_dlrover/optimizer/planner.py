@@ -10,6 +10,11 @@ remaining samples will add.
 Node sizes are searched up to ``NODE_CPU_TRUST_MULTIPLE`` × the largest the model was fitted on
 (``FitReport.largest_node_cpu``).
 
+The grid is of the model's kind of job (``ThroughputModel.allreduce``): for a PS job p ≥ 1 as
+above; for an all-reduce job p = 0 and λp = 0 only (w × λw[× g]: 896 points), its memory the
+workers' alone (each with the tables the remaining samples add: ``MemoryModel.worker_peak_mb``).
+A grid keeps only its kind's feature columns (``model.kind_columns``).
+
 Objectives:
 
 * ``throughput``  — the highest predicted throughput; ties go to fewer cores.
@@ -30,7 +35,7 @@ import numpy as np
 
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel
-from airflow_dlrover.optimizer.model import ThroughputModel, features
+from airflow_dlrover.optimizer.model import ThroughputModel, features, kind_columns
 from airflow_dlrover.optimizer.types import (
     Configuration,
     InfeasibleQuotaError,
@@ -38,6 +43,7 @@ from airflow_dlrover.optimizer.types import (
     Objective,
     Plan,
     Quota,
+    check_kind,
 )
 
 
@@ -51,7 +57,8 @@ class SearchGrid:
     ps_cpu: np.ndarray
     worker_gpu: np.ndarray
     cores: np.ndarray
-    feats: np.ndarray
+    feats: np.ndarray  # the design rows' columns of the grid's kind of job only: ``columns``
+    columns: np.ndarray  # indices in ``model.PARAMETERS`` of the columns of ``feats``
     group_starts: np.ndarray  # first index of each distinct ``cores`` value
     group_of: np.ndarray  # the group (index into ``group_starts``) of each point
     _powers: dict = field(default_factory=dict, compare=False, repr=False)
@@ -78,11 +85,14 @@ def search_grid(
     max_workers: int = C.GRID_MAX_WORKERS,
     max_ps: int = C.GRID_MAX_PS,
     cpu_values: tuple[float, ...] = C.GRID_CPU_VALUES,
+    allreduce: bool = False,
 ) -> SearchGrid:
+    """The grid of a PS job (p ≥ 1) or of an all-reduce job (``allreduce``: p = 0, λp = 0)."""
+    ps_values, ps_cpu_values = (np.array([0]), (0.0,)) if allreduce else (np.arange(1, max_ps + 1), cpu_values)
     w, p, lw, lp, g = (
         a.ravel()
         for a in np.meshgrid(
-            np.arange(1, max_workers + 1), np.arange(1, max_ps + 1), cpu_values, cpu_values, gpu_values,
+            np.arange(1, max_workers + 1), ps_values, cpu_values, ps_cpu_values, gpu_values,
             indexing="ij",
         )
     )
@@ -92,23 +102,26 @@ def search_grid(
     for a in arrays:
         a.flags.writeable = False
     w, p, lw, lp, g, cores = arrays
-    feats = features(w, p, lw, lp, g, batch_size)
-    feats.flags.writeable = False
+    columns = kind_columns(allreduce)
+    feats = features(w, p, lw, lp, g, batch_size, columns)
+    for a in (feats, columns):
+        a.flags.writeable = False
     opens_group = np.r_[True, np.diff(cores) > 0]
     starts = np.flatnonzero(opens_group)
     group_of = np.cumsum(opens_group) - 1
     for a in (starts, group_of):
         a.flags.writeable = False
-    return SearchGrid(w, p, lw, lp, g, cores, feats, starts, group_of)
+    return SearchGrid(w, p, lw, lp, g, cores, feats, columns, starts, group_of)
 
 
-def minimum_requirement(memory: MemoryModel, batch_size: int) -> dict[str, float]:
-    """What the smallest configuration (1 worker, 1 PS, least CPU) needs."""
+def minimum_requirement(memory: MemoryModel, batch_size: int, allreduce: bool = False) -> dict[str, float]:
+    """What the smallest configuration (1 worker, 1 PS — none for an all-reduce job —, least CPU) needs."""
     least_cpu = min(C.GRID_CPU_VALUES)
+    ps = 0 if allreduce else 1
     return {
-        "cpu": 2 * least_cpu,
-        "memory_mb": float(memory.worker_request_mb(batch_size) + memory.ps_request_mb(1)),
-        "nodes": 2,
+        "cpu": (1 + ps) * least_cpu,
+        "memory_mb": float(memory.worker_request_mb(batch_size) + ps * memory.ps_request_mb(ps)),
+        "nodes": 1 + ps,
     }
 
 
@@ -135,6 +148,8 @@ def plan(
             "model.memory", None,
             "a model fitted from samples with worker_memory_used_mb and ps_memory_used_mb",
         )
+    allreduce = model.allreduce
+    check_kind(memory, allreduce, "model.memory", "the throughput model is")
     if samples is not None and not (np.isfinite(samples) and samples > 0):
         raise InvalidInputError("samples", samples, "a positive number of samples to train")
     if objective == "deadline":
@@ -148,17 +163,22 @@ def plan(
     batch = int(batch_size or model.batch_size)
     use_gpu = quota.gpu > 0 and "gpu_compute" in model.identified
     gpu_values = (0,) + tuple(g for g in C.GRID_GPU_VALUES if g <= quota.gpu) if use_gpu else (0,)
-    grid = search_grid(batch, gpu_values)
+    grid = search_grid(batch, gpu_values, allreduce=allreduce)
 
     n = grid.prefix(quota.cpu)
-    minimum = minimum_requirement(memory, batch)
+    minimum = minimum_requirement(memory, batch, allreduce)
     if n == 0:
         raise InfeasibleQuotaError("cpu", quota.cpu, minimum)
     w, p, g, cores = grid.workers[:n], grid.ps[:n], grid.worker_gpu[:n], grid.cores[:n]
-    x = model.predict_features(grid.feats[:n], band=False, feats_q=grid.feats_pow(model.sharpness)[:n])
-    worker_mem = float(memory.worker_request_mb(batch))
-    ps_mem = memory.ps_request_mb(np.arange(1, C.GRID_MAX_PS + 1), samples or 0.0)[p - 1]
-    total_mem = w * worker_mem + p * ps_mem
+    x = model.predict_features(grid.feats[:n], band=False, feats_q=grid.feats_pow(model.sharpness)[:n],
+                               columns=grid.columns)
+    worker_mem = float(memory.worker_request_mb(batch, samples or 0.0))
+    if allreduce:
+        ps_mem = np.zeros(n)
+        total_mem = w * worker_mem
+    else:
+        ps_mem = memory.ps_request_mb(np.arange(1, C.GRID_MAX_PS + 1), samples or 0.0)[p - 1]
+        total_mem = w * worker_mem + p * ps_mem
     allowed = np.ones(n, dtype=bool)  # every constraint but memory
     largest = model.report.largest_node_cpu if model.report is not None else None
     if largest:  # node sizes the model can vouch for (``NODE_CPU_TRUST_MULTIPLE``)
@@ -177,8 +197,9 @@ def plan(
     if not feasible.any():
         if not allowed.any():
             raise InvalidInputError("exclude", len(exclude), "exclusions that leave a configuration")
+        tables = "each worker's tables" if allreduce else "the PS tables"
         growth = (
-            f" (the PS tables grow by {memory.table_growth_mb_per_m_samples * samples / 1e6:,.0f} MB over {samples:g} samples)"
+            f" ({tables} grow by {memory.table_growth_mb_per_m_samples * samples / 1e6:,.0f} MB over {samples:g} samples)"
             if samples and memory.table_growth_mb_per_m_samples else ""
         )
         raise InfeasibleQuotaError(
@@ -215,7 +236,7 @@ def plan(
         ps_cpu=float(grid.ps_cpu[best]), worker_memory_mb=worker_mem, ps_memory_mb=float(ps_mem[best]),
         worker_gpu=int(g[best]), batch_size=batch,
     )
-    _, lower, upper = model.predict_features(grid.feats[best : best + 1])
+    _, lower, upper = model.predict_features(grid.feats[best : best + 1], columns=grid.columns)
     alternatives = _alternatives(score, front, best)
     return Plan(
         config=config,
@@ -307,4 +328,5 @@ def _reason(objective, config, x, quota, total_mem, samples, deadline_s, gpu_sea
     else:
         goal = {"throughput": "highest predicted throughput", "efficiency": "knee of throughput per core"}[objective]
     gpu_note = "" if gpu_searched or quota.gpu == 0 else "; GPUs not searched (model has no GPU samples)"
-    return f"{goal}: {config.workers}w×{config.worker_cpu:g}cpu + {config.ps}ps×{config.ps_cpu:g}cpu → {x:,.0f} samples/s, {limit}{gpu_note}"
+    ps = f" + {config.ps}ps×{config.ps_cpu:g}cpu" if config.ps else ", no PS (all-reduce)"
+    return f"{goal}: {config.workers}w×{config.worker_cpu:g}cpu{ps} → {x:,.0f} samples/s, {limit}{gpu_note}"

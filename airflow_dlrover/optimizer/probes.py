@@ -8,6 +8,10 @@ design rows X(θ₀)·f(x)), at the guess θ₀ = the prior model when there is 
 fewest cores wins. A cold start takes max(``MIN_PROBES_COLD``, #parameters to identify +
 ``PROBES_BEYOND_PARAMETERS``) probes; a warm start (a prior throughput *and* memory model)
 ``MIN_PROBES_WARM``, none: the prior plans and the fine-tune re-scales it.
+
+An all-reduce job (``allreduce``: no PS) is probed on p = 0 only: w from ``PROBE_WORKERS``, λw from
+``PROBE_CPU``, ``ps_cpu`` and ``ps_memory_mb`` 0, the D-optimal choice over its own terms (the PS
+features are 0 there and drop out), memory shared over its workers.
 """
 
 from __future__ import annotations
@@ -20,12 +24,16 @@ import pandas as pd
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel, memory_request_mb
 from airflow_dlrover.optimizer.model import PARAMETERS, ThroughputModel, features
-from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, InvalidInputError, Quota
+from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, InvalidInputError, Quota, check_kind
 
 #: θ₀ for a cold-start design: only its rough proportions matter (which term dominates where).
-#: From a fit of our queueing simulation of a small CPU DLRM (benchmarks/accuracy.py).
+#: From a fit of our queueing simulation of a small CPU DLRM (benchmarks/accuracy.py). The
+#: all-reduce terms are our estimate, not a fit (no all-reduce job was profiled yet): a ring of a
+#: small DLRM's dense gradients (a few MB) takes about the step's overhead in bandwidth, and a
+#: hop ~0.1 ms (gloo over TCP on one machine).
 DESIGN_GUESS = dict(
-    overhead=2e-3, worker_compute=4e-4, gpu_compute=4e-5, ps_latency=5e-5, ps_service=1e-4, ps_request=1e-5, network=1e-5, contention=1e-6, io=1e-6
+    overhead=2e-3, worker_compute=4e-4, gpu_compute=4e-5, ps_latency=5e-5, ps_service=1e-4, ps_request=1e-5, network=1e-5, contention=1e-6, io=1e-6,
+    allreduce=2e-3, allreduce_latency=1e-4,
 )
 
 
@@ -38,21 +46,31 @@ def design_probes(
     memory: MemoryModel | None = None,
     count: int | None = None,
     table_mb: float | None = None,
+    allreduce: bool | None = None,
 ) -> pd.DataFrame:
     """Return the probe configurations (a configuration table, one row per probe).
 
-    Memory per node comes from ``memory`` (a prior memory model) when given, else an equal share
-    of ``PROBE_QUOTA_FRACTION`` of the quota's memory over the largest probe's nodes — and a PS
-    never less than what its share of the layout's tables needs (``table_mb``: every row touched,
-    ``FeatureLayout.table_mb``), ``memory_request_mb(PS_PROCESS_BASE_MB + table_mb / p)``.
+    ``allreduce``: probe an all-reduce job (p = 0 only) rather than a PS job; None: the prior's
+    kind, else a PS job. Memory per node comes from ``memory`` (a prior memory model) when given,
+    else an equal share of ``PROBE_QUOTA_FRACTION`` of the quota's memory over the largest probe's
+    nodes — and a PS never less than what its share of the layout's tables needs (``table_mb``:
+    every row touched, ``FeatureLayout.table_mb``), ``memory_request_mb(PS_PROCESS_BASE_MB +
+    table_mb / p)``; an all-reduce worker, which holds every table, never less than
+    ``memory_request_mb(PS_PROCESS_BASE_MB + table_mb)`` (a worker's process is at least a PS's).
     """
+    if allreduce is None:
+        allreduce = prior.allreduce if prior is not None else False
+    for model, name in ((prior, "prior"), (memory, "memory")):
+        if model is not None:
+            check_kind(model, allreduce, name, "the probes are")
     if worker_gpu and worker_gpu > quota.gpu:
         raise InvalidInputError("worker_gpu", worker_gpu, f"≤ the quota's gpu ({quota.gpu})")
     budget = max(quota.cpu * C.PROBE_QUOTA_FRACTION, min(quota.cpu, C.PROBE_MIN_BUDGET_CORES))
+    ps_values, ps_cpu_values = ((0,), (0.0,)) if allreduce else (C.PROBE_PS, C.PROBE_CPU)
     candidates = np.array(
         [
             (w, p, lw, lp)
-            for w, p, lw, lp in itertools.product(C.PROBE_WORKERS, C.PROBE_PS, C.PROBE_CPU, C.PROBE_CPU)
+            for w, p, lw, lp in itertools.product(C.PROBE_WORKERS, ps_values, C.PROBE_CPU, ps_cpu_values)
             if w * lw + p * lp <= budget + 1e-9
             and (quota.max_nodes is None or w + p <= quota.max_nodes)
             and w * worker_gpu <= max(quota.gpu, 0)
@@ -60,7 +78,8 @@ def design_probes(
         dtype=float,
     ).reshape(-1, 4)
     if len(candidates) == 0:
-        raise InvalidInputError("cpu", quota.cpu, f"≥ {2 * min(C.PROBE_CPU):g} cores to profile at all")
+        smallest = min(C.PROBE_CPU) * (1 if allreduce else 2)
+        raise InvalidInputError("cpu", quota.cpu, f"≥ {smallest:g} cores to profile at all")
     feats = features(candidates[:, 0], candidates[:, 1], candidates[:, 2], candidates[:, 3], worker_gpu, batch_size)
     theta = prior.theta if prior is not None else np.array([DESIGN_GUESS[n] for n in PARAMETERS])
     unknown = [j for j in range(len(PARAMETERS)) if feats[:, j].any()]
@@ -93,19 +112,24 @@ def design_probes(
         table["worker_memory_mb"] = float(memory.worker_request_mb(batch_size))
         table["ps_memory_mb"] = memory.ps_request_mb(table["ps"].to_numpy())
     else:
-        most_nodes = int((table["workers"] + table["ps"]).max())
+        most_nodes = int((table["workers"] + table["ps"]).max())  # an all-reduce job's: its workers
         share = quota.memory_mb * C.PROBE_QUOTA_FRACTION / most_nodes
         share = float(np.floor(share / C.MEMORY_GRANULARITY_MB) * C.MEMORY_GRANULARITY_MB) or float(C.MEMORY_GRANULARITY_MB)
         table["worker_memory_mb"] = share
-        table["ps_memory_mb"] = share
+        table["ps_memory_mb"] = 0.0 if allreduce else share
         if table_mb:
-            need = memory_request_mb(C.PS_PROCESS_BASE_MB + table_mb / table["ps"].to_numpy(float))
-            table["ps_memory_mb"] = np.maximum(share, need)
-            over = table["workers"] * share + table["ps"] * table["ps_memory_mb"] > quota.memory_mb
+            if allreduce:
+                table["worker_memory_mb"] = max(share, float(memory_request_mb(C.PS_PROCESS_BASE_MB + table_mb)))
+                where = "on every worker"
+            else:
+                need = memory_request_mb(C.PS_PROCESS_BASE_MB + table_mb / table["ps"].to_numpy(float))
+                table["ps_memory_mb"] = np.maximum(share, need)
+                where = "over the PS"
+            total = table["workers"] * table["worker_memory_mb"] + table["ps"] * table["ps_memory_mb"]
+            over = total > quota.memory_mb
             if over.all():
-                first = table[over].iloc[0]
-                raise InvalidInputError("memory", f"{quota.memory_mb:g} MB", f"≥ {float(first.workers * share + first.ps * first.ps_memory_mb):g} MB "
-                                        f"to profile: the layout's tables take {table_mb:,.0f} MB over the PS")
+                raise InvalidInputError("memory", f"{quota.memory_mb:g} MB", f"≥ {float(total[over].iloc[0]):g} MB "
+                                        f"to profile: the layout's tables take {table_mb:,.0f} MB {where}")
             table = table[~over].reset_index(drop=True)
     table["worker_gpu"] = int(worker_gpu)
     table["batch_size"] = int(batch_size)

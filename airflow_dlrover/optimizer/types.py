@@ -393,6 +393,21 @@ def _job_kind(ps: np.ndarray, field_name: str) -> bool:
     )
 
 
+def not_identifiable(allreduce: bool) -> str:
+    """Why a model's terms of the other kind of job are not identifiable (its ``pinned``): the PS
+    terms of an all-reduce job, the all-reduce terms of a PS job."""
+    return "not identifiable: the job has no PS" if allreduce else "not identifiable: the job has PS (no all-reduce)"
+
+
+def check_kind(job: Any, allreduce: bool, field_name: str, of: str) -> None:
+    """:class:`InvalidInputError` naming ``field_name`` unless ``job`` (what :func:`is_allreduce`
+    takes) is of the kind ``allreduce``, which ``of`` is (e.g. "the samples")."""
+    if is_allreduce(job) != allreduce:
+        kind = {True: "an all-reduce job (ps = 0)", False: "a PS job (ps ≥ 1)"}
+        raise InvalidInputError(field_name, f"of {kind[not allreduce]}", f"of {kind[allreduce]}, as {of}",
+                                "A job is a PS job or an all-reduce job for its whole life.")
+
+
 def is_allreduce(job: Any) -> bool:
     """Whether ``job`` is an all-reduce job (``ps = 0``: data-parallel, no parameter servers) or
     a PS job (``ps ≥ 1``). The one test of a job's kind, for everything below.

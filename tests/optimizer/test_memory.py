@@ -83,3 +83,74 @@ def test_ps_memory_saturates_at_the_layouts_tables():
     assert unbounded.ps_peak_mb(2, 1e9) > 1e5
     table = model_samples()
     assert fit_memory(table, table_capacity_mb=250.0).table_capacity_mb == 250.0
+
+
+# ---------------------------------------------------------------------------------------------
+# All-reduce jobs (ps = 0)
+# ---------------------------------------------------------------------------------------------
+
+
+def allreduce_samples(**kwargs):
+    import pandas as pd
+
+    from synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA
+
+    return pd.concat([model_samples(ALLREDUCE_THETA, ALLREDUCE_CONFIGS, batch=batch, **kwargs) for batch in (256, 1024)],
+                     ignore_index=True)
+
+
+def test_an_allreduce_fit_has_no_ps_part_and_sizes_the_workers_that_hold_the_whole_model():
+    # Every worker holds the replicated model: a base of 3 GB, where a PS job's worker had 900 MB.
+    model = fit_memory(allreduce_samples(worker_base_mb=3000, activation_mb=0.25))
+    assert model.allreduce and model.ps_base_mb is None and model.table_mb is None
+    assert model.pinned["ps_base_mb"] == model.pinned["table_mb"] == "not identifiable: the job has no PS"
+    assert model.worker_base_mb == pytest.approx(3000) and model.activation_mb_per_sample == pytest.approx(0.25)
+    assert model.worker_peak_mb(512) == pytest.approx(3000 + 0.25 * 512)
+    assert model.ps_peak_mb(0) == 0 and model.ps_request_mb(0) == 0
+    np.testing.assert_array_equal(model.ps_request_mb(np.zeros(3), 1e9), np.zeros(3))
+    with pytest.raises(InvalidInputError) as err:
+        model.ps_request_mb(1)
+    assert err.value.field == "ps" and "all-reduce" in err.value.allowed
+
+
+def test_an_allreduce_workers_tables_grow_with_the_samples_up_to_the_layouts_capacity():
+    table = allreduce_samples(worker_base_mb=2000)
+    table["samples_seen"] = np.arange(len(table)) * 1e6
+    table["worker_memory_used_mb"] += 50 * table["samples_seen"] / 1e6  # the whole tables' growth, on each worker
+    model = fit_memory(table, table_capacity_mb=400.0)
+    assert model.table_growth_mb_per_m_samples == pytest.approx(50)
+    assert model.worker_peak_mb(512, 2e6) == pytest.approx(model.worker_peak_mb(512) + 100)
+    assert model.worker_peak_mb(512, 1e9) == pytest.approx(model.worker_peak_mb(512) + 400)  # never past the cap
+    assert model.worker_request_mb(512, 2e6) > model.worker_request_mb(512)
+    assert model.with_table_growth(0).worker_peak_mb(512, 1e9) == model.worker_peak_mb(512)
+
+
+def test_a_ps_model_needs_nothing_for_no_ps_and_its_workers_do_not_grow():
+    model = fit_memory(model_samples())
+    assert not model.allreduce
+    np.testing.assert_array_equal(model.ps_request_mb(np.array([0, 1, 2])),
+                                  [0, model.ps_request_mb(1), model.ps_request_mb(2)])
+    grown = model.with_table_growth(100.0)
+    assert grown.worker_peak_mb(512, 1e9) == grown.worker_peak_mb(512)  # a PS job's tables are on the PS
+
+
+def test_an_allreduce_fit_needs_only_the_workers_memory():
+    table = allreduce_samples().drop(columns=["ps_memory_used_mb"])
+    assert fit_memory(table).allreduce
+    with pytest.raises(InvalidInputError) as err:
+        fit_memory(table.drop(columns=["worker_memory_used_mb"]))
+    assert err.value.field == "samples.worker_memory_used_mb"
+
+
+def test_an_allreduce_job_model_round_trips_and_kinds_are_not_mixed(tmp_path):
+    from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
+
+    job = fit_job_model(allreduce_samples(noise=0.02))
+    assert job.allreduce and job.memory is not None and job.memory.allreduce
+    job.save(tmp_path / "model.json")
+    loaded = JobModel.load(tmp_path / "model.json")
+    assert loaded.memory == job.memory and loaded.throughput.allreduce
+    ps_job = fit_job_model(model_samples())
+    with pytest.raises(InvalidInputError) as err:
+        JobModel(ps_job.throughput, job.memory)
+    assert err.value.field == "model.memory"

@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -146,3 +148,133 @@ def test_job_model_round_trips_through_json(tmp_path):
     path.write_text('{"format": "something-else"}')
     with pytest.raises(InvalidInputError, match="format"):
         JobModel.load(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# All-reduce jobs (ps = 0)
+# ---------------------------------------------------------------------------------------------
+
+from pathlib import Path  # noqa: E402
+
+from airflow_dlrover.optimizer.model import ALLREDUCE_TERMS, PS_TERMS, ThroughputModel, features  # noqa: E402
+from synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA  # noqa: E402
+
+AR_HELD_OUT = pd.DataFrame([(3, 0, 1, 0), (12, 0, 2, 0), (5, 0, 4, 0), (24, 0, 0.5, 0), (10, 0, 1, 0)],
+                           columns=["workers", "ps", "worker_cpu", "ps_cpu"])
+
+
+@pytest.mark.parametrize("ps", [0, 1, 4])
+def test_the_other_kinds_features_are_zero_not_inf(ps):
+    w = np.array([1, 2, 8, 128])
+    f = features(w, ps, 2.0, 0.0 if ps == 0 else 1.0, 0, 512)
+    assert np.isfinite(f).all() and (f >= 0).all()
+    ps_columns = [PARAMETERS.index(n) for n in PS_TERMS]
+    ring_columns = [PARAMETERS.index(n) for n in ALLREDUCE_TERMS]
+    if ps == 0:
+        assert (f[:, ps_columns] == 0).all()
+        assert (f[0, ring_columns] == 0).all() and (f[1:, ring_columns] > 0).all()  # one worker: no ring
+        np.testing.assert_allclose(f[:, ring_columns[0]], 2 * (w - 1) / (w**2 * 512))
+        np.testing.assert_allclose(f[:, ring_columns[1]], 2 * (w - 1) / (w * 512))
+    else:
+        assert (f[:, ring_columns] == 0).all() and (f[:, ps_columns] > 0).all()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_an_allreduce_fit_recovers_the_predictions_of_noisy_samples(seed):
+    model = fit_throughput(model_samples(ALLREDUCE_THETA, ALLREDUCE_CONFIGS, noise=0.05, windows=3, seed=seed))
+    assert model.allreduce
+    truth = true_throughput(AR_HELD_OUT, ALLREDUCE_THETA)
+    predicted, lower, upper = model.predict(AR_HELD_OUT)
+    assert np.mean(np.abs(predicted - truth) / truth) < 0.05
+    assert np.mean((lower <= truth) & (truth <= upper)) >= 0.8
+    assert model.report.out_of_sample_mape < 0.08
+    for name in PS_TERMS:
+        assert model.params[name] == 0.0 and name not in model.identified
+        assert model.report.pinned[name] == "not identifiable: the job has no PS"
+    assert set(ALLREDUCE_TERMS) <= set(model.identified)
+
+
+def test_a_noiseless_allreduce_fit_is_exact_and_says_what_one_batch_size_cannot_tell_apart():
+    model = fit_throughput(model_samples(ALLREDUCE_THETA, ALLREDUCE_CONFIGS), sharpness=1.0)
+    assert model.report.in_sample_mape < 1e-9 and model.report.out_of_sample_mape < 1e-9
+    assert model.params["worker_compute"] == pytest.approx(ALLREDUCE_THETA["worker_compute"], rel=1e-6)
+    assert model.params["allreduce"] == pytest.approx(ALLREDUCE_THETA["allreduce"], rel=1e-6)
+    # At q = 1 with one batch size io is a combination of the ring's latency and the overhead.
+    assert "io" in model.report.pinned and "batch_size never varies" in model.report.pinned["io"]
+    np.testing.assert_allclose(model.predict(AR_HELD_OUT, band=False), true_throughput(AR_HELD_OUT, ALLREDUCE_THETA),
+                               rtol=1e-9)
+
+
+def test_a_ps_fit_reports_the_allreduce_terms_as_not_identifiable():
+    model = fit_throughput(model_samples(), leave_one_out=False)
+    assert not model.allreduce
+    for name in ALLREDUCE_TERMS:
+        assert model.params[name] == 0.0
+        assert model.report.pinned[name] == "not identifiable: the job has PS (no all-reduce)"
+    assert any("not identifiable: the job has PS" in line for line in model.describe())
+
+
+def test_samples_with_one_worker_cannot_identify_the_ring():
+    configs = [(1, 0, lw, 0.0) for lw in (0.5, 1, 2, 4)]
+    model = fit_throughput(model_samples(ALLREDUCE_THETA, configs), leave_one_out=False)
+    for name in ALLREDUCE_TERMS:
+        assert "one worker" in model.report.pinned[name]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4096), st.sampled_from([0.5, 1, 4, 32]), st.sampled_from([0, 1, 8]), st.sampled_from([1, 64, 4096]))
+def test_an_allreduce_configuration_has_a_finite_positive_throughput(workers, worker_cpu, gpu, batch):
+    model = fit_throughput(model_samples(ALLREDUCE_THETA, ALLREDUCE_CONFIGS, noise=0.05, seed=1), leave_one_out=False)
+    config = pd.DataFrame({"workers": [workers], "ps": 0, "worker_cpu": worker_cpu, "ps_cpu": 0.0,
+                           "worker_gpu": gpu, "batch_size": batch})
+    x, lower, upper = model.predict(config)
+    assert np.isfinite([x, lower, upper]).all() and 0 < lower[0] <= x[0] <= upper[0]
+
+
+def test_more_workers_stop_helping_an_allreduce_job():
+    model = fit_throughput(model_samples(ALLREDUCE_THETA, ALLREDUCE_CONFIGS, noise=0.05, windows=2, seed=2))
+    workers = 2 ** np.arange(0, 13)
+    x = model.predict(pd.DataFrame({"workers": workers, "ps": 0, "worker_cpu": 1.0, "ps_cpu": 0.0}), band=False)
+    gain = x[1:] / x[:-1]  # each doubling of the workers
+    assert gain[0] > 1.5  # the first doublings pay ...
+    assert gain[-1] < 1.05 and np.all(np.diff(gain[2:]) < 0)  # ... then less and less
+    # The ring's latency bounds the job: X ≤ B / (2 θ_allreduce_latency) (+ io), whatever w.
+    assert x.max() < 512 / (2 * model.params["allreduce_latency"])
+
+
+def test_kinds_are_not_mixed():
+    ps_model = fit_throughput(model_samples(), leave_one_out=False)
+    ar_samples = model_samples(ALLREDUCE_THETA, ALLREDUCE_CONFIGS)
+    with pytest.raises(InvalidInputError) as err:
+        fit_throughput(ar_samples, ps_model)
+    assert err.value.field == "prior" and "ps = 0" in err.value.allowed
+    with pytest.raises(InvalidInputError) as err:
+        ps_model.predict(AR_HELD_OUT)
+    assert err.value.field == "configs.ps"
+    ar_model = fit_throughput(ar_samples, leave_one_out=False)
+    assert fit_throughput(ar_samples.iloc[:3], ar_model).allreduce  # a warm start of the same kind
+
+
+def test_an_allreduce_model_round_trips_through_json():
+    model = fit_job_model(model_samples(ALLREDUCE_THETA, ALLREDUCE_CONFIGS, noise=0.02, seed=2)).throughput
+    loaded = ThroughputModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    assert loaded.allreduce and loaded.params == model.params and loaded.report.pinned == model.report.pinned
+    np.testing.assert_array_equal(loaded.predict(AR_HELD_OUT, band=False), model.predict(AR_HELD_OUT, band=False))
+
+
+def test_a_model_written_before_allreduce_jobs_loads_and_predicts_as_before():
+    legacy = json.loads((Path(__file__).parent / "data" / "legacy_throughput_model.json").read_text())
+    assert len(legacy["model"]["params"]) == 9 and "allreduce" not in legacy["model"]
+    assert np.asarray(legacy["model"]["covariance"]).shape == (9, 9)
+    model = ThroughputModel.from_dict(legacy["model"])
+    assert not model.allreduce and model.covariance.shape == (len(PARAMETERS),) * 2
+    assert all(model.params[name] == 0.0 for name in ALLREDUCE_TERMS)
+    for name in ALLREDUCE_TERMS:
+        assert model.report.pinned[name] == "not identifiable: the job has PS (no all-reduce)"
+    predicted, lower, upper = model.predict(pd.DataFrame(legacy["configs"]))
+    np.testing.assert_allclose(predicted, legacy["predicted"], rtol=1e-12)
+    np.testing.assert_allclose(lower, legacy["lower"], rtol=1e-12)
+    np.testing.assert_allclose(upper, legacy["upper"], rtol=1e-12)
+    assert model.describe()[: len(legacy["describe"])] == legacy["describe"]
+    # It warm-starts a fit of the same (PS) job.
+    assert not fit_throughput(model_samples(configs=[(2, 1, 1, 1), (8, 2, 2, 2)]), model).allreduce

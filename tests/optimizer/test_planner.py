@@ -195,3 +195,79 @@ def test_node_sizes_stay_near_those_the_model_was_fitted_on():
     assert ThroughputModel.from_dict(model.to_dict()).report.largest_node_cpu == model.report.largest_node_cpu
     warm = fit_throughput(model_samples(configs=[(2, 1, 0.5, 0.5), (4, 1, 0.5, 0.5)]), model)
     assert warm.report.largest_node_cpu == {"worker_cpu": 1.0, "ps_cpu": 1.0}
+
+
+# ---------------------------------------------------------------------------------------------
+# All-reduce jobs (ps = 0)
+# ---------------------------------------------------------------------------------------------
+
+from synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA  # noqa: E402
+
+AR_MODEL = fit_throughput(model_samples(ALLREDUCE_THETA, ALLREDUCE_CONFIGS, noise=0.02, windows=2, seed=3),
+                          leave_one_out=False)
+AR_MEMORY = MemoryModel(None, None, worker_base_mb=3000, activation_mb_per_sample=0.5,
+                        table_growth_mb_per_m_samples=20, table_capacity_mb=6000)
+
+
+@settings(max_examples=60, deadline=None)
+@given(quotas, st.sampled_from(["throughput", "efficiency", "deadline"]), st.sampled_from([None, 1e8, 1e10]))
+def test_allreduce_plans_have_no_ps_and_fit_the_quota(quota, objective, samples):
+    deadline = dict(samples=samples or 1e8, deadline_s=86400.0) if objective == "deadline" else dict(samples=samples)
+    try:
+        result = plan(AR_MODEL, AR_MEMORY, quota, objective, **deadline)
+    except InfeasibleQuotaError as err:
+        assert err.field in ("cpu", "memory") and err.minimum["cpu"] == 0.5 and err.minimum["nodes"] == 1
+        return
+    except InvalidInputError as err:
+        assert objective == "deadline" and err.field == "deadline"
+        return
+    config = result.config
+    assert (config.ps, config.ps_cpu, config.ps_memory_mb) == (0, 0.0, 0.0)
+    assert _fits(config, quota)
+    peak = AR_MEMORY.worker_peak_mb(config.batch_size, deadline["samples"] or 0.0)
+    assert config.worker_memory_mb >= peak * (1 + C.MEMORY_MARGIN_FRACTION) - 1e-6
+    assert config.memory_mb == config.workers * config.worker_memory_mb
+    assert "no PS (all-reduce)" in result.reason
+    for row in result.alternatives + result.pareto_front:
+        assert row["ps"] == 0 and row["ps_cpu"] == 0.0
+        assert row["cores"] <= quota.cpu + 1e-9 and row["memory_mb"] <= quota.memory_mb
+
+
+def test_allreduce_exact_search_matches_brute_force_and_the_front_is_increasing():
+    quota = Quota(cpu=64, memory_mb=10**6)
+    q, candidates = AR_MODEL.sharpness, []
+    for w, lw in itertools.product(range(1, C.GRID_MAX_WORKERS + 1), C.GRID_CPU_VALUES):
+        if w * lw > quota.cpu or w * AR_MEMORY.worker_request_mb(512) > quota.memory_mb:
+            continue
+        x = float(features(w, 0, lw, 0.0, 0, 512) ** q @ AR_MODEL.theta**q) ** (-1 / q)
+        candidates.append((-round(x, 6), w * lw, (w, lw), x))
+    _, _, best, best_x = min(candidates)
+    result = plan(AR_MODEL, AR_MEMORY, quota)
+    assert (result.config.workers, result.config.worker_cpu) == best
+    assert result.predicted_throughput == pytest.approx(best_x)
+    assert result.lower_throughput < result.predicted_throughput < result.upper_throughput
+    front = result.pareto_front
+    assert all(a["cores"] < b["cores"] and a["predicted_throughput"] < b["predicted_throughput"]
+               for a, b in zip(front, front[1:]))
+    knee = plan(AR_MODEL, AR_MEMORY, quota, "efficiency")
+    assert knee.config.ps == 0 and knee.config.cores <= result.config.cores
+
+
+def test_an_allreduce_plan_sizes_the_workers_for_the_tables_the_job_will_grow():
+    quota = Quota(cpu=16, memory_mb=10**6)
+    short = plan(AR_MODEL, AR_MEMORY, quota, samples=1e6).config
+    long = plan(AR_MODEL, AR_MEMORY, quota, samples=1e9).config
+    assert long.worker_memory_mb == AR_MEMORY.worker_request_mb(512, 1e9) > short.worker_memory_mb
+    with pytest.raises(InfeasibleQuotaError) as err:
+        plan(AR_MODEL, AR_MEMORY, Quota(cpu=16, memory_mb=8192), samples=1e9)
+    assert err.value.field == "memory" and "each worker's tables grow" in str(err.value)
+    assert err.value.minimum["memory_mb"] == AR_MEMORY.worker_request_mb(512, 1e9)
+
+
+def test_a_memory_model_of_the_other_kind_is_refused():
+    with pytest.raises(InvalidInputError) as err:
+        plan(AR_MODEL, MEMORY, Quota(64, 65536))
+    assert err.value.field == "model.memory"
+    with pytest.raises(InvalidInputError) as err:
+        plan(MODEL, AR_MEMORY, Quota(64, 65536))
+    assert err.value.field == "model.memory"

@@ -2,7 +2,7 @@ import pytest
 
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel
-from airflow_dlrover.optimizer.model import fit_throughput
+from airflow_dlrover.optimizer.model import ALLREDUCE_TERMS, fit_throughput
 from airflow_dlrover.optimizer.probes import design_probes
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, InvalidInputError, Quota
 from synthetic import TRUE_THETA, model_samples
@@ -21,10 +21,11 @@ def test_cold_design_identifies_every_cpu_parameter_cheaply(cpu):
         assert probes[column].nunique() >= 2, column
     memory = probes.workers * probes.worker_memory_mb + probes.ps * probes.ps_memory_mb
     assert (memory <= quota.memory_mb * C.PROBE_QUOTA_FRACTION).all()
-    # Noiseless samples at exactly these probes recover the model: nothing but the GPU is pinned.
+    # Noiseless samples at exactly these probes recover the model: nothing but the GPU (and the
+    # all-reduce terms, which a PS job has not) is pinned.
     configs = list(probes[["workers", "ps", "worker_cpu", "ps_cpu"]].itertuples(index=False, name=None))
     model = fit_throughput(model_samples(configs=configs), sharpness=1.0, leave_one_out=False)
-    assert set(model.report.pinned) == {"gpu_compute"}
+    assert set(model.report.pinned) == {"gpu_compute", *ALLREDUCE_TERMS}
     for name, value in TRUE_THETA.items():
         assert model.params[name] == pytest.approx(value, rel=0.01, abs=1e-12)
 
@@ -34,7 +35,7 @@ def test_a_tiny_probing_budget_reports_what_it_cannot_identify():
     assert len(probes) == 5  # every configuration that fits
     configs = list(probes[["workers", "ps", "worker_cpu", "ps_cpu"]].itertuples(index=False, name=None))
     model = fit_throughput(model_samples(configs=configs), sharpness=1.0, leave_one_out=False)
-    assert set(model.report.pinned) == {"gpu_compute", "network", "contention", "io"}
+    assert set(model.report.pinned) == {"gpu_compute", "network", "contention", "io", *ALLREDUCE_TERMS}
     assert model.report.pinned["io"] == "5 configurations cannot identify every parameter; set to 0"
 
 
@@ -71,3 +72,65 @@ def test_cold_probes_give_each_ps_its_share_of_the_layouts_tables():
     with pytest.raises(InvalidInputError) as err:
         design_probes(Quota(cpu=8, memory_mb=4096), table_mb=6000.0)
     assert err.value.field == "memory" and "the layout's tables take 6,000 MB" in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# All-reduce jobs (ps = 0)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cpu", [16, 64, 512])
+def test_allreduce_probes_have_no_ps_and_identify_the_ring(cpu):
+    import numpy as np
+    import pandas as pd
+
+    from synthetic import ALLREDUCE_THETA, true_throughput
+
+    quota = Quota(cpu=cpu, memory_mb=256 * 1024)
+    probes = design_probes(quota, allreduce=True)
+    assert list(probes.columns) == list(CONFIG_COLUMNS)
+    assert (probes.ps == 0).all() and (probes.ps_cpu == 0).all() and (probes.ps_memory_mb == 0).all()
+    assert set(probes.workers) <= set(C.PROBE_WORKERS) and set(probes.worker_cpu) <= set(C.PROBE_CPU)
+    assert len(probes) == 5 + C.PROBES_BEYOND_PARAMETERS  # overhead, worker_compute, the ring's two, io
+    assert not probes.duplicated().any() and probes.workers.nunique() >= 3 and probes.worker_cpu.nunique() >= 2
+    assert (probes.workers * probes.worker_cpu <= max(cpu * C.PROBE_QUOTA_FRACTION, 2)).all()
+    # Memory is shared over the workers alone (no PS takes a share).
+    assert (probes.worker_memory_mb == quota.memory_mb * C.PROBE_QUOTA_FRACTION / probes.workers.max()).all()
+    configs = list(probes[["workers", "ps", "worker_cpu", "ps_cpu"]].itertuples(index=False, name=None))
+    model = fit_throughput(model_samples(ALLREDUCE_THETA, configs), sharpness=1.0, leave_one_out=False)
+    assert model.allreduce and {"allreduce", "allreduce_latency", "worker_compute", "overhead"} <= set(model.identified)
+    elsewhere = pd.DataFrame([(3, 0, 2, 0), (16, 0, 1, 0), (6, 0, 0.5, 0)], columns=["workers", "ps", "worker_cpu", "ps_cpu"])
+    np.testing.assert_allclose(model.predict(elsewhere, band=False), true_throughput(elsewhere, ALLREDUCE_THETA), rtol=1e-6)
+
+
+def test_allreduce_probes_follow_the_prior_and_refuse_the_other_kind():
+    from synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA
+
+    ar_prior = fit_throughput(model_samples(ALLREDUCE_THETA, ALLREDUCE_CONFIGS), leave_one_out=False)
+    quota = Quota(64, 256 * 1024)
+    probes = design_probes(quota, prior=ar_prior, count=3)  # the prior's kind
+    assert len(probes) == 3 and (probes.ps == 0).all()
+    memory = MemoryModel(None, None, 3000, 0.5)
+    warm = design_probes(quota, prior=ar_prior, memory=memory, count=2)
+    assert (warm.worker_memory_mb == memory.worker_request_mb(512)).all() and (warm.ps_memory_mb == 0).all()
+    with pytest.raises(InvalidInputError) as err:
+        design_probes(quota, prior=fit_throughput(model_samples(), leave_one_out=False), allreduce=True)
+    assert err.value.field == "prior"
+    with pytest.raises(InvalidInputError) as err:
+        design_probes(quota, memory=MemoryModel(400, 8000, 900, 0.5), allreduce=True)
+    assert err.value.field == "memory"
+
+
+def test_allreduce_probes_fit_a_quota_too_small_for_a_ps_job_and_give_each_worker_the_tables():
+    tiny = Quota(cpu=0.5, memory_mb=4096)
+    probes = design_probes(tiny, allreduce=True)  # one worker of half a core: no PS to add
+    assert len(probes) == 1 and (probes.workers * probes.worker_cpu <= 0.5).all()
+    with pytest.raises(InvalidInputError):
+        design_probes(tiny)
+    quota = Quota(cpu=8, memory_mb=32_768)
+    big = design_probes(quota, table_mb=6000.0, allreduce=True)
+    need = (C.PS_PROCESS_BASE_MB + 6000.0) * (1 + C.MEMORY_MARGIN_FRACTION)
+    assert (big.worker_memory_mb >= need).all() and (big.workers * big.worker_memory_mb <= quota.memory_mb).all()
+    with pytest.raises(InvalidInputError) as err:
+        design_probes(Quota(cpu=8, memory_mb=4096), table_mb=6000.0, allreduce=True)
+    assert err.value.field == "memory" and "6,000 MB on every worker" in str(err.value)
