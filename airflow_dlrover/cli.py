@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from importlib.resources import files
@@ -72,10 +73,8 @@ def _print_fit(model: JobModel) -> None:
     print(f"relative noise {report.relative_noise:.1%} (90% band ±{C.BAND_Z * report.relative_noise:.0%} at least)")
     if model.memory:
         m = model.memory
-        print(
-            f"memory model: PS {m.ps_base_mb:.0f} MB + {m.table_mb:.0f} MB / p;  "
-            f"worker {m.worker_base_mb:.0f} MB + {m.activation_mb_per_sample:.3f} MB × batch"
-        )
+        ps = "no PS" if m.ps_base_mb is None else f"PS {m.ps_base_mb:.0f} MB + {m.table_mb:.0f} MB / p"
+        print(f"memory model: {ps};  worker {m.worker_base_mb:.0f} MB + {m.activation_mb_per_sample:.3f} MB × batch")
         for name, why in m.pinned.items():
             print(f"  pinned {name}: {why}")
     else:
@@ -224,7 +223,8 @@ def _trainer_spec(args: argparse.Namespace, job_id: str, samples: int | None, ba
     if not command:
         raise InvalidInputError("COMMAND", "", "the trainer's argv after `--`, e.g. -- python train.py")
     trainer = TrainerSpec(command=tuple(command), kind=args.kind or ("ps" if args.ps else "allreduce"),
-                          log_regex=args.log_regex or "", grace_s=args.grace, report_timeout_s=args.report_timeout)
+                          log_regex=args.log_regex or "", grace_s=args.grace, report_timeout_s=args.report_timeout,
+                          workdir=os.getcwd())
     return JobSpec(job_id=job_id, samples=samples, batch_size=batch_size, trainer=trainer.to_dict())
 
 
@@ -466,12 +466,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the command's ``func``; a user mistake prints one line, exit status 2."""
+    from airflow_dlrover.launchers.run import JobFailed
+
     args = parser.parse_args(argv)
     try:
         args.func(args)
     except InvalidInputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except JobFailed as err:
+        print(f"failed: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

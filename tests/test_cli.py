@@ -137,3 +137,30 @@ def test_train_takes_a_parquet_dataset_a_layout_file_and_an_export(tmp_path, cap
     assert main(["train", "--data", str(tmp_path / "day"), "--layout", str(tmp_path / "nope.json"),
                  "--out", str(tmp_path / "bad")]) == 2
     assert "layout=" in capsys.readouterr().err
+
+
+def test_run_trainer_finishes_a_ddp_job_through_a_resize(tmp_path, capsys):
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "ddp_dlrm" / "train.py"
+    out = tmp_path / "ddp"
+    assert main(["run-trainer", "--workers", "1", "--worker-cpu", "1", "--worker-memory", "1Gi", "--samples", "600000",
+                 "--resize", "6s:workers=2,worker_cpu=0.5", "--grace", "10", "--out", str(out), "--",
+                 sys.executable, str(script), "--checkpoint-interval", "2"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["samples_done"] == summary["samples_total"] == 600_000
+    assert summary["resizes"] == 1 and summary["restarts"] == 0 and summary["config"]["workers"] == 2
+    assert summary["median_throughput"] > 0 and summary["auc"] > 0.6
+
+
+@pytest.mark.parametrize("command, status, expected", [
+    ([], 2, "the trainer's argv after `--`"),
+    (["python", "train.py", "--world={nodes}"], 2, "trainer.command[2]"),
+    ([sys.executable, "-c", "raise SystemExit('no such table: clicks')"], 1, "exited 1 before its first report"),
+])
+def test_run_trainer_refuses_a_broken_contract_in_one_message(tmp_path, capsys, command, status, expected):
+    assert main(["run-trainer", "--workers", "1", "--worker-memory", "512Mi", "--out", str(tmp_path), "--", *command]) == status
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+    if status == 1:
+        assert "no such table: clicks" in err and "no retry fixes" in err

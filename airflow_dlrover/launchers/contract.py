@@ -63,7 +63,8 @@ class TrainerSpec:
     optionally ``samples_done``, ``samples_total``, ``loss``, ``auc``); ``grace_s``: SIGTERM to
     SIGKILL; ``report_timeout_s``: a node that reports nothing this long after its start is the
     user's mistake; ``checkpoint_dir``: where checkpoints survive relaunches (default: the job's
-    folder locally; on Kubernetes a path on a mounted volume)."""
+    folder locally; on Kubernetes a path on a mounted volume); ``workdir``: the local launcher's
+    working folder for the nodes (default: the job's folder; on Kubernetes the image's)."""
 
     command: tuple[str, ...]
     image: str = ""
@@ -72,6 +73,7 @@ class TrainerSpec:
     grace_s: float = C.TRAINER_GRACE_S
     report_timeout_s: float = C.TRAINER_REPORT_TIMEOUT_S
     checkpoint_dir: str = ""
+    workdir: str = ""
 
     def __post_init__(self) -> None:
         command = self.command

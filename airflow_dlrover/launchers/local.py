@@ -174,8 +174,9 @@ class LocalLauncher(Launcher):
         # The wrapper records the exit status; every argument is quoted (no templated shell text).
         script = f"{shlex.join(argv)}; echo $? > {shlex.quote(str(exit_file))}"
         with open(folder / "logs" / f"{name}.log", "ab") as logfile:
+            workdir = (self.trainer(job_id).workdir or folder) if record.get("trainer") else folder
             process = subprocess.Popen(["/bin/sh", "-c", script], stdout=logfile, stderr=subprocess.STDOUT, env=env,
-                                       start_new_session=True, preexec_fn=group.preexec_fn(), cwd=folder)
+                                       start_new_session=True, preexec_fn=group.preexec_fn(), cwd=workdir)
         group.add_pid(process.pid)  # already there in v1/v2; advisory mode tracks usage from it
         node.update(pid=process.pid, started=psutil.Process(process.pid).create_time(), state=RUNNING,
                     oom_base=group.usage().oom_kills)

@@ -41,6 +41,10 @@ SLOW_WORKER_CPU_FRACTION = 0.25  # slow-worker cuts the worker's CPU quota to th
 HOT_PS_SKEW = 2.0
 
 
+class JobFailed(RuntimeError):
+    """The controller failed the job on a mistake no retry fixes (``Fail(retryable=False)``)."""
+
+
 def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: Path,
             faults: list[Fault] = (), resizes: list[tuple[float, Configuration]] = (),
             timeout_s: float = 3600.0, interventions: Sequence[tuple[float, Callable[..., dict]]] = (),
@@ -94,7 +98,7 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
             for action in (a for a in actions if isinstance(a, Fail)):
                 events.append({**action.to_record(), "time_s": now})
                 if not action.retryable:
-                    raise RuntimeError(f"job {job_id}: {action.describe()}")
+                    raise JobFailed(f"job {job_id}: {action.describe()}")
             done = launcher.apply(job_id, actions)
             events += [{**record, "time_s": time.time() - started} for record in done]
             if status is None:
