@@ -156,6 +156,11 @@ MIN_RESIZE_SPEEDUP = 1.05
 WORKER_RESIZE_COST_S = 30.0
 NODE_RELAUNCH_COST_S = 60.0
 PS_RESIZE_COST_S = 180.0
+#: An all-reduce job (no PS) that changes its number of workers re-forms its ring: the whole
+#: worker group restarts from the checkpoint, as torchrun's elastic agent restarts it on a
+#: membership change. Its nodes relaunch together, so it costs one node relaunch, not a worker
+#: resize that leaves the others training. (ours, after torchrun; not measured yet)
+ALLREDUCE_RESIZE_COST_S = NODE_RELAUNCH_COST_S
 
 #: Revert a resize when the measured speed-up delivered less than this fraction of the predicted
 #: gain (speed-up − 1). (ours)

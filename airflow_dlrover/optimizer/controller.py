@@ -18,12 +18,15 @@ them decides anything itself. One step looks at the observation in this order:
    ``DETECTOR_HISTORY_WINDOWS`` windows of each node. A hot PS gets CPU in place (``Heal``), a
    straggler is replaced (``Relaunch`` with the planned CPU), a node at OOM risk gets the
    forecast memory for its whole role (``Resize``: nodes of a role are alike). A change that would
-   take the job past its quota is not made: ``Keep(PAST_QUOTA)``.
+   take the job past its quota is not made: ``Keep(PAST_QUOTA)``. An all-reduce job has no PS: a
+   row of a PS is not one of its nodes, and is ignored (no hot PS, no PS memory).
 3. **Windows** (clean measurement windows in the vocabulary's columns): refit on the first windows
    of a configuration and once it has ``REFIT_WINDOWS_PER_CONFIGURATION`` of them, then
    the fine-tune policy (``finetune.decide``) for the plan's objective and what is left of its
    deadline: ``Keep`` or ``Resize`` (a revert is a ``Resize`` with ``revert=True``). A resize never
    gives a role less memory than the running configuration has (tables only grow in a run).
+   A resize is of the job's own kind: an all-reduce job (``ps = 0``) is only ever resized to
+   ``ps = 0``, a PS job to ``ps ≥ 1`` (the model must be of the job's kind: ``finetune.decide``).
 
 Every action carries a ``Reason`` (an enum) and the numbers it rests on; ``describe()`` renders
 the sentence, and nothing parses it.
@@ -44,7 +47,7 @@ from airflow_dlrover.optimizer.instability import METRIC_COLUMNS, detect
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
 from airflow_dlrover.optimizer.types import (
     CONFIG_COLUMNS, SAMPLE_TABLE_COLUMNS, Configuration, InvalidInputError, NodeState, NodeStatus, Objective, Plan,
-    Quota, Reason,
+    Quota, Reason, is_allreduce,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -257,8 +260,10 @@ def _forecast_mb(state: ControllerState, obs: Observation) -> dict[str, float]:
     if memory is None or config is None:
         return {}
     samples = obs.samples_total if obs.samples_total is not None else obs.samples_done
-    return {"ps": float(memory.ps_request_mb(config.ps, samples)),
-            "worker": float(memory.worker_request_mb(config.batch_size))}
+    forecast = {"worker": float(memory.worker_request_mb(config.batch_size, samples))}
+    if not is_allreduce(config):
+        forecast["ps"] = float(memory.ps_request_mb(config.ps, samples))
+    return forecast
 
 
 def _grown_memory(quota: Quota | None, nodes: Iterable[NodeStatus], killed: list[NodeStatus],
@@ -291,6 +296,8 @@ def _round_up_mb(mb: float) -> float:
 
 def _guard(state: ControllerState, obs: Observation) -> tuple[ControllerState, list[Action]]:
     fresh = [row for row in obs.usage if row.get("age_s", math.inf) >= C.NODE_WARMUP_S]
+    if obs.config is not None and is_allreduce(obs.config):  # no PS: a row that says "ps" is no node of it
+        fresh = [row for row in fresh if row.get("role") != "ps"]
     history = _recent(state.node_history + tuple(fresh))
     if obs.nodes:  # a node that left the job (a PS set replaced, a worker removed) is not judged
         running = {n.name for n in obs.nodes if n.state == NodeState.RUNNING}
@@ -327,7 +334,7 @@ def _heal(state: ControllerState, obs: Observation, event: Any, numbers: dict) -
         over = _past_quota(quota, obs.nodes, event.node, "cpu", cpu, numbers) if cpu is not None else None
         return over or Relaunch(Reason.STRAGGLER, numbers, node=event.node, cpu=cpu)
     role = _role(event.node)
-    if config is None or role not in ("ps", "worker"):
+    if config is None or role not in ("ps", "worker") or (role == "ps" and is_allreduce(config)):
         return Keep(Reason.OOM_RISK, numbers)
     memory = float(event.action.value)
     target = replace(config, **{f"{role}_memory_mb": max(memory, getattr(config, f"{role}_memory_mb"))})

@@ -13,7 +13,9 @@ the run's own objective (``planner.plan``): the highest throughput under the quo
 Pareto front (``efficiency``), or the cheapest plan that still meets what is left of the deadline
 (``deadline``; once no plan can, the fastest one). The cost depends on the change: workers
 only (the others keep training), a per-node CPU/memory change (that node relaunches), or a PS
-count change (checkpoint → re-partition → restart). After ``MIN_OBSERVATIONS_TO_JUDGE`` windows
+count change (checkpoint → re-partition → restart); an all-reduce job's worker-count change
+restarts its whole ring. The target is always of the job's own kind (``types.is_allreduce``): the
+model must be of the running configuration's kind, and its plans are (``planner``). After ``MIN_OBSERVATIONS_TO_JUDGE`` windows
 on the new configuration, a resize that delivered less than ``REVERT_DELIVERED_FRACTION`` of its
 predicted gain is reverted, and its target is returned in ``reject`` so the caller excludes it
 from later plans: the policy cannot oscillate between two configurations. ``decide`` is one part
@@ -32,7 +34,7 @@ from airflow_dlrover.optimizer.memory import MemoryModel
 from airflow_dlrover.optimizer.model import ThroughputModel, features
 from airflow_dlrover.optimizer.planner import plan
 from airflow_dlrover.optimizer.types import (
-    Configuration, InfeasibleQuotaError, InvalidInputError, Objective, Plan, Quota, Reason,
+    Configuration, InfeasibleQuotaError, InvalidInputError, Objective, Plan, Quota, Reason, check_kind, is_allreduce,
 )
 
 
@@ -74,6 +76,8 @@ def resize_cost_s(current: Configuration, target: Configuration) -> float:
     """Seconds of lost training for changing ``current`` into ``target`` (see constants)."""
     if target.ps != current.ps:
         return C.PS_RESIZE_COST_S
+    if is_allreduce(current) and target.workers != current.workers:
+        return C.ALLREDUCE_RESIZE_COST_S
     per_node = (target.worker_cpu, target.ps_cpu, target.worker_memory_mb, target.ps_memory_mb, target.worker_gpu)
     if per_node != (current.worker_cpu, current.ps_cpu, current.worker_memory_mb, current.ps_memory_mb, current.worker_gpu):
         return C.NODE_RELAUNCH_COST_S
@@ -98,6 +102,7 @@ def decide(
     ``objective`` is the plan's; ``deadline_s``: the seconds left until the deadline, for the
     ``deadline`` objective."""
     objective = Objective.parse(objective)
+    check_kind(model, is_allreduce(current), "model", "the running configuration is")
     if objective == Objective.DEADLINE and deadline_s is None:
         raise InvalidInputError("deadline_s", None, "the seconds left until the deadline, with the deadline objective")
     measured = np.asarray(recent_throughput, dtype=float)

@@ -7,7 +7,8 @@ evidence and a proposed action; nothing here acts.
 
 * hot PS    — mean CPU use over the window ≥ ``HOT_PS_UTILISATION`` of its limit and (with ≥ 2
               PS) ≥ ``HOT_PS_SKEW`` × the median utilisation of the other PS. Action: more CPU,
-              to reach ``HOT_PS_TARGET_UTILISATION`` at the same load.
+              to reach ``HOT_PS_TARGET_UTILISATION`` at the same load. A job without PS (an
+              all-reduce job) has no PS rows, and none is hot.
 * straggler — a worker whose mean speed over the last ``STRAGGLER_MIN_OBSERVATIONS`` windows is
               below ``STRAGGLER_SPEED_FRACTION`` × the median of the other workers. Action:
               replace it (its shards are re-queued by the master).

@@ -26,8 +26,9 @@ workers holds the whole model, tables included, so the tables' growth is each wo
     worker_memory(B, n) = worker_base_mb + activation_mb_per_sample · B
                           + min(table_growth_mb_per_m_samples · n / 10⁶, capacity)      (p = 0)
 
-fitted from ``worker_memory_used_mb`` (and ``samples_seen``); the tables at the start are in
-``worker_base_mb``, so the cap over-reserves them at most once the tables are full.
+fitted from ``worker_memory_used_mb`` (and ``samples_seen``). The tables as they were when
+measured are in ``worker_base_mb``, so once every row is touched the cap over-reserves by at most
+those.
 A request is the forecast peak plus ``MEMORY_MARGIN_FRACTION`` (VPA's safety margin), at least
 ``MEMORY_MIN_HEADROOM_MB`` more, rounded up to ``MEMORY_GRANULARITY_MB``.
 """

@@ -43,9 +43,9 @@ its two all-reduce features are 0. An all-reduce job (p = 0: data-parallel worke
 PS: its five PS features (ps_latency, ps_service, ps_request, network, contention) are 0, and
 a lone worker (w = 1) has no ring either. A model records its kind (``ThroughputModel.allreduce``,
 from the samples it was fitted on), and the terms of the other kind are reported as not
-identifiable. With p = 0 the all-reduce terms make adding workers stop paying: the bandwidth
-term's share of 1/X falls only as 1/w (2(w−1)/w² ≈ 2/w) while compute falls as 1/w too, and the
-latency term tends to 2θ_allreduce_latency/B, a plateau X ≤ B/(2θ_allreduce_latency) like θ_io's.
+identifiable. With p = 0 more workers stop paying: in 1/X the bandwidth term 2(w−1)/(w²·B) falls
+as 1/w like the compute terms, but the latency term 2(w−1)/(w·B) rises to 2/B, so X tends to a
+plateau X ≤ B/(2·θ_allreduce_latency), as with θ_io, that each added worker approaches by less.
 At q = 1 and one batch size the latency feature is a combination of two others,
 2(w−1)/(w·B) = (2/B)·1 − 2·1/(w·B): then ``io`` is pinned (it is last to be admitted) and
 θ_allreduce_latency with θ_overhead carries it, which predicts the same.
@@ -65,8 +65,8 @@ so each fit is one NNLS problem (``scipy.optimize.nnls``); q is chosen from ``SH
 by grouped cross-validation over configurations. Rows are weighted by X^q so that residuals are
 relative errors (≈ q × the relative error of X), and recent rows weigh more. Parameters the
 samples cannot identify (``gpu_compute`` with no GPU sample; ``ps_service`` against ``network``
-when λp never varies; the terms of the other kind of job) are pinned — to the prior when there is one, else to 0 — and listed in the
-report. A prior (yesterday's model of the same job) enters as a ridge toward its parameters in
+when λp never varies; the terms of the other kind of job) are pinned — to the prior when there is
+one, else to 0 — and listed in the report. A prior (yesterday's model of the same job) enters as a ridge toward its parameters in
 relative terms (weight ``WARM_START_PRIOR_WEIGHT``), so that a few new probes correct the terms
 they exercise and the prior keeps the rest; it also fixes q. Predictions carry a band from the covariance of φ plus the noise, which is at least the
 out-of-sample error (so that a model of the wrong form is not over-confident).
@@ -335,8 +335,6 @@ def _select_identifiable(design: np.ndarray, candidates: list[int]) -> list[int]
 
 
 def _why_pinned(name: str, table: pd.DataFrame) -> str:
-    if name not in kind_parameters(is_allreduce(table)):
-        return not_identifiable(is_allreduce(table))
     if name in ALLREDUCE_TERMS and (table["workers"] == 1).all():
         return "every sample has one worker: a ring of one exchanges nothing"
     if name in ("io", "allreduce_latency", "overhead") and is_allreduce(table) and table["batch_size"].nunique() == 1:

@@ -2,6 +2,8 @@
 
 import json
 
+import pandas as pd
+
 import pytest
 
 from airflow_dlrover.optimizer import constants as C
@@ -193,3 +195,71 @@ def test_a_node_that_left_the_job_is_not_judged():
     assert not [r for r in state.node_history if r["node"] == "ps-1"]
     _, (heal,) = step(ControllerState(Quota(cpu=5.0, memory_mb=8192)), observe(nodes=nodes(), usage=rows))
     assert isinstance(heal, Heal) and heal.node == "ps-1"  # while it exists, it is healed
+
+
+# ---------------------------------------------------------------------------------------------
+# All-reduce jobs (ps = 0)
+# ---------------------------------------------------------------------------------------------
+
+
+def _allreduce_job_model():
+    from airflow_dlrover.optimizer.job_model import fit_job_model
+    from synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA, model_samples
+
+    profile = model_samples(ALLREDUCE_THETA, ALLREDUCE_CONFIGS, noise=0.03, seed=4, worker_base_mb=1500)
+    return profile, fit_job_model(profile)
+
+
+@pytest.mark.parametrize("quota", [Quota(cpu=16, memory_mb=64 * 1024), Quota(cpu=64, memory_mb=512 * 1024, max_nodes=40)])
+def test_an_allreduce_job_is_only_ever_resized_to_no_ps(quota):
+    import numpy as np
+
+    from synthetic import ALLREDUCE_THETA, true_throughput
+
+    profile, model = _allreduce_job_model()
+    assert model.allreduce and model.memory.allreduce
+    config = Configuration(2, 0, 1.0, 0.0, 2048, 0, 0, 512)
+    state = ControllerState(quota, model=model, profile=tuple(profile.to_dict("records")))
+    rng = np.random.default_rng(0)
+    resizes, now = [], 0.0
+    for _ in range(12):
+        x = float(true_throughput(pd.DataFrame([config.to_row()]), ALLREDUCE_THETA)[0])
+        windows = tuple(dict(config.to_row(), throughput=x * (1 + 0.02 * rng.standard_normal()), timestamp=now + k)
+                        for k in range(3))
+        state, actions = step(state, Observation(now + 3, config, samples_done=1e6, samples_total=1e9, windows=windows))
+        for action in actions:
+            if isinstance(action, Resize):
+                resizes.append(action.config)
+                config = action.config
+        now += C.MIN_RESIZE_INTERVAL_S + 10
+    assert resizes, "the fine-tune never resized the 2-worker job"
+    assert all((c.ps, c.ps_cpu, c.ps_memory_mb) == (0, 0.0, 0.0) for c in resizes)
+    assert all(c.cores <= quota.cpu and c.memory_mb <= quota.memory_mb for c in resizes)
+    assert state.model.allreduce  # the refits stayed of the job's kind
+
+
+def test_an_allreduce_jobs_stray_ps_rows_are_not_judged_and_its_worker_memory_forecast_is_the_models():
+    _, model = _allreduce_job_model()
+    config = Configuration(2, 0, 1.0, 0.0, 2048, 0)
+    workers = tuple(NodeStatus(f"worker-{i}", "worker", i, NodeState.RUNNING, 1.0, 2048) for i in range(2))
+    hot = tuple(usage(t, f"ps-{i}", "ps", 0.49 if i == 0 else 0.2, 0.5, 900 + 300 * t, 1024) for t in (1, 2, 3) for i in (0, 1))
+    state, actions = step(ControllerState(QUOTA, model=model),
+                          Observation(100.0, config, samples_done=1e5, samples_total=1e6, usage=hot))
+    assert actions == [] and state.node_history == ()
+    killed = tuple(NodeStatus(**{**n.__dict__, "state": NodeState.OOM_KILLED}) if n.name == "worker-0" else n
+                   for n in workers)
+    big = ControllerState(Quota(cpu=4.0, memory_mb=64 * 1024), model=model)
+    obs = Observation(100.0, config, samples_done=1e5, samples_total=1e6, nodes=killed)
+    state, _ = step(big, obs)
+    _, (relaunch,) = step(state, obs)
+    assert isinstance(relaunch, Relaunch) and relaunch.memory_mb >= model.memory.worker_request_mb(512, 1e6)
+
+
+def test_a_model_of_the_other_kind_is_refused_not_planned_with():
+    from airflow_dlrover.optimizer.finetune import decide
+    from airflow_dlrover.optimizer.types import InvalidInputError
+
+    _, model = _allreduce_job_model()
+    with pytest.raises(InvalidInputError) as err:
+        decide(model.throughput, model.memory, QUOTA, CONFIG, [100.0] * 3, 1e8, 0.0)
+    assert err.value.field == "model" and "ps ≥ 1" in err.value.allowed

@@ -169,3 +169,41 @@ def test_a_deadline_run_needs_its_deadline_and_objectives_are_checked():
     with pytest.raises(InvalidInputError) as err:
         decide(MODEL, MEMORY, QUOTA, SMALL, [1.0], 1e6, 0, objective="fastest")
     assert err.value.field == "objective" and "efficiency" in err.value.allowed
+
+
+# ---------------------------------------------------------------------------------------------
+# All-reduce jobs (ps = 0)
+# ---------------------------------------------------------------------------------------------
+
+from airflow_dlrover.optimizer.types import InfeasibleQuotaError  # noqa: E402
+from synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA  # noqa: E402
+
+AR_MODEL = fit_throughput(model_samples(ALLREDUCE_THETA, ALLREDUCE_CONFIGS, noise=0.02, windows=2, seed=5),
+                          leave_one_out=False)
+AR_MEMORY = MemoryModel(None, None, 1500, 0.5)
+
+
+def test_an_allreduce_jobs_worker_count_change_restarts_its_ring():
+    ring = Configuration(4, 0, 1.0, 0.0, 2048, 0)
+    assert resize_cost_s(ring, Configuration(8, 0, 1.0, 0.0, 2048, 0)) == C.ALLREDUCE_RESIZE_COST_S
+    assert resize_cost_s(ring, Configuration(4, 0, 2.0, 0.0, 2048, 0)) == C.NODE_RELAUNCH_COST_S
+    assert resize_cost_s(SMALL, Configuration(4, 1, 1.0, 1.0, SMALL.worker_memory_mb, SMALL.ps_memory_mb)) \
+        == C.WORKER_RESIZE_COST_S  # a PS job's other workers keep training
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from([4, 16, 64, 256]), st.sampled_from([16, 64, 512]), st.sampled_from([1e6, 1e9]),
+       st.sampled_from(["throughput", "efficiency", "deadline"]))
+def test_the_fine_tune_proposes_only_the_jobs_own_kind(cpu, memory_gb, remaining, objective):
+    quota = Quota(cpu=cpu, memory_mb=memory_gb * 1024)
+    jobs = ((MODEL, MEMORY, SMALL), (AR_MODEL, AR_MEMORY, Configuration(1, 0, 1.0, 0.0, 2048, 0)))
+    for model, memory, current in jobs:
+        x = float(model.predict(pd.DataFrame([current.to_row()]), band=False)[0])
+        try:
+            decision = decide(model, memory, quota, current, [x] * 3, remaining, 0.0, objective=objective,
+                              deadline_s=remaining / x / 4)
+        except InfeasibleQuotaError:  # a quota too small for any plan of the job
+            continue
+        if decision.target is not None:
+            assert (decision.target.ps == 0) == (current.ps == 0)
+            assert (decision.target.ps_cpu == 0) == (current.ps == 0)

@@ -94,3 +94,10 @@ def test_memory_noise_is_not_an_oom_risk_but_a_real_rise_is():
     rising = noisy.assign(memory_used_mb=200 + 4.0 * times)  # 4 MB/s: 512 MB in ~45 s
     [event] = detect_oom_risk(rising)
     assert event.node == "worker-0" and event.action.value > 512
+
+
+def test_no_ps_no_hot_ps():
+    workers = [dict(time_s=t, node=f"worker-{i}", role="worker", cpu_used=0.99, cpu_limit=1.0, memory_used_mb=500,
+                    memory_limit_mb=2048, throughput=100.0) for t in (1, 2, 3) for i in range(3)]
+    assert detect_hot_ps(metrics(workers)) == []
+    assert [e for e in detect(metrics(workers)) if e.kind == "hot_ps"] == []
