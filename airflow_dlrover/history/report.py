@@ -28,7 +28,7 @@ def build_report(history: Any, run: int, job: dict[str, Any] | None, status: dic
     plan = plans[-1] if plans else {}
 
     report = {
-        "status": "succeeded" if job and job["samples_lost"] == 0 and job["samples_trained"] >= job["samples_expected"]
+        "status": "succeeded" if job and job["samples_lost"] == 0 and job["samples_trained"] >= (job["samples_expected"] or 0)
         else "failed",
         "run_seconds": now - started,
         "jct_s": now - (profiled[-1]["time"] - profile_s) if profiled else None,
@@ -108,7 +108,12 @@ def format_report(report: dict[str, Any]) -> list[str]:
                      f"{fmt(e['memory_mb'], ' MB')} in {e['recovered_in_s']:.1f} s")
     for e in report["instability"]:
         lines.append(f"  {e['instability']} {e['node']}: {e['healed']}")
-    if job:
+    if job and job.get("trainer"):
+        costs = ", ".join(f"{s:.1f} s" if s is not None else "—" for s in job["restart_s"])
+        lines.append(f"samples (the trainer's own counter): {job['samples_done']:,} of {fmt(job['samples_total'])}; "
+                     f"restarts {job['restarts']}, resizes {job['resizes']} (each group restart took {costs or '—'}); "
+                     f"loss {fmt(job['loss'], '', '.4f')}, AUC {fmt(job['auc'], '', '.3f')}")
+    elif job:
         lines.append(f"samples: {job['samples_trained']:,} trained of {job['samples_expected']:,}, lost "
                      f"{job['samples_lost']}, duplicated {job['samples_duplicated']}"
                      + "".join(f" ({n} by {cause})" for cause, n in (job.get("duplicated_by") or {}).items())

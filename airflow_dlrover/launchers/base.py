@@ -45,6 +45,7 @@ import dataclasses
 import functools
 import logging
 import math
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -251,13 +252,24 @@ class Launcher:
             self._trainers[job_id] = TrainerSpec.from_dict(data) if data else None
         return self._trainers[job_id]
 
-    def progress(self, job_id: str) -> dict[str, Any]:
+    def progress(self, job_id: str, timeout: float = C.MASTER_CALL_TIMEOUT_S) -> dict[str, Any]:
         """The job's ``state``, ``samples_done``, ``samples_total`` and ``throughput``: its master's
-        ``/status`` (our runtime), or its trainer's reports (:func:`contract.job_progress`)."""
+        ``/status`` (our runtime; ``timeout``: how long an unreachable master is retried), or its
+        trainer's reports (:func:`contract.job_progress`)."""
         if self.trainer(job_id) is None:
-            return self.master_call(job_id, "/status", timeout=C.MASTER_POLL_TIMEOUT_S)
+            return self.master_call(job_id, "/status", timeout=timeout)
         record = self.read_job(job_id)
         return job_progress(self._trainer_reports(job_id, record), {n: node["state"] for n, node in record["nodes"].items()})
+
+    def restart_cost_s(self, job_id: str) -> float | None:
+        """What a resize costs a trainer of the user's, which every resize restarts: the median of
+        its measured group restarts (SIGTERM → first report of every new worker; profiling makes
+        some), else ``TRAINER_RESTART_COST_S``. None for our runtime (the controller's costs by kind)."""
+        if self.trainer(job_id) is None:
+            return None
+        measured = [e["restart_s"] for e in self._record(job_id)["events"]
+                    if e.get("event") == "restart" and e.get("restart_s") is not None]
+        return statistics.median(measured) if measured else C.TRAINER_RESTART_COST_S
 
     def _trainer_reports(self, job_id: str, record: dict[str, Any]) -> dict[str, dict[str, Any]]:
         """Each running or finished node's :func:`contract.node_report`, with its ``role``."""
@@ -282,7 +294,7 @@ class Launcher:
         trainer = self.trainer(job_id)
         now = time.time()
         for name, node in record["nodes"].items():
-            if node["role"] != "worker" or node.get("state") not in (RUNNING, FAILED):
+            if node["role"] != "worker" or node.get("state") not in (RUNNING, FAILED, SUCCEEDED):
                 continue
             if node["state"] == FAILED and node.get("exit_code") == C.USER_ERROR_EXIT_CODE:
                 continue
@@ -290,9 +302,10 @@ class Launcher:
             if parse_reports(text, trainer.log_regex, written_at=mtime):
                 continue
             source = f"log lines matching {trainer.log_regex!r}" if trainer.log_regex else "DLROVER_METRICS_FILE"
-            if node["state"] == FAILED:
+            if node["state"] in (FAILED, SUCCEEDED):
                 output, _ = self._read_output(job_id, node, log=True)
-                why = f"{node.get('reason') or 'failed'} before its first report (in {source}); output tail:\n{output[-1500:]}"
+                what = "exited 0 without a report" if node["state"] == SUCCEEDED else f"{node.get('reason') or 'failed'} before its first report"
+                why = f"{what} (in {source}); output tail:\n{output[-1500:]}"
             elif now - (node.get("started") or now) > trainer.report_timeout_s:
                 why = f"reported nothing (in {source}) in report_timeout_s={trainer.report_timeout_s:g}s"
             else:

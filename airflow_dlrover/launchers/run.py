@@ -85,7 +85,7 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
             nodes = tuple(statuses(record))
             if not any(n.role == "master" and n.failed for n in nodes):  # a dead master is not waited for
                 try:
-                    status = launcher.progress(job_id)
+                    status = launcher.progress(job_id, timeout=C.MASTER_POLL_TIMEOUT_S)
                 except ConnectionError:  # the master is down: its node status says so
                     pass
             if status is not None and meter.elapsed_s >= WINDOW_S:
@@ -94,7 +94,8 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
                     rows.append(row)
             progress = {k: status[k] for k in ("samples_done", "samples_total") if status and status.get(k) is not None}
             state, actions = step(state, Observation(time.time(), Configuration(**record["config"]), nodes=nodes,
-                                                     usage=tuple(usage), **progress))
+                                                     usage=tuple(usage), restart_cost_s=launcher.restart_cost_s(job_id),
+                                                     **progress))
             for action in (a for a in actions if isinstance(a, Fail)):
                 events.append({**action.to_record(), "time_s": now})
                 if not action.retryable:
@@ -149,14 +150,19 @@ def _summarize(launcher, job_id, spec, events, series, started, series_points) -
 
 
 def trainer_summary(launcher: LocalLauncher, job_id: str) -> dict[str, Any]:
-    """What a trainer of the user's did, as it reported it (its own progress counter: a trainer
-    that lost samples reports fewer than ``samples_total``), with the launcher's restarts and the
-    measured cost of each group restart."""
+    """What a trainer of the user's did, as it reported it: its own progress counter (restored
+    from its checkpoint after each restart, so a trainer that lost samples ends short of
+    ``samples_total``), loss and AUC, with the launcher's restarts and the measured cost of each
+    group restart. The keys our runtime's summary shares mean the same: ``samples_trained`` is the
+    counter's last value, ``samples_lost`` what it fell short of the total."""
     progress = launcher.progress(job_id)
     job = launcher.read_job(job_id)
     restarts = [e for e in job["events"] if e.get("event") == "restart"]
+    done, total = progress["samples_done"], progress["samples_total"]
     return {
-        "job_id": job_id, "samples_total": progress["samples_total"], "samples_done": progress["samples_done"],
+        "job_id": job_id, "trainer": True, "samples_total": total, "samples_done": done,
+        "samples_expected": total, "samples_trained": done,
+        "samples_lost": None if total is None else max(0, total - done),
         "restarts": sum(1 for e in job["events"] if e.get("event") == "relaunch"
                         or (e.get("event") == "restart" and e["reason"] != "resize")),
         "resizes": int(job.get("resizes", 0)),

@@ -94,7 +94,8 @@ class DLRoverBaseOperator(BaseOperator):
         from airflow_dlrover.optimizer.controller import Observation
         from airflow_dlrover.optimizer.types import Configuration
 
-        status = self.launcher.master_call(job_id, "/status")
+        status = self.launcher.progress(job_id)
         config = Configuration(**self.launcher.read_job(job_id)["config"])
         return Observation(time.time(), config, samples_done=status["samples_done"],
-                           samples_total=status["samples_total"], **fields)
+                           samples_total=status["samples_total"], restart_cost_s=self.launcher.restart_cost_s(job_id),
+                           **fields)

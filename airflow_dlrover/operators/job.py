@@ -21,7 +21,10 @@ JOB_ARGS = {
     "samples": int, "data": str, "table_size": int, "tables": int, "embedding_dim": int, "batch_size": int,
     "shard_size": int, "eval_samples": int, "zipf_skew": float, "seed": int, "checkpoint_interval_s": float,
     "layout": dict, "model": str, "export": str, "eval_files": int, "eval_fraction": float, "max_bad_rows": int,
+    "trainer": dict,
 }
+#: ``job_args`` a trainer of the user's takes (``launchers.contract``): the rest are our runtime's.
+TRAINER_JOB_ARGS = ("trainer", "samples", "batch_size")
 #: What each ``job_args`` value allows; the runtime would fail on the others later, and be retried.
 JOB_ARG_RULES: dict[str, tuple[Any, str]] = {
     "samples": (lambda v: v >= 1, "an integer ≥ 1"),
@@ -103,6 +106,8 @@ def build_spec(job_id: str, job_args: dict[str, Any] | None):
     if unknown:
         raise InvalidInputError(f"job_args.{unknown[0]}", args[unknown[0]], "one of the keys " + ", ".join(JOB_ARGS))
     values = {k: _coerce(f"job_args.{k}", v, JOB_ARGS[k]) for k, v in args.items() if v is not None}
+    if "trainer" in values:
+        return _trainer_spec(job_id, values)
     for key, value in values.items():
         rule = JOB_ARG_RULES.get(key)
         if rule is not None and not (_finite(value) and rule[0](value)):
@@ -132,6 +137,25 @@ def build_spec(job_id: str, job_args: dict[str, Any] | None):
         if err.field.startswith("job_args."):
             raise
         raise InvalidInputError(f"job_args.{err.field}", err.value, err.allowed, err.detail) from None
+
+
+def _trainer_spec(job_id: str, values: dict[str, Any]):
+    """The ``JobSpec`` of a trainer of the user's: ``job_args.trainer`` is a ``TrainerSpec``
+    mapping (command, image, kind, log_regex, grace_s, report_timeout_s, checkpoint_dir, workdir)."""
+    from airflow_dlrover.launchers.contract import TrainerSpec
+    from airflow_dlrover.optimizer.types import InvalidInputError
+    from airflow_dlrover.runtime.spec import JobSpec
+
+    ours = sorted(set(values) - set(TRAINER_JOB_ARGS))
+    if ours:
+        raise InvalidInputError(f"job_args.{ours[0]}", values[ours[0]], "only " + ", ".join(TRAINER_JOB_ARGS) +
+                                " with a trainer of your own: its data and model are its command's")
+    try:
+        trainer = TrainerSpec.from_dict(values["trainer"])
+    except InvalidInputError as err:
+        raise InvalidInputError(f"job_args.{err.field}", err.value, err.allowed, err.detail) from None
+    return JobSpec(job_id=job_id, samples=values.get("samples"), batch_size=values.get("batch_size", 512),
+                   trainer=trainer.to_dict())
 
 
 def parse_quota(quota: dict[str, Any] | None, default: Any):

@@ -22,23 +22,26 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
     :param deadline: for the ``deadline`` objective, e.g. ``2h`` (templated)
     :param baseline: the configuration the job would run without us (a configuration row), for
         the report's comparison (templated)
-    :param inject: demo faults, e.g. ``kill-worker@30s`` (from the launch) (templated)
-    :param plan_only: record and return the plan without launching (for a trainer of your own,
-        profiled with ``command``: its task reads the plan from this task's XCom)
+    :param inject: demo faults our runtime injects into itself, e.g. ``kill-worker@30s`` (from the
+        launch) (templated)
+    :param start_on: launch on this configuration (a configuration row) instead of the plan, which
+        is still recorded: the fine-tune then resizes toward it when that pays (templated)
+    :param plan_only: record and return the plan without launching
 
     Shared arguments (``job``, ``quota``, ``kubernetes``, ``dlrover_conn_id``): ``DLRoverBaseOperator``.
     """
 
     template_fields: Sequence[str] = (*DLRoverBaseOperator.template_fields, "job_args", "objective", "deadline",
-                                      "baseline", "inject")
+                                      "baseline", "inject", "start_on")
     ui_color = "#d9f2e6"
 
     def __init__(self, *, job_args: dict[str, Any] | None = None, objective: str = "throughput",
                  deadline: str | None = None, baseline: dict[str, Any] | None = None,
-                 inject: str | list[str] | None = None, plan_only: bool = False, **kwargs: Any):
+                 inject: str | list[str] | None = None, start_on: dict[str, Any] | None = None,
+                 plan_only: bool = False, **kwargs: Any):
         super().__init__(**kwargs)
         self.job_args, self.objective, self.deadline = job_args, objective, deadline
-        self.baseline, self.inject, self.plan_only = baseline, inject, plan_only
+        self.baseline, self.inject, self.start_on, self.plan_only = baseline, inject, start_on, plan_only
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_dlrover.optimizer.controller import initial_plan
@@ -52,6 +55,10 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
             objective = Objective.parse(self.objective)
             deadline_s = duration_s("deadline", self.deadline) if self.deadline else None
             baseline = parse_configuration("baseline", self.baseline) if self.baseline else None
+            start_on = parse_configuration("start_on", self.start_on) if self.start_on else None
+            if faults and spec.trainer:
+                raise InvalidInputError("inject", self.inject, "nothing with a trainer of your own: our runtime's "
+                                        "master injects them into itself")
         model = self.history.latest_model(self.job)
         if model is None:
             with user_errors():
@@ -59,7 +66,7 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
         with user_errors():
             chosen = initial_plan(model, quota, objective, samples=spec.samples, deadline_s=deadline_s,
                                   batch_size=spec.batch_size)
-            check_fault_nodes(faults, chosen.config)
+            check_fault_nodes(faults, start_on or chosen.config)
         record = {**chosen.to_dict(), "deadline_s": deadline_s, "time": time.time()}
         if baseline is not None:
             record["baseline"] = {**baseline.to_row(), "predicted_throughput": predict(model, baseline)}
@@ -69,22 +76,24 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
                    "predicted_throughput": round(chosen.predicted_throughput, 1), "reason": chosen.reason}
         if self.plan_only:
             return summary
+        target = start_on or chosen.config
         adopted = self.launcher.exists(job_id)
         with user_errors():  # the user's model, checked before any node starts
-            self.launcher.launch(spec, chosen.config)  # adopts a running job
+            self.launcher.launch(spec, target)  # adopts a running job
         current = Configuration(**self.launcher.read_job(job_id)["config"])
         resize = None
-        if current != chosen.config:
-            resize = self.launcher.resize(job_id, chosen.config)
-        self.launcher.master_call(job_id, "/plan", chosen.to_dict(details=False))
+        if current != target:
+            resize = self.launcher.resize(job_id, target)
+        if not spec.trainer:
+            self.launcher.master_call(job_id, "/plan", chosen.to_dict(details=False))
         already = any(e.get("event") == EventKind.FAULTS_SCHEDULED for e in self.history.records(run, "event"))
         if faults and not already:
             self.launcher.master_call(job_id, "/faults", {"faults": faults})
             self.history.add(run, "event", {"event": EventKind.FAULTS_SCHEDULED.value, "faults": faults,
                                             "time": time.time()})
         self.history.add(run, "event", {"event": EventKind.LAUNCHED.value, "time": time.time(), "adopted": adopted,
-                                        "resize": resize, "config": chosen.config.to_row()})
-        return {**summary, "adopted": adopted}
+                                        "resize": resize, "config": target.to_row()})
+        return {**summary, "adopted": adopted, "launched_on": target.to_row()}
 
 
 def predict(model: Any, config: Any) -> float:

@@ -25,18 +25,23 @@ class DLRoverReportOperator(DLRoverBaseOperator):
         from airflow.sdk.exceptions import AirflowFailException
 
         from airflow_dlrover.history.report import build_report, format_report
-        from airflow_dlrover.launchers.run import job_summary
+        from airflow_dlrover.launchers.run import job_summary, trainer_summary
 
         run, job_id = self.run_ids(context)
         if not self.launcher.exists(job_id):
             self.history.finish_run(run, "failed", {"error": "the job was never launched"})
             raise AirflowFailException(f"job {job_id} was never launched: see the upstream tasks")
         try:
-            status = self.launcher.master_call(job_id, "/status", timeout=C.MASTER_POLL_TIMEOUT_S)
+            status = self.launcher.progress(job_id, timeout=C.MASTER_POLL_TIMEOUT_S)
         except ConnectionError:
             status = {"state": "unreachable"}
         try:
-            job = job_summary(self.launcher, job_id, self.launcher.spec(job_id)) if status["state"] == "done" else None
+            if status["state"] != "done":
+                job = None
+            elif self.launcher.trainer(job_id):
+                job = trainer_summary(self.launcher, job_id)
+            else:
+                job = job_summary(self.launcher, job_id, self.launcher.spec(job_id))
         finally:
             self.launcher.stop(job_id)
         report = build_report(self.history, run, job, status)

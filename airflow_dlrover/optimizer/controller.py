@@ -168,7 +168,8 @@ class Observation:
     (the configuration's columns + ``throughput``, ``timestamp``, optionally usage and
     ``samples_seen``); ``nodes``: every node's status with its exit reason; ``usage``: new per-node
     rows for the detectors (``instability.METRIC_COLUMNS``, ``throughput`` for workers, ``age_s``
-    since the node started)."""
+    since the node started). ``restart_cost_s``: for a job that every resize restarts as a whole
+    (a trainer of the user's), what one restart costs it, as measured (SIGTERM → training again)."""
 
     now_s: float
     config: Configuration | None = None
@@ -177,6 +178,7 @@ class Observation:
     windows: tuple[dict, ...] = ()
     nodes: tuple[NodeStatus, ...] = ()
     usage: tuple[dict, ...] = ()
+    restart_cost_s: float | None = None
 
     @property
     def remaining(self) -> float | None:
@@ -407,7 +409,8 @@ def _finetune(state: ControllerState, obs: Observation) -> tuple[ControllerState
     deadline_s = None if state.deadline_at_s is None else state.deadline_at_s - obs.now_s
     model = state.model
     decision = decide(model.throughput, model.memory, state.quota, config, measured, remaining, obs.now_s,
-                      state.last_resize, state.rejected, objective=state.objective, deadline_s=deadline_s)
+                      state.last_resize, state.rejected, objective=state.objective, deadline_s=deadline_s,
+                      restart_cost_s=obs.restart_cost_s)
     if decision.action == "keep":
         return state, Keep(decision.reason, decision.numbers)
     target = replace(decision.target,  # a running job's tables only grow: never less memory than now

@@ -72,8 +72,11 @@ def shape(config: Configuration | dict) -> tuple:
             int(get("worker_gpu") or 0))
 
 
-def resize_cost_s(current: Configuration, target: Configuration) -> float:
-    """Seconds of lost training for changing ``current`` into ``target`` (see constants)."""
+def resize_cost_s(current: Configuration, target: Configuration, restart_cost_s: float | None = None) -> float:
+    """Seconds of lost training for changing ``current`` into ``target``: ``restart_cost_s`` for a
+    job that every resize restarts as a whole (measured), else by kind (see constants)."""
+    if restart_cost_s is not None:
+        return float(restart_cost_s)
     if target.ps != current.ps:
         return C.PS_RESIZE_COST_S
     if is_allreduce(current) and target.workers != current.workers:
@@ -97,10 +100,12 @@ def decide(
     *,
     objective: Objective | str = Objective.THROUGHPUT,
     deadline_s: float | None = None,
+    restart_cost_s: float | None = None,
 ) -> Decision:
     """Keep, resize or revert; ``recent_throughput`` = measured windows since the last resize.
     ``objective`` is the plan's; ``deadline_s``: the seconds left until the deadline, for the
-    ``deadline`` objective."""
+    ``deadline`` objective; ``restart_cost_s``: what a resize costs a job that restarts as a
+    whole (:func:`resize_cost_s`)."""
     objective = Objective.parse(objective)
     check_kind(model, is_allreduce(current), "model", "the running configuration is")
     if objective == Objective.DEADLINE and deadline_s is None:
@@ -130,7 +135,7 @@ def decide(
                     {"delivered": delivered, "predicted": last_resize.predicted_speedup, "needed": wanted},
                     target=last_resize.before,
                     predicted_speedup=last_resize.throughput_before / x_now,
-                    resize_cost_s=resize_cost_s(current, last_resize.before),
+                    resize_cost_s=resize_cost_s(current, last_resize.before, restart_cost_s),
                     reject=last_resize.after,
                 )
 
@@ -141,7 +146,7 @@ def decide(
     x_current = float(model.predict_features(_features(current), band=False)[0])
     speedup = best.predicted_throughput / x_current
     speedup_low = best.lower_throughput / x_current
-    cost = resize_cost_s(current, target)
+    cost = resize_cost_s(current, target, restart_cost_s)
     keep_s = remaining_samples / x_now
     resize_s = cost + remaining_samples / (x_now * max(speedup_low, 1e-9))
     saving = keep_s - resize_s

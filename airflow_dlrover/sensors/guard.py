@@ -63,7 +63,7 @@ class DLRoverInstabilitySensor(DLRoverBaseOperator, BaseSensorOperator):
         """One check (non-deferrable mode): True when the job is done."""
         run, job_id = self.run_ids(context)
         self._step(context, run, job_id)
-        return self.launcher.master_call(job_id, "/status")["state"] == "done"
+        return self.launcher.progress(job_id)["state"] == "done"
 
     def _step(self, context: Any, run: int, job_id: str, usage: tuple = (), node_history: tuple = ()) -> tuple:
         """Observe the nodes (plus ``usage``), ``controller.step``, carry out and record its

@@ -97,7 +97,7 @@ class DLRoverJobTrigger(BaseTrigger):
         if failed and self.purpose == "guard":
             return {"kind": "observation", "usage": [], "history": watch.history}
         try:
-            status = watch.launcher.master_call(self.job_id, "/status", timeout=C.MASTER_POLL_TIMEOUT_S)
+            status = watch.launcher.progress(self.job_id, timeout=C.MASTER_POLL_TIMEOUT_S)
         except ConnectionError:
             status = None  # the master is down: the guard sees it as a failed node
         ended = status is not None and (status["state"] == "done" or

@@ -12,12 +12,10 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowRescheduleException, TaskDeferred
 
 from airflow_dlrover.history.store import HistoryStore
-from airflow_dlrover.launchers.profiling import profile_command
 from airflow_dlrover.operators import (
     DLRoverFineTuneOperator, DLRoverFitOperator, DLRoverLaunchOperator, DLRoverProfileOperator,
 )
 from airflow_dlrover.operators.job import build_spec, launcher_job_id, parse_faults, parse_quota
-from airflow_dlrover.optimizer.probes import design_probes
 from airflow_dlrover.optimizer.types import InvalidInputError, Quota
 from airflow_dlrover.sensors import DLRoverInstabilitySensor, DLRoverNodeFailure
 from airflow_dlrover.triggers.job import DLRoverJobTrigger
@@ -95,40 +93,84 @@ def test_job_args_faults_and_ids():
     assert launcher_job_id("j", "manual__1") != launcher_job_id("j", "manual__2")
 
 
+#: A trainer that keeps the contract (docs/trainers.md) and whose speed is a known function of its
+#: allocation — worker compute in series with an all-reduce cost growing with the workers — so that
+#: profile → fit → plan through the launcher can be checked exactly. No torch: each probe's
+#: restart costs a Python start only.
 TRAINER = textwrap.dedent("""
-    import json, os, sys, time
-    config = json.loads(os.environ["DLROVER_CONFIG"])
-    # worker compute and PS service in series: a function the throughput model can represent
-    rate = 1 / (1 / (2000 * config["workers"] * config["worker_cpu"]) + 1 / (3000 * config["ps"] * config["ps_cpu"]))
-    assert int(sys.argv[1]) == config["workers"]
-    while True:
-        print(f"step rate: throughput={rate:.1f} samples/s", flush=True)
-        if os.environ["DLROVER_METRICS_FILE"]:
-            with open(os.environ["DLROVER_METRICS_FILE"], "a") as f:
-                f.write(json.dumps({"throughput": rate}) + "\\n")
+    import json, os, signal, sys, time
+    w, cpu = int(os.environ["DLROVER_WORKERS"]), float(os.environ["DLROVER_CPU"])
+    job_rate = 1 / (1 / (2000 * w * cpu) + 2e-5 * (w - 1))
+    total = int(os.environ["DLROVER_SAMPLES"])
+    state = os.path.join(os.environ["DLROVER_CHECKPOINT_DIR"], "done")
+    os.makedirs(os.environ["DLROVER_CHECKPOINT_DIR"], exist_ok=True)
+    done = float(open(state).read()) if os.path.exists(state) else 0.0
+    def stop(*_):
+        if os.environ["RANK"] == "0":
+            open(state, "w").write(str(done))
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, stop)
+    while done < total:
         time.sleep(0.1)
+        done = min(total, done + job_rate * 0.1)
+        with open(os.environ["DLROVER_METRICS_FILE"], "a") as f:
+            f.write(json.dumps({"throughput": job_rate / w, "samples_done": int(done), "samples_total": total}) + "\\n")
 """)
 
 
-@pytest.mark.parametrize("source", ["log_regex", "metrics_file"])
-def test_bring_your_own_trainer_is_profiled_from_its_log_or_metrics_file(tmp_path, source):
+def write_trainer(tmp_path):
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER)
-    probes = design_probes(Quota(1.5, 4096))
-    how = {"log_regex": r"throughput=([\d.]+)"} if source == "log_regex" else {"metrics_file": "metrics.jsonl"}
-    table = profile_command(f"{sys.executable} {script} {{workers}}", probes, tmp_path / "byo", window_s=1.5, **how)
-    assert len(table) == len(probes)
-    expected = 1 / (1 / (2000 * table.workers * table.worker_cpu) + 1 / (3000 * table.ps * table.ps_cpu))
-    assert (abs(table.throughput - expected) < 0.1).all()
-    assert (table.probe_s < 5).all()  # each probe stopped after its window
+    return {"command": [sys.executable, str(script)], "grace_s": 5}
 
 
-def test_a_trainer_that_reports_nothing_is_a_clear_error(tmp_path):
-    with pytest.raises(InvalidInputError, match=r"^command=.*reports its throughput"):
-        profile_command("echo hello", design_probes(Quota(1.5, 4096)).head(1), tmp_path, window_s=1.0,
-                        log_regex=r"throughput=(\d+)")
-    with pytest.raises(InvalidInputError, match="exactly one"):
-        profile_command("true", design_probes(Quota(1.5, 4096)), tmp_path, window_s=1.0)
+def test_a_trainer_of_your_own_is_profiled_fitted_planned_and_launched(airflow_db, tmp_path):
+    """Through the launcher: one process per node and probe, its reports and cgroup measured."""
+    job, ctx = "byo", context("manual__byo")
+    job_args = {"trainer": write_trainer(tmp_path), "samples": 50_000_000}
+    profiled = DLRoverProfileOperator(task_id="profile", job=job, quota=QUOTA, probe_window="1s",
+                                      job_args=job_args).execute(ctx)
+    launcher = DLRoverLaunchOperator(task_id="l", job=job).launcher
+    samples = HistoryStore().samples_of_run(profiled["run"])
+    assert profiled["measured"] == len(samples) >= 3 and (samples.ps == 0).all()
+    expected = 1 / (1 / (2000 * samples.workers * samples.worker_cpu) + 2e-5 * (samples.workers - 1))
+    assert (abs(samples.throughput / expected - 1) < 0.05).all()  # the mean of each window's reports
+    fitted = DLRoverFitOperator(task_id="fit", job=job).execute(ctx)
+    assert fitted["in_sample_mape"] < 0.05
+    try:
+        launched = DLRoverLaunchOperator(task_id="launch", job=job, quota=QUOTA, job_args=job_args).execute(ctx)
+        config = launched["config"]
+        assert config["ps"] == 0 and config["workers"] * config["worker_cpu"] <= QUOTA["cpu"] + 1e-9
+        assert launched["adopted"]  # profiling left the job running: the launch resized it to the plan
+        assert launcher.read_job(launched["job_id"])["config"] == config
+        nodes = [s for s in launcher.status(launched["job_id"]) if s.state == "running"]
+        assert len(nodes) == config["workers"] and {s.role for s in nodes} == {"worker"}
+    finally:
+        launcher.stop(profiled["job_id"])
+
+
+@pytest.mark.parametrize("command, why", [
+    ("print('hello')", "exited 0 without a report"),
+    ("import sys; print('no --lr'); sys.exit(3)", "exited 3 before its first report"),
+])
+def test_a_trainer_that_breaks_the_contract_fails_the_profile_without_retry(airflow_db, tmp_path, command, why):
+    job_args = {"trainer": {"command": [sys.executable, "-c", command]}}
+    operator = DLRoverProfileOperator(task_id="profile", job="byo-bad", quota=QUOTA, probe_window="1s", job_args=job_args)
+    with pytest.raises(AirflowFailException, match=why):
+        operator.execute(context(f"manual__{why[:8].replace(' ', '')}"))
+
+
+def test_job_args_of_a_trainer_are_checked():
+    spec = build_spec("j", {"trainer": {"command": ["python", "t.py", "--rank={rank}"], "kind": "allreduce"},
+                            "samples": "1000"})
+    assert spec.trainer["command"] == ["python", "t.py", "--rank={rank}"] and spec.samples == 1000
+    for job_args, field in (({"trainer": {"command": ["t", "{world}"]}}, "job_args.trainer.command[1]"),
+                            ({"trainer": {"command": "python t.py"}}, "job_args.trainer.command"),
+                            ({"trainer": {"command": ["t"]}, "table_size": 10}, "job_args.table_size"),
+                            ({"trainer": '{"command": ["t"], "kind": "mpi"}'}, "job_args.trainer.kind")):
+        with pytest.raises(InvalidInputError) as err:
+            build_spec("j", job_args)
+        assert err.value.field == field
 
 
 def test_fit_without_profile_samples_is_a_user_error(airflow_db):
@@ -209,43 +251,6 @@ def test_operators_against_a_running_job(airflow_db):
 async def _first_event(trigger):
     async for event in trigger.run():
         return event.payload
-
-
-def test_bring_your_own_trainer_through_profile_fit_and_plan(airflow_db, tmp_path):
-    """A user's trainer: profiled through its log, fitted, planned (plan_only: nothing launched)."""
-    script = tmp_path / "trainer.py"
-    script.write_text(TRAINER)
-    job, ctx = "byo", context("manual__byo")
-    profiled = DLRoverProfileOperator(task_id="profile", job=job, quota=QUOTA, probe_window="1s",
-                                      command=f"{sys.executable} {script} {{workers}}",
-                                      log_regex=r"throughput=([\d.]+)").execute(ctx)
-    assert profiled["measured"] == 5
-    fitted = DLRoverFitOperator(task_id="fit", job=job).execute(ctx)
-    assert fitted["in_sample_mape"] < 0.05  # the trainer's rate is a smooth function of the config
-    planned = DLRoverLaunchOperator(task_id="launch", job=job, quota=QUOTA, plan_only=True).execute(ctx)
-    assert "adopted" not in planned and planned["predicted_throughput"] > 0
-    config = planned["config"]
-    assert config["workers"] * config["worker_cpu"] + config["ps"] * config["ps_cpu"] <= QUOTA["cpu"] + 1e-9
-    assert not (DLRoverLaunchOperator(task_id="l", job=job).launcher.job_dir(planned["job_id"]) / "job.json").exists()
-
-
-def test_a_trainer_command_runs_without_a_shell_and_its_metrics_file_stays_in_its_folder(tmp_path):
-    from airflow_dlrover.launchers.profiling import command_argv, metrics_path_in
-
-    row = {"workers": 2, "ps": 1}
-    # A templated value with shell syntax is one argument, never shell text.
-    assert command_argv("train.py --workers {workers} --name 'a; rm -rf /'", row) == [
-        "train.py", "--workers", "2", "--name", "a; rm -rf /"]
-    assert command_argv(["train.py", "--ps={ps}"], row) == ["train.py", "--ps=1"]
-    for bad in ("train.py --x {nope}", "train.py 'unbalanced", [], ["ok", 3]):
-        with pytest.raises(InvalidInputError) as err:
-            command_argv(bad, row)
-        assert err.value.field == "command"
-    assert metrics_path_in(tmp_path, "out/metrics.jsonl") == (tmp_path / "out" / "metrics.jsonl").resolve()
-    for outside in ("../../etc/passwd", "/etc/passwd", "a/../../x"):
-        with pytest.raises(InvalidInputError) as err:
-            metrics_path_in(tmp_path, outside)
-        assert err.value.field == "metrics_file"
 
 
 def test_job_args_take_a_dataset_a_layout_as_json_text_a_model_and_an_export(tmp_path):

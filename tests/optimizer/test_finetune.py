@@ -207,3 +207,26 @@ def test_the_fine_tune_proposes_only_the_jobs_own_kind(cpu, memory_gb, remaining
         if decision.target is not None:
             assert (decision.target.ps == 0) == (current.ps == 0)
             assert (decision.target.ps_cpu == 0) == (current.ps == 0)
+
+
+
+def test_a_job_that_restarts_as_a_whole_resizes_when_its_measured_restart_pays():
+    """The same resize is not worth the default all-reduce cost (60 s) and is worth a measured
+    restart of 2 s: the saving is set between the two by the number of samples left."""
+    from synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA, model_samples, true_throughput
+
+    from airflow_dlrover.optimizer.job_model import fit_job_model
+
+    model = fit_job_model(model_samples(ALLREDUCE_THETA, ALLREDUCE_CONFIGS, noise=0.02, seed=1, worker_base_mb=1500))
+    current = Configuration(1, 0, 1.0, 0.0, 2048, 0)
+    quota = Quota(cpu=16, memory_mb=64 * 1024)
+    x = float(true_throughput(pd.DataFrame([current.to_row()]), ALLREDUCE_THETA)[0])
+    probe = decide(model.throughput, model.memory, quota, current, [x] * 3, 1e12, 0.0, restart_cost_s=1e9)
+    assert probe.action == "keep" and probe.reason == Reason.NOT_WORTH_IT
+    gain_per_keep_s = 1 - 1 / probe.numbers["speedup_low"]
+    remaining = 30.0 / gain_per_keep_s * x  # saving = 30 s − cost
+    default = decide(model.throughput, model.memory, quota, current, [x] * 3, remaining, 0.0)
+    measured = decide(model.throughput, model.memory, quota, current, [x] * 3, remaining, 0.0, restart_cost_s=2.0)
+    assert default.action == "keep" and default.resize_cost_s == C.ALLREDUCE_RESIZE_COST_S
+    assert measured.action == "resize" and measured.resize_cost_s == 2.0
+    assert measured.predicted_saving_s == pytest.approx(28.0, rel=1e-6)
