@@ -57,7 +57,8 @@ METRIC_FIELDS = ("throughput", "samples_done", "samples_total", "loss", "auc", "
 class TrainerSpec:
     """A trainer of the user's (see the module docstring).
 
-    ``command``: the argv (placeholders allowed); ``image``: its container image (Kubernetes);
+    ``command``: the argv (placeholders allowed; numbers are taken as their text, as a DAG with
+    ``render_template_as_native_obj`` renders them); ``image``: its container image (Kubernetes);
     ``kind``: ``allreduce`` (no PS; the group restarts as a whole) or ``ps``; ``log_regex``: read
     the reports from the node's log instead of its metrics file (a named group ``throughput``, and
     optionally ``samples_done``, ``samples_total``, ``loss``, ``auc``); ``grace_s``: SIGTERM to
@@ -77,6 +78,8 @@ class TrainerSpec:
 
     def __post_init__(self) -> None:
         command = self.command
+        if isinstance(command, (list, tuple)):  # a DAG rendering native objects turns "3" into 3
+            command = [str(a) if isinstance(a, (int, float)) and not isinstance(a, bool) else a for a in command]
         if isinstance(command, str) or not isinstance(command, (list, tuple)) or not command \
                 or not all(isinstance(arg, str) for arg in command):
             raise InvalidInputError("trainer.command", command, "a non-empty argv list of strings (never a shell line)")

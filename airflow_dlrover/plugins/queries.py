@@ -180,7 +180,8 @@ def curves(store: Any, run_id: int, model_index: int = 0) -> dict[str, Any]:
         table = table.assign(predicted=model.predict(table, band=False))
     out = {"model_index": index, "models": len(_models(store, run_id)), "created": record["created"],
            "base": base, "base_from": base_from, "axes": {}}
-    for axis in AXES:
+    axes = [a for a in AXES if not (model.allreduce and a.startswith("ps"))]  # an all-reduce job has no PS axis
+    for axis in axes:
         top = max(AXIS_MINIMUM_SPAN[axis], 2 * base[axis], float(table[axis].max()) if not table.empty else 0)
         if axis in ("workers", "ps"):
             xs = np.arange(1, int(math.ceil(top)) + 1, dtype=float)
@@ -188,7 +189,7 @@ def curves(store: Any, run_id: int, model_index: int = 0) -> dict[str, Any]:
             xs = np.unique(np.r_[np.linspace(CPU_CURVE_START, top, CPU_CURVE_POINTS), base[axis]])
         grid = pd.DataFrame({**{k: base[k] for k in base}, axis: xs})
         mean, lower, upper = model.predict(grid)
-        others = [a for a in AXES if a != axis]
+        others = [a for a in axes if a != axis]
         points = []
         for row in table.to_dict("records"):
             on_slice = all(abs(float(row[a]) - float(base[a])) < 1e-9 for a in others)

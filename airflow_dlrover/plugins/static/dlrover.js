@@ -27,7 +27,7 @@
 
   const num = (v, digits = 0) => (v == null ? "—" : Number(v).toLocaleString("en", { maximumFractionDigits: digits }));
   const pct = (v) => (v == null ? "—" : `${Math.round(100 * v)} %`);
-  const shape = (c) => (c ? `${c.workers}w×${num(c.worker_cpu, 2)} + ${c.ps}ps×${num(c.ps_cpu, 2)}` : "—");
+  const shape = (c) => (c ? `${c.workers}w×${num(c.worker_cpu, 2)}` + (c.ps ? ` + ${c.ps}ps×${num(c.ps_cpu, 2)}` : ", no PS") : "—");
 
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
