@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from airflow_dlrover.launchers.contract import (
-    TrainerSpec, checkpoint_dir_for, job_progress, node_argv, node_env, node_report, parse_reports,
+    TrainerSpec, job_progress, node_argv, node_env, node_report, parse_reports,
 )
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import FAILED_STATES, Configuration, NodeState, NodeStatus
@@ -314,16 +314,22 @@ class Launcher:
 
     def _trainer_env(self, job_id: str, record: dict[str, Any], node: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
         """The argv and contract environment of a trainer's node."""
-        trainer = self.trainer(job_id)
+        trainer, spec = self.trainer(job_id), self.spec(job_id)
         peers = {name: self._peer_address(job_id, record, other) for name, other in record["nodes"].items()}
         env = node_env(job_id=job_id, trainer=trainer, config=Configuration(**record["config"]), node=node,
-                       samples=self.spec(job_id).samples, peers=peers, rendezvous=tuple(record["rendezvous"]),
-                       checkpoint_dir=checkpoint_dir_for(trainer, self.job_dir(job_id)),
-                       metrics_file=self._metrics_file(job_id, node), generation=record["generation"])
+                       samples=spec.samples, peers=peers, rendezvous=tuple(record["rendezvous"]),
+                       checkpoint_dir=trainer.checkpoint_dir or self._checkpoint_dir(job_id),
+                       metrics_file=self._metrics_file(job_id, node), generation=record["generation"],
+                       job_key=spec.authkey)
         return node_argv(trainer, env), env
 
     def _metrics_file(self, job_id: str, node: dict[str, Any]) -> str:
+        """Where a trainer's node writes its reports, as the node sees the path."""
         return str(self.job_dir(job_id) / "metrics" / f"{node['name']}.jsonl")
+
+    def _checkpoint_dir(self, job_id: str) -> str:
+        """A trainer's default checkpoint folder, as its nodes see the path (it outlives them)."""
+        return str(self.job_dir(job_id) / "checkpoint")
 
     def _start_group(self, job_id: str, record: dict[str, Any], config: Configuration,
                      restarts: dict[str, int] | None = None) -> None:

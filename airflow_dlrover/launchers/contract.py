@@ -38,7 +38,7 @@ from airflow_dlrover.optimizer.types import InvalidInputError
 ENV = (
     "DLROVER_JOB_ID", "DLROVER_ROLE", "DLROVER_INDEX", "DLROVER_WORKERS", "DLROVER_PS", "DLROVER_CPU",
     "DLROVER_MEMORY_MB", "DLROVER_GPU", "DLROVER_BATCH_SIZE", "DLROVER_SAMPLES", "DLROVER_CHECKPOINT_DIR",
-    "DLROVER_METRICS_FILE", "DLROVER_GENERATION", "DLROVER_GRACE_S", "TF_CONFIG", "MASTER_ADDR", "MASTER_PORT",
+    "DLROVER_METRICS_FILE", "DLROVER_GENERATION", "DLROVER_GRACE_S", "DLROVER_JOB_KEY", "TF_CONFIG", "MASTER_ADDR", "MASTER_PORT",
     "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS",
 )
 #: ``{placeholder}`` → the environment variable whose value it takes.
@@ -127,10 +127,11 @@ class TrainerSpec:
 
 def node_env(*, job_id: str, trainer: TrainerSpec, config: Any, node: Mapping[str, Any], samples: int | None,
              peers: Mapping[str, str], rendezvous: tuple[str, int], checkpoint_dir: str, metrics_file: str,
-             generation: int) -> dict[str, str]:
+             generation: int, job_key: str) -> dict[str, str]:
     """The contract's environment for one node. ``peers``: node name → ``host:port`` of every node
     (the ``TF_CONFIG`` cluster); ``rendezvous``: worker 0's (host, port) for ``torch.distributed``
-    (``MASTER_ADDR``/``MASTER_PORT``); ``config``: the job's :class:`Configuration`."""
+    (``MASTER_ADDR``/``MASTER_PORT``); ``config``: the job's :class:`Configuration`; ``job_key``:
+    a secret the job's nodes share (``DLROVER_JOB_KEY``), to authenticate each other."""
     role, index = node["role"], int(node["index"])
     workers = [peers[n] for n in sorted((n for n in peers if n.startswith("worker-")), key=_index)]
     ps = [peers[n] for n in sorted((n for n in peers if n.startswith("ps-")), key=_index)]
@@ -143,7 +144,7 @@ def node_env(*, job_id: str, trainer: TrainerSpec, config: Any, node: Mapping[st
         "DLROVER_GPU": str(node.get("gpu", 0)), "DLROVER_BATCH_SIZE": str(config.batch_size),
         "DLROVER_SAMPLES": "" if samples is None else str(samples), "DLROVER_CHECKPOINT_DIR": checkpoint_dir,
         "DLROVER_METRICS_FILE": metrics_file, "DLROVER_GENERATION": str(generation),
-        "DLROVER_GRACE_S": f"{trainer.grace_s:g}", "TF_CONFIG": json.dumps(tf_config),
+        "DLROVER_GRACE_S": f"{trainer.grace_s:g}", "DLROVER_JOB_KEY": job_key, "TF_CONFIG": json.dumps(tf_config),
         "MASTER_ADDR": rendezvous[0], "MASTER_PORT": str(rendezvous[1]),
         "WORLD_SIZE": str(config.workers), "RANK": str(index) if role == "worker" else "",
         "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
@@ -252,11 +253,5 @@ def job_progress(reports: Mapping[str, Mapping[str, Any]], states: Mapping[str, 
     return status
 
 
-def checkpoint_dir_for(trainer: TrainerSpec, job_dir: Path) -> str:
-    """The trainer's checkpoint folder: its own setting (a path that outlives the node), else
-    ``<job dir>/checkpoint``."""
-    return trainer.checkpoint_dir or str(job_dir / "checkpoint")
-
-
-__all__ = ["ENV", "KINDS", "PLACEHOLDERS", "TrainerSpec", "checkpoint_dir_for", "job_progress", "node_argv",
+__all__ = ["ENV", "KINDS", "PLACEHOLDERS", "TrainerSpec", "job_progress", "node_argv",
            "node_env", "node_report", "parse_reports", "read_node_report"]

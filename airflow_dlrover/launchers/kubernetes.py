@@ -11,7 +11,9 @@ state is read from its pod (:func:`pod_state`): phase, container states and cond
 
 Resizes keep the runtime's protocol (as ``LocalLauncher``): workers join as new pods, leave by
 ``/drain`` then deletion; a PS change is ``/checkpoint`` → new PS pods → ``/cluster`` →
-``/restore`` (re-partition; the checkpoint files are on the job's ReadWriteMany volume). A node's
+``/restore`` (re-partition; the checkpoint files are on the job's ReadWriteMany volume). A trainer
+of the user's gets its own pods (``kubernetes_manifests.trainer_pod``), stopped with its grace
+period and restarted as the launcher base says; its reports are read from its pods' logs. A node's
 new CPU / memory is a relaunch, or an in-place pod resize (``pods/resize``, Kubernetes ≥ 1.33) with
 ``in_place_resize=True`` when its torch thread count does not change.
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
 import time
 from datetime import datetime, timezone
 from functools import cached_property
@@ -316,6 +319,60 @@ class KubernetesLauncher(Launcher):
                 raise
 
     # -- pods ----------------------------------------------------------------------------------
+    # -- a trainer of the user's -----------------------------------------------------------------
+    def _peer_address(self, job_id: str, record: dict[str, Any], node: dict[str, Any]) -> str:
+        return km.trainer_address(job_id, node["role"], node["index"], self.namespace)
+
+    def _rendezvous(self, job_id: str, record: dict[str, Any]) -> tuple[str, int]:
+        return km.trainer_address(job_id, "worker", 0, self.namespace).rsplit(":", 1)[0], km.RENDEZVOUS_PORT
+
+    def _metrics_file(self, job_id: str, node: dict[str, Any]) -> str:
+        return km.TRAINER_METRICS_FILE
+
+    def _checkpoint_dir(self, job_id: str) -> str:
+        return f"{km.JOB_DIR}/checkpoint"
+
+    def _read_output(self, job_id: str, node: dict[str, Any], log: bool) -> tuple[str, float | None]:
+        """The node's pod log (its reports are JSON lines there: ``TRAINER_METRICS_FILE``). Read
+        raw: the client (36.x) turns a log that is not JSON into the ``repr`` of its bytes."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            response = self.core.read_namespaced_pod_log(node["pod"], self.namespace, _preload_content=False)
+            return response.data.decode(errors="replace"), time.time()
+        except ApiException as err:
+            if err.status in (400, 404):  # not started yet, or gone
+                return "", None
+            raise
+
+    def _create_trainer_pod(self, job_id: str, record: dict[str, Any], node: dict[str, Any]) -> Any:
+        trainer = self.trainer(job_id)
+        argv, env = self._trainer_env(job_id, record, node)
+        body = km.trainer_pod(job_id, node, argv=argv, env=env, image=trainer.image, grace_s=trainer.grace_s,
+                              placement=self.placement, owner=km.config_map_owner(record["config_map_uid"], job_id))
+        return self.core.create_namespaced_pod(self.namespace, body)
+
+    def _create_trainer_job(self, spec: JobSpec, record: dict[str, Any]) -> None:
+        """The ConfigMap first (it owns the rest: deleting it garbage-collects the job), then the
+        Secret, the nodes' Service and the NetworkPolicy."""
+        if not self.trainer(spec.job_id).image:
+            raise InvalidInputError("trainer.image", "", "the trainer's container image, to run it on Kubernetes")
+        record["namespace"] = self.namespace
+        created = self.core.create_namespaced_config_map(self.namespace, km.trainer_config_map(spec, self.placement, record))
+        record["config_map_uid"] = created.metadata.uid
+        for body in km.trainer_objects(spec, self.placement, km.config_map_owner(created.metadata.uid, spec.job_id)):
+            create = {"Secret": self.core.create_namespaced_secret, "Service": self.core.create_namespaced_service,
+                      "NetworkPolicy": self.networking.create_namespaced_network_policy}[body["kind"]]
+            create(self.namespace, body)
+
+    def _stop_nodes(self, job_id: str, record: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
+        """Delete the pods together, each with its grace period (a trainer checkpoints on SIGTERM),
+        then wait until they are gone."""
+        for node in nodes:
+            self._delete_pod(node["pod"], wait=False, grace_s=node.get("grace_s", 0))
+        for node in nodes:
+            self._wait_deleted(node["pod"], C.STOP_TIMEOUT_S + node.get("grace_s", 0))
+
     def _place(self, record: dict[str, Any], node: dict[str, Any], previous: dict[str, Any] | None) -> None:
         role, index = node["role"], node["index"]
         node["pod"] = km.master_name(record["job_id"]) if role == "master" else {
@@ -327,20 +384,27 @@ class KubernetesLauncher(Launcher):
                            master_uid=record.get("master_uid"))
         return self.core.create_namespaced_pod(self.namespace, body)
 
-    def _delete_pod(self, name: str, *, orphan: bool = False, wait: bool = True) -> None:
-        """Delete a pod now (grace 0: the node is replaced or gone) and wait until it is gone."""
+    def _delete_pod(self, name: str, *, orphan: bool = False, wait: bool = True, grace_s: float = 0) -> None:
+        """Delete a pod (``grace_s``: SIGTERM to SIGKILL; 0 for our runtime's nodes, which are
+        replaced from the master's state) and wait until it is gone."""
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
-        options = client.V1DeleteOptions(grace_period_seconds=0,
+        options = client.V1DeleteOptions(grace_period_seconds=int(math.ceil(grace_s)),
                                          propagation_policy="Orphan" if orphan else "Background")
         try:
             self.core.delete_namespaced_pod(name, self.namespace, body=options)
         except ApiException as err:
             if not self._not_found(err):
                 raise
-        deadline = time.monotonic() + C.STOP_TIMEOUT_S
-        while wait:
+        if wait:
+            self._wait_deleted(name, C.STOP_TIMEOUT_S + grace_s)
+
+    def _wait_deleted(self, name: str, timeout_s: float) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        deadline = time.monotonic() + timeout_s
+        while True:
             try:
                 self.core.read_namespaced_pod(name, self.namespace)
             except ApiException as err:
@@ -348,7 +412,7 @@ class KubernetesLauncher(Launcher):
                     return
                 raise
             if time.monotonic() > deadline:
-                raise TimeoutError(f"pod {name} still exists {C.STOP_TIMEOUT_S:.0f} s after its deletion")
+                raise TimeoutError(f"pod {name} still exists {timeout_s:.0f} s after its deletion")
             time.sleep(self.poll_s)
 
     def _wait_ready(self, job_id: str, record: dict[str, Any], names: list[str]) -> None:
@@ -368,6 +432,11 @@ class KubernetesLauncher(Launcher):
                 time.sleep(self.poll_s)
 
     def _create_job(self, spec: JobSpec, record: dict[str, Any]) -> None:
+        if record.get("trainer"):
+            return self._create_trainer_job(spec, record)
+        self._create_runtime_job(spec, record)
+
+    def _create_runtime_job(self, spec: JobSpec, record: dict[str, Any]) -> None:
         """The master pod first (it owns everything else: deleting it garbage-collects the job),
         then the Secret (the job's key), the ConfigMap (spec and record) and the Services."""
         record["namespace"] = self.namespace
@@ -381,14 +450,18 @@ class KubernetesLauncher(Launcher):
 
     def _start_node(self, job_id: str, record: dict[str, Any], node: dict[str, Any]) -> None:
         """Create the node's pod; a relaunched master re-owns the job's objects."""
+        if record.get("trainer"):
+            self._create_trainer_pod(job_id, record, node)
+            return
         created = self._create_pod(record, node)
         if node["role"] == "master" and node.get("restarts", 0) > 0:
             record["master_uid"] = created.metadata.uid
             self._reown(job_id, created.metadata.uid)
 
     def _stop_node(self, job_id: str, record: dict[str, Any], node: dict[str, Any], *, replacing: bool) -> None:
-        """Delete the pod (a master being replaced without its dependents: ``Orphan``)."""
-        self._delete_pod(node["pod"], orphan=replacing and node["role"] == "master")
+        """Delete the pod (a master being replaced without its dependents: ``Orphan``; a trainer's
+        node with its grace period)."""
+        self._delete_pod(node["pod"], orphan=replacing and node["role"] == "master", grace_s=node.get("grace_s", 0))
 
     def _set_limits(self, job_id: str, node: dict[str, Any]) -> None:
         self._resize_in_place(node)
@@ -430,10 +503,13 @@ class KubernetesLauncher(Launcher):
         from kubernetes.utils import parse_quantity
 
         record = self._record(job_id)
-        try:
-            metrics = self.master_call(job_id, "/metrics", timeout=C.MASTER_POLL_TIMEOUT_S)
-        except ConnectionError:
-            metrics = {"throughput": 0.0, "nodes": {}, "status": None}
+        if record.get("trainer"):
+            metrics = self.trainer_metrics(job_id, self.read_job(job_id))
+        else:
+            try:
+                metrics = self.master_call(job_id, "/metrics", timeout=C.MASTER_POLL_TIMEOUT_S)
+            except ConnectionError:
+                metrics = {"throughput": 0.0, "nodes": {}, "status": None}
         by_pod = {n["pod"]: n for n in record["nodes"].values() if n.get("state") != STOPPED}
         usage = {}
         try:

@@ -46,6 +46,16 @@ keep strangers from reaching them, ingress and egress, by named port:
   anywhere (the store's endpoints are not pods; narrow it with your own policy, or keep the data
   on the job's volumes);
 * every role: egress to the cluster DNS (``kube-system`` pods ``k8s-app: kube-dns``, port 53).
+
+A trainer of the user's (``spec.trainer``, ``launchers.contract``) has no master: its ConfigMap is
+created first and owns the rest (Secret, the headless Service ``J-nodes`` that names every node
+``J-<role>-<i>.J-nodes.NS.svc``, one NetworkPolicy, the pods). Its pods run the trainer's image
+and argv with the contract's environment (the job's key from the Secret as ``DLROVER_JOB_KEY``),
+the same labels, security context and requests = limits as ours; ``DLROVER_CHECKPOINT_DIR`` is
+``<job dir>/checkpoint`` on the job's volume (or the trainer's own ``checkpoint_dir``), and the
+reports go to the pod's log (``DLROVER_METRICS_FILE=/dev/stdout``), which the launcher reads.
+The policy admits the job's own pods to each other on any port, and egress to DNS and, for the
+data a trainer reads itself, to ``STORAGE_EGRESS_PORTS``.
 """
 
 
@@ -88,6 +98,10 @@ GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's extended resource
 MASTER_READY_PERIOD_S = 2  # readiness polls of the master's GET /healthz (open: a kubelet holds no key)
 PS_READY_PERIOD_S = 2  # readiness polls of a PS's port (a TCP connect; the PS drops unauthenticated ones)
 NAME_MAX = 63  # DNS-1123 label length: Service names, pod hostnames and label values
+TRAINER_PORT = 2222  # a trainer node's port in TF_CONFIG (TensorFlow's customary server port)
+RENDEZVOUS_PORT = 29500  # torch.distributed's env:// rendezvous on worker 0 (torchrun's default)
+#: where a trainer writes its reports on Kubernetes: its log, which the launcher reads through the API
+TRAINER_METRICS_FILE = "/dev/stdout"
 
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -126,6 +140,16 @@ def master_address(job_id: str, namespace: str = "default") -> str:
 def lock_lease_name(job_id: str) -> str:
     """The Lease a launcher holds while it changes the job (``KubernetesLauncher._acquire``)."""
     return f"{job_id}-launcher"
+
+
+def trainer_service_name(job_id: str) -> str:
+    return f"{job_id}-nodes"
+
+
+def trainer_address(job_id: str, role: str, index: int, namespace: str, port: int = TRAINER_PORT) -> str:
+    """``host:port`` of a trainer's node: its pod's stable name under ``J-nodes``."""
+    pod = (ps_name if role == "ps" else worker_name)(job_id, index)
+    return f"{pod}.{trainer_service_name(job_id)}.{namespace}.svc:{port}"
 
 
 def network_policy_name(job_id: str, role: str) -> str:
@@ -282,6 +306,82 @@ def owner_references(master_uid: str | None, job_id: str) -> list[dict[str, Any]
     return [{"apiVersion": "v1", "kind": "Pod", "name": master_name(job_id), "uid": master_uid}]
 
 
+def config_map_owner(uid: str, job_id: str) -> list[dict[str, Any]]:
+    """The ownerReference to a trainer job's ConfigMap, the root of its objects."""
+    return [{"apiVersion": "v1", "kind": "ConfigMap", "name": spec_config_map_name(job_id), "uid": uid}]
+
+
+_CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                       "readOnlyRootFilesystem": True, "runAsNonRoot": True, "privileged": False}
+_POD_SECURITY = {"runAsNonRoot": True, "runAsUser": RUN_AS_ID, "runAsGroup": RUN_AS_ID, "fsGroup": RUN_AS_ID,
+                 "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def trainer_pod(job_id: str, node: Mapping[str, Any], *, argv: Sequence[str], env: Mapping[str, str], image: str,
+                grace_s: float, placement: Placement, owner: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pod of one node of a trainer of the user's (see the module docstring): ``argv`` and
+    ``env`` are the contract's (``launchers.contract``)."""
+    role, index = node["role"], int(node["index"])
+    name = (ps_name if role == "ps" else worker_name)(job_id, index)
+    variables = [{"name": k, "value": v} for k, v in env.items() if k != "DLROVER_JOB_KEY"]
+    variables.append({"name": "DLROVER_JOB_KEY",
+                      "valueFrom": {"secretKeyRef": {"name": authkey_secret_name(job_id), "key": "authkey"}}})
+    container = {
+        "name": role, "image": image, "command": list(argv), "env": variables,
+        "resources": container_resources(node["cpu"], node.get("memory_mb"), node.get("gpu", 0)),
+        "securityContext": dict(_CONTAINER_SECURITY),
+        "ports": [{"name": "peer", "containerPort": TRAINER_PORT, "protocol": "TCP"}]
+        + ([{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"}] if role == "worker" else []),
+        "volumeMounts": [{"name": "job", "mountPath": JOB_DIR, "subPath": job_id}, {"name": "tmp", "mountPath": "/tmp"}],
+    }
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": int(math.ceil(grace_s)), "securityContext": dict(_POD_SECURITY),
+        "hostname": name, "subdomain": trainer_service_name(job_id), "containers": [container],
+        "volumes": [{"name": "job", "persistentVolumeClaim": {"claimName": placement.volume_claim}},
+                    {"name": "tmp", "emptyDir": {}}],
+    }
+    if placement.service_account:
+        spec["serviceAccountName"] = placement.service_account
+    if placement.node_selector:
+        spec["nodeSelector"] = dict(placement.node_selector)
+    if placement.tolerations:
+        spec["tolerations"] = [dict(t) for t in placement.tolerations]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": _metadata(name, placement.namespace,
+                                                                     _labels(job_id, role, index), owner), "spec": spec}
+
+
+def trainer_objects(spec: JobSpec, placement: Placement, owner: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A trainer job's Secret, headless Service and NetworkPolicy (its ConfigMap comes first)."""
+    job, namespace = spec.job_id, placement.namespace
+    everyone = {"podSelector": {"matchLabels": {LABEL_JOB: job}}}
+    dns = {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                   "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+           "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
+    storage = {"ports": [{"port": port, "protocol": "TCP"} for port in STORAGE_EGRESS_PORTS]}
+    return [
+        {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+         "metadata": _metadata(authkey_secret_name(job), namespace, _labels(job, "trainer", "all"), owner),
+         "data": {"authkey": base64.b64encode(spec.authkey.encode()).decode()}},
+        {"apiVersion": "v1", "kind": "Service",
+         "metadata": _metadata(trainer_service_name(job), namespace, _labels(job, "trainer", "all"), owner),
+         "spec": {"clusterIP": "None", "selector": {LABEL_JOB: job}, "publishNotReadyAddresses": True,
+                  "ports": [{"name": "peer", "port": TRAINER_PORT, "targetPort": "peer", "protocol": "TCP"}]}},
+        {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+         "metadata": _metadata(network_policy_name(job, "trainer"), namespace, _labels(job, "trainer", "all"), owner),
+         "spec": {"podSelector": {"matchLabels": {LABEL_JOB: job}}, "policyTypes": ["Ingress", "Egress"],
+                  "ingress": [{"from": [everyone]}], "egress": [{"to": [everyone]}, dns, storage]}},
+    ]
+
+
+def trainer_config_map(spec: JobSpec, placement: Placement, record: Mapping[str, Any]) -> dict[str, Any]:
+    """A trainer job's ConfigMap: its spec (key blanked) and the launcher's record; the root object."""
+    data = {"spec.json": dataclasses.replace(spec, authkey="").to_json(), "job.json": json.dumps(record, sort_keys=True)}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "data": data,
+            "metadata": _metadata(spec_config_map_name(spec.job_id), placement.namespace,
+                                  _labels(spec.job_id, "trainer", "all"), None)}
+
+
 def node_pod(
     job_id: str, role: str, index: int, *, cpu: float, memory_mb: float | None, gpu: int = 0, ps_count: int = 1,
     placement: Placement, master_uid: str | None = None,
@@ -312,13 +412,7 @@ def node_pod(
             {"name": AUTHKEY_ENV, "valueFrom": {"secretKeyRef": {"name": authkey_secret_name(job_id), "key": "authkey"}}},
         ],
         "resources": container_resources(cpu, memory_mb, gpu),
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "privileged": False,
-        },
+        "securityContext": dict(_CONTAINER_SECURITY),
         "volumeMounts": [
             {"name": "job", "mountPath": JOB_DIR, "subPath": job_id},
             {"name": "spec", "mountPath": f"{JOB_DIR}/spec.json", "subPath": "spec.json", "readOnly": True},
@@ -348,10 +442,7 @@ def node_pod(
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,  # the runtime never calls the Kubernetes API
         "enableServiceLinks": False,  # no *_SERVICE_HOST variables from every Service of the namespace
-        "securityContext": {
-            "runAsNonRoot": True, "runAsUser": RUN_AS_ID, "runAsGroup": RUN_AS_ID, "fsGroup": RUN_AS_ID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": dict(_POD_SECURITY),
         "containers": [container],
         "volumes": volumes,
     }

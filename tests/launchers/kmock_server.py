@@ -77,7 +77,23 @@ class LabelSelectingEmulator(kmock.KubernetesEmulator):
                 continue
             yield ev
 
+    #: pod name → its container's log (a pod's log starts empty when the pod is created)
+    pod_logs: dict
+
     async def _handle(self, request):
+        import aiohttp.web
+
+        logs = self.__dict__.setdefault("pod_logs", {})
+        path = request.url.path
+        if request.method == kmock.method.GET and re.fullmatch(r"/api/v1/namespaces/[^/]+/pods/[^/]+/log", path):
+            name = path.split("/")[-2]
+            if name not in logs:
+                return aiohttp.web.json_response({"kind": "Status", "status": "Failure", "code": 404,
+                                                  "reason": "NotFound"}, status=404)
+            return aiohttp.web.Response(text=logs[name], content_type="text/plain")
+        if (request.action == kmock.action.CREATE and isinstance(request.data, dict)
+                and re.fullmatch(r"/api/v1/namespaces/[^/]+/pods", path)):
+            logs[request.data.get("metadata", {}).get("name")] = ""
         if (request.action == kmock.action.CREATE and request.resource is not None
                 and isinstance(request.data, dict)):
             # kmock stores the body verbatim. Fill what a real apiserver would: without
@@ -294,6 +310,66 @@ class Kubelet:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"pods {names} not {what}: {phases}")
             time.sleep(self.poll_s)
+
+
+class TrainerDouble:
+    """Plays a trainer of the user's in the pods of ``job_id`` (and metrics-server for them): every
+    ``poll_s`` each running worker pod's log gets one report line (docs/trainers.md) of
+    ``rate_per_core`` × its ``DLROVER_CPU`` samples/s, and its PodMetrics say it uses 90 % of its
+    CPU limit and 300 MiB. The job's ``samples_done`` is the sum since the group's start plus what
+    the last group reached (its "checkpoint")."""
+
+    METRICS = "metrics.k8s.io/v1beta1/pods"
+
+    def __init__(self, server: "KmockThread", v1, namespace: str, job_id: str, rate_per_core: float = 1000.0,
+                 total: int = 10**9, poll_s: float = 0.1):
+        self.server, self.v1, self.namespace, self.job_id = server, v1, namespace, job_id
+        self.rate_per_core, self.total, self.poll_s = rate_per_core, total, poll_s
+        self.done = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trainer", daemon=True)
+
+    def __enter__(self) -> "TrainerDouble":
+        self.server.call(lambda: setattr(self.server.emulator.resources[self.METRICS], "kind", "PodMetrics"))
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.server.call(lambda: self.server.emulator.resources.pop(self.METRICS, None))
+
+    def _run(self) -> None:
+        from kubernetes import client
+
+        custom = client.CustomObjectsApi(self.v1.api_client)
+        while not self._stop.wait(self.poll_s):
+            try:
+                pods = self.v1.list_namespaced_pod(self.namespace, label_selector=f"dlrover.io/job={self.job_id}").items
+            except Exception:  # the server is shutting down
+                continue
+            for pod in pods:
+                if not pod.status or pod.status.phase != "Running" or pod.metadata.deletion_timestamp:
+                    continue
+                env = {e.name: e.value for e in pod.spec.containers[0].env or []}
+                cpu = float(env.get("DLROVER_CPU", "1"))
+                if env.get("DLROVER_ROLE") == "worker":
+                    rate = self.rate_per_core * cpu
+                    self.done = min(self.total, self.done + rate * self.poll_s)
+                    line = json.dumps({"throughput": rate, "samples_done": int(self.done), "samples_total": self.total})
+                    name = pod.metadata.name
+                    self.server.call(lambda n=name, l=line: self.server.emulator.pod_logs.__setitem__(
+                        n, self.server.emulator.pod_logs.get(n, "") + "step done\n" + l + "\n"))
+                body = {"apiVersion": "metrics.k8s.io/v1beta1", "kind": "PodMetrics",
+                        "metadata": {"name": pod.metadata.name, "namespace": self.namespace,
+                                     "labels": {"dlrover.io/job": self.job_id}},
+                        "timestamp": _now(), "window": "15s",
+                        "containers": [{"name": "main", "usage": {"cpu": f"{int(900 * cpu)}m", "memory": "300Mi"}}]}
+                try:
+                    custom.create_namespaced_custom_object("metrics.k8s.io", "v1beta1", self.namespace, "pods", body)
+                except Exception:  # already there: refresh it
+                    custom.patch_namespaced_custom_object("metrics.k8s.io", "v1beta1", self.namespace, "pods",
+                                                          pod.metadata.name, body)
 
 
 class RecordingMaster:

@@ -18,7 +18,7 @@ def env_of(trainer, config, node, **extra):
     peers = {name: f"10.0.0.{i}:{2000 + i}" for i, name in enumerate(names)}
     return node_env(job_id="j", trainer=trainer, config=config, node=node, samples=1000, peers=peers,
                     rendezvous=("10.0.0.9", 29400), checkpoint_dir="/ck", metrics_file="/m/w.jsonl",
-                    generation=2, **extra)
+                    generation=2, job_key="s3cret", **extra)
 
 
 def test_an_allreduce_rank_gets_the_torch_variables_and_its_allocation():
