@@ -287,6 +287,18 @@ def cmd_profile(args: argparse.Namespace) -> None:
     print(f"wrote {len(table)} samples to {out}; job folder (logs): {jobs / spec.job_id}")
 
 
+def _add_configuration(parser: argparse.ArgumentParser, ps: int) -> None:
+    """The configuration a job runs on (``train``, ``run-trainer``)."""
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--ps", type=int, default=ps, help="parameter servers (0: an all-reduce job)")
+    parser.add_argument("--worker-cpu", type=float, default=1.0)
+    parser.add_argument("--ps-cpu", type=float, default=0.5)
+    parser.add_argument("--worker-memory", default="2Gi")
+    parser.add_argument("--ps-memory", default="1Gi")
+    parser.add_argument("--worker-gpu", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=512)
+
+
 def _add_trainer(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kind", choices=("allreduce", "ps"), default=None,
                         help="allreduce (torch.distributed, no PS: the group restarts as one) or ps (default: by --ps)")
@@ -377,14 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_probes)
 
     p = sub.add_parser("train", help="run a training job with the local launcher")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--ps", type=int, default=1)
-    p.add_argument("--worker-cpu", type=float, default=1.0)
-    p.add_argument("--ps-cpu", type=float, default=0.5)
-    p.add_argument("--worker-memory", default="2Gi")
-    p.add_argument("--ps-memory", default="1Gi")
-    p.add_argument("--worker-gpu", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=512)
+    _add_configuration(p, ps=1)
     p.add_argument("--samples", type=int, default=None,
                    help="samples to train (default: 2,000,000 synthetic; every training row of a dataset)")
     p.add_argument("--shard-size", type=int, default=8192)
@@ -407,14 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("run-trainer", help="run a trainer of your own under the contract (docs/trainers.md)")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--ps", type=int, default=0)
-    p.add_argument("--worker-cpu", type=float, default=1.0)
-    p.add_argument("--ps-cpu", type=float, default=0.5)
-    p.add_argument("--worker-memory", default="2Gi")
-    p.add_argument("--ps-memory", default="1Gi")
-    p.add_argument("--worker-gpu", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=512)
+    _add_configuration(p, ps=0)
     p.add_argument("--inject", action="append", default=[], help="fault, e.g. kill-worker@20s (repeatable)")
     p.add_argument("--resize", action="append", default=[], metavar="T:COLUMN=VALUE,…",
                    help="resize (a group restart) at T, e.g. 30s:workers=1,worker_cpu=1 (repeatable)")

@@ -14,8 +14,9 @@ os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 DAGS_FOLDER = Path(os.environ["AIRFLOW_HOME"]) / "dags"
 DAGS_FOLDER.mkdir(parents=True, exist_ok=True)
 shutil.copy(Path(__file__).parents[1] / "dags" / "dlrm_daily_retrain.py", DAGS_FOLDER)
-#: an example trainer's DAG runs beside its trainer (examples/ddp_dlrm: dag.py and train.py)
-shutil.copytree(Path(__file__).parents[1] / "examples" / "ddp_dlrm", DAGS_FOLDER / "ddp_dlrm", dirs_exist_ok=True)
+#: an example trainer's DAG runs beside its trainer (examples/<name>: dag.py and train.py)
+for example in ("ddp_dlrm", "ps_dlrm"):
+    shutil.copytree(Path(__file__).parents[1] / "examples" / example, DAGS_FOLDER / example, dirs_exist_ok=True)
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(DAGS_FOLDER)
 
 

@@ -282,9 +282,15 @@ class Launcher:
             reports[name] = {**node_report(parse_reports(text, trainer.log_regex, written_at=mtime)), "role": node["role"]}
         return reports
 
-    def trainer_metrics(self, job_id: str, record: dict[str, Any]) -> dict[str, Any]:
-        """A trainer's answer in the shape of our master's ``/metrics``: per-node reports, the
-        job's throughput and progress."""
+    def _job_metrics(self, job_id: str, record: dict[str, Any]) -> dict[str, Any]:
+        """The master's ``/metrics`` (an unreachable master: none), or a trainer's answer in its
+        shape: per-node reports, the job's throughput and progress. ``metrics`` adds the usage."""
+        if not record.get("trainer"):
+            try:
+                return self.master_call(job_id, "/metrics", timeout=C.MASTER_POLL_TIMEOUT_S)
+            except ConnectionError:
+                return {"throughput": 0.0, "nodes": {}, "status": None}
+        record = self.read_job(job_id)
         reports = self._trainer_reports(job_id, record)
         status = job_progress(reports, {n: node["state"] for n, node in record["nodes"].items()})
         return {"throughput": status["throughput"], "nodes": reports, "status": status}

@@ -503,13 +503,7 @@ class KubernetesLauncher(Launcher):
         from kubernetes.utils import parse_quantity
 
         record = self._record(job_id)
-        if record.get("trainer"):
-            metrics = self.trainer_metrics(job_id, self.read_job(job_id))
-        else:
-            try:
-                metrics = self.master_call(job_id, "/metrics", timeout=C.MASTER_POLL_TIMEOUT_S)
-            except ConnectionError:
-                metrics = {"throughput": 0.0, "nodes": {}, "status": None}
+        metrics = self._job_metrics(job_id, record)
         by_pod = {n["pod"]: n for n in record["nodes"].values() if n.get("state") != STOPPED}
         usage = {}
         try:

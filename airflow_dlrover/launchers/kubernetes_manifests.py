@@ -311,6 +311,18 @@ def config_map_owner(uid: str, job_id: str) -> list[dict[str, Any]]:
     return [{"apiVersion": "v1", "kind": "ConfigMap", "name": spec_config_map_name(job_id), "uid": uid}]
 
 
+def _scheduling(placement: Placement) -> dict[str, Any]:
+    """The pod spec fields of ``placement``: service account, node selector, tolerations."""
+    fields: dict[str, Any] = {}
+    if placement.service_account:
+        fields["serviceAccountName"] = placement.service_account
+    if placement.node_selector:
+        fields["nodeSelector"] = dict(placement.node_selector)
+    if placement.tolerations:
+        fields["tolerations"] = [dict(t) for t in placement.tolerations]
+    return fields
+
+
 _CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                        "readOnlyRootFilesystem": True, "runAsNonRoot": True, "privileged": False}
 _POD_SECURITY = {"runAsNonRoot": True, "runAsUser": RUN_AS_ID, "runAsGroup": RUN_AS_ID, "fsGroup": RUN_AS_ID,
@@ -341,12 +353,7 @@ def trainer_pod(job_id: str, node: Mapping[str, Any], *, argv: Sequence[str], en
         "volumes": [{"name": "job", "persistentVolumeClaim": {"claimName": placement.volume_claim}},
                     {"name": "tmp", "emptyDir": {}}],
     }
-    if placement.service_account:
-        spec["serviceAccountName"] = placement.service_account
-    if placement.node_selector:
-        spec["nodeSelector"] = dict(placement.node_selector)
-    if placement.tolerations:
-        spec["tolerations"] = [dict(t) for t in placement.tolerations]
+    spec.update(_scheduling(placement))
     return {"apiVersion": "v1", "kind": "Pod", "metadata": _metadata(name, placement.namespace,
                                                                      _labels(job_id, role, index), owner), "spec": spec}
 
@@ -449,12 +456,7 @@ def node_pod(
     if role == "ps":
         spec["hostname"] = name
         spec["subdomain"] = ps_service_name(job_id)
-    if placement.service_account:
-        spec["serviceAccountName"] = placement.service_account
-    if placement.node_selector:
-        spec["nodeSelector"] = dict(placement.node_selector)
-    if placement.tolerations:
-        spec["tolerations"] = [dict(t) for t in placement.tolerations]
+    spec.update(_scheduling(placement))
     owner = None if role == "master" else owner_references(master_uid, job_id)
     metadata = _metadata(name, namespace, _labels(job_id, role, index), owner)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}

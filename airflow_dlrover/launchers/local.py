@@ -284,13 +284,7 @@ class LocalLauncher(Launcher):
     def metrics(self, job_id: str) -> dict[str, Any]:
         """The master's metrics plus each node's cgroup usage (CPU seconds, memory)."""
         job = self._record(job_id)
-        if job.get("trainer"):
-            metrics = self.trainer_metrics(job_id, self.read_job(job_id))
-        else:
-            try:
-                metrics = self.master_call(job_id, "/metrics", timeout=C.MASTER_POLL_TIMEOUT_S)
-            except ConnectionError:
-                metrics = {"throughput": 0.0, "nodes": {}, "status": None}
+        metrics = self._job_metrics(job_id, job)
         usage = {}
         for name, node in job["nodes"].items():
             if node.get("state") == STOPPED:

@@ -68,3 +68,29 @@ def test_a_trainer_that_never_reports_is_refused_after_its_report_timeout(tmp_pa
         assert not any(r.get("action") == "relaunch" for r in records)
     finally:
         launcher.stop("mute")
+
+
+def test_a_retried_launch_adopts_the_running_trainer_and_stop_leaves_nothing(tmp_path):
+    """A second launcher process (an Airflow retry) finds the group running and adopts it: no
+    second copy; stop removes every process and cgroup."""
+    import time
+
+    from airflow_dlrover.launchers.cgroups import CgroupManager
+
+    reporting = ("import json, os, time\n"  # braces doubled: the argv's placeholders are {name}
+
+                 "while True:\n"
+                 "    open(os.environ['DLROVER_METRICS_FILE'], 'a').write(json.dumps({{'throughput': 1.0}}) + '\\n')\n"
+                 "    time.sleep(0.2)\n")
+    spec = trainer_spec("adopt", [sys.executable, "-c", reporting])
+    first = LocalLauncher(tmp_path / "jobs")
+    first.launch(spec, TWO)
+    pids = {n: node["pid"] for n, node in first.read_job("adopt")["nodes"].items()}
+    again = LocalLauncher(tmp_path / "jobs")
+    assert again.launch(spec, TWO) == "adopt"
+    assert {n: node["pid"] for n, node in again.read_job("adopt")["nodes"].items()} == pids
+    time.sleep(0.5)
+    assert again.progress("adopt")["throughput"] == 2.0  # both workers' reports
+    again.stop("adopt")
+    assert all(s.state == "stopped" for s in first.status("adopt"))
+    assert not list(CgroupManager().groups("adopt"))

@@ -1,0 +1,118 @@
+"""Trainers of the user's (examples/ddp_dlrm, examples/ps_dlrm) through the launcher, measured (run
+alone: the machine is small).
+
+    python benchmarks/trainers.py [--examples ddp_dlrm ps_dlrm] [--quota-cpu 2] [--out DIR]
+
+For each example, in one run:
+
+1. **profile**: the designed probes under the quota (all-reduce ones for ddp_dlrm, PS ones for
+   ps_dlrm) through the local launcher, one bounded window each; the model fitted on them and
+   its leave-one-configuration-out MAPE (the out-of-sample error ``dlrover-rm fit`` reports);
+2. **restart cost**: every group restart the profile made (SIGTERM → first report of every new
+   worker), against what the controller charges a resize (their median,
+   ``Launcher.restart_cost_s``) and the default it would charge without them;
+3. **JCT**: the same job (``--samples``) trained on the plan and on the example's default
+   configuration (the quota split evenly, as a user would), each from a fresh checkpoint; the
+   wall time of each, the plan's predicted against its measured throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from airflow_dlrover.launchers.contract import TrainerSpec
+from airflow_dlrover.launchers.local import LocalLauncher
+from airflow_dlrover.launchers.profiling import profile_job
+from airflow_dlrover.launchers.run import run_job
+from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover.optimizer.job_model import fit_job_model
+from airflow_dlrover.optimizer.planner import plan
+from airflow_dlrover.optimizer.probes import design_probes
+from airflow_dlrover.optimizer.types import Configuration, Quota
+from airflow_dlrover.runtime.spec import JobSpec
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+#: (kind, the default configuration a user would write for a 2-core quota, samples to train)
+SETUPS = {
+    "ddp_dlrm": ("allreduce", Configuration(2, 0, 1.0, 0.0, 1024, 0), 12_000_000),
+    "ps_dlrm": ("ps", Configuration(2, 2, 0.5, 0.5, 1024, 1024), 600_000),
+}
+
+
+def spec(example: str, job_id: str, samples: int) -> JobSpec:
+    kind = SETUPS[example][0]
+    trainer = TrainerSpec(command=(sys.executable, str(EXAMPLES / example / "train.py")), kind=kind, grace_s=20)
+    return JobSpec(job_id=job_id, samples=samples, batch_size=512, trainer=trainer.to_dict())
+
+
+def measure(example: str, quota: Quota, window_s: float, out: Path) -> dict:
+    kind, default, samples = SETUPS[example]
+    launcher = LocalLauncher(out / "jobs")
+    probes = design_probes(quota, batch_size=512, allreduce=kind == "allreduce")
+    job = spec(example, f"{example.replace('_', '-')}-profile", samples * 100)  # never finishes while profiling
+    started = time.monotonic()
+    try:
+        table = profile_job(launcher, job, probes, window_s=window_s)
+        restarts = [e["restart_s"] for e in launcher.read_job(job.job_id)["events"] if e.get("event") == "restart"]
+        charged = launcher.restart_cost_s(job.job_id)
+    finally:
+        launcher.stop(job.job_id)
+    profile_s = time.monotonic() - started
+    table.to_csv(out / f"{example}-profile.csv", index=False)
+    model = fit_job_model(table)
+    chosen = plan(model.throughput, model.memory, quota, "throughput", samples=samples)
+    runs = {}
+    for name, config in (("plan", chosen.config), ("default", default)):
+        summary = run_job(launcher, spec(example, f"{example.replace('_', '-')}-{name}", samples), config, out / name,
+                          timeout_s=1800)
+        runs[name] = {"config": config.describe(), "wall_s": summary["wall_s"],
+                      "median_throughput": summary["median_throughput"], "samples_done": summary["samples_done"]}
+    return {
+        "example": example, "probes": len(probes), "measured": len(table), "profile_s": profile_s,
+        "loco_mape": model.throughput.report.out_of_sample_mape, "in_sample_mape": model.throughput.report.in_sample_mape,
+        "restart_s": restarts, "charged_s": charged,
+        "default_charge_s": C.ALLREDUCE_RESIZE_COST_S if kind == "allreduce" else C.PS_RESIZE_COST_S,
+        "predicted": chosen.predicted_throughput, "runs": runs,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--examples", nargs="+", default=sorted(SETUPS), choices=sorted(SETUPS))
+    parser.add_argument("--quota-cpu", type=float, default=2.0)
+    parser.add_argument("--quota-memory", default="4Gi")
+    parser.add_argument("--window", type=float, default=C.TRAINER_PROBE_WINDOW_S)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    out = Path(args.out or tempfile.mkdtemp(prefix="trainers-"))
+    quota = Quota.parse(args.quota_cpu, args.quota_memory)
+    results = [measure(example, quota, args.window, out) for example in args.examples]
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    rows = []
+    for r in results:
+        plan_run, default_run = r["runs"]["plan"], r["runs"]["default"]
+        rows.append({
+            "example": r["example"], "probes": f"{r['measured']}/{r['probes']}", "profile s": round(r["profile_s"]),
+            "LOCO MAPE": f"{r['loco_mape']:.1%}" if r["loco_mape"] is not None else "—",
+            "restarts s (median)": f"{statistics.median(r['restart_s']):.1f} of {len(r['restart_s'])}",
+            "charged s": f"{r['charged_s']:.1f} (default {r['default_charge_s']:.0f})",
+            "plan": plan_run["config"], "plan JCT s": round(plan_run["wall_s"]),
+            "plan + profile s (bound)": round(plan_run["wall_s"] + r["profile_s"]),
+            "default": default_run["config"], "default JCT s": round(default_run["wall_s"]),
+            "JCT ratio": f"{plan_run['wall_s'] / default_run['wall_s']:.2f}",
+            "predicted / measured": f"{r['predicted']:,.0f} / {plan_run['median_throughput']:,.0f}",
+        })
+    print(pd.DataFrame(rows).T.to_string(header=False))
+    print(f"\nresults: {out / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()
