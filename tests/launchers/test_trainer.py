@@ -78,7 +78,6 @@ def test_a_retried_launch_adopts_the_running_trainer_and_stop_leaves_nothing(tmp
     from airflow_dlrover.launchers.cgroups import CgroupManager
 
     reporting = ("import json, os, time\n"  # braces doubled: the argv's placeholders are {name}
-
                  "while True:\n"
                  "    open(os.environ['DLROVER_METRICS_FILE'], 'a').write(json.dumps({{'throughput': 1.0}}) + '\\n')\n"
                  "    time.sleep(0.2)\n")
