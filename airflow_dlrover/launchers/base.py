@@ -272,15 +272,16 @@ class Launcher:
         return statistics.median(measured) if measured else C.TRAINER_RESTART_COST_S
 
     def _trainer_reports(self, job_id: str, record: dict[str, Any]) -> dict[str, dict[str, Any]]:
-        """Each running or finished node's :func:`contract.node_report`, with its ``role``."""
+        """Each running or finished node's report, with its ``role``."""
+        return {name: {**self._node_report(job_id, node), "role": node["role"]}
+                for name, node in record["nodes"].items() if node.get("state") != STOPPED}
+
+    def _node_report(self, job_id: str, node: dict[str, Any]) -> dict[str, Any]:
+        """A trainer node's reports since its start (:func:`contract.node_report`), from its metrics
+        file or, with ``log_regex``, its log."""
         trainer = self.trainer(job_id)
-        reports = {}
-        for name, node in record["nodes"].items():
-            if node.get("state") == STOPPED:
-                continue
-            text, mtime = self._read_output(job_id, node, log=bool(trainer.log_regex))
-            reports[name] = {**node_report(parse_reports(text, trainer.log_regex, written_at=mtime)), "role": node["role"]}
-        return reports
+        text, mtime = self._read_output(job_id, node, log=bool(trainer.log_regex))
+        return node_report(parse_reports(text, trainer.log_regex, written_at=mtime))
 
     def _job_metrics(self, job_id: str, record: dict[str, Any]) -> dict[str, Any]:
         """The master's ``/metrics`` (an unreachable master: none), or a trainer's answer in its
@@ -304,8 +305,7 @@ class Launcher:
                 continue
             if node["state"] == FAILED and node.get("exit_code") == C.USER_ERROR_EXIT_CODE:
                 continue
-            text, mtime = self._read_output(job_id, node, log=bool(trainer.log_regex))
-            if parse_reports(text, trainer.log_regex, written_at=mtime):
+            if self._node_report(job_id, node)["reports"]:
                 continue
             source = f"log lines matching {trainer.log_regex!r}" if trainer.log_regex else "DLROVER_METRICS_FILE"
             if node["state"] in (FAILED, SUCCEEDED):
