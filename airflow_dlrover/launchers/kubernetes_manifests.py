@@ -323,10 +323,16 @@ def _scheduling(placement: Placement) -> dict[str, Any]:
     return fields
 
 
-_CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                       "readOnlyRootFilesystem": True, "runAsNonRoot": True, "privileged": False}
-_POD_SECURITY = {"runAsNonRoot": True, "runAsUser": RUN_AS_ID, "runAsGroup": RUN_AS_ID, "fsGroup": RUN_AS_ID,
-                 "seccompProfile": {"type": "RuntimeDefault"}}
+def _container_security() -> dict[str, Any]:
+    """A container's security context (a new dict each time: callers may change theirs)."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True, "privileged": False}
+
+
+def _pod_security() -> dict[str, Any]:
+    """A pod's security context (a new dict each time)."""
+    return {"runAsNonRoot": True, "runAsUser": RUN_AS_ID, "runAsGroup": RUN_AS_ID, "fsGroup": RUN_AS_ID,
+            "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def trainer_pod(job_id: str, node: Mapping[str, Any], *, argv: Sequence[str], env: Mapping[str, str], image: str,
@@ -341,14 +347,14 @@ def trainer_pod(job_id: str, node: Mapping[str, Any], *, argv: Sequence[str], en
     container = {
         "name": role, "image": image, "command": list(argv), "env": variables,
         "resources": container_resources(node["cpu"], node.get("memory_mb"), node.get("gpu", 0)),
-        "securityContext": dict(_CONTAINER_SECURITY),
+        "securityContext": _container_security(),
         "ports": [{"name": "peer", "containerPort": TRAINER_PORT, "protocol": "TCP"}]
         + ([{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"}] if role == "worker" else []),
         "volumeMounts": [{"name": "job", "mountPath": JOB_DIR, "subPath": job_id}, {"name": "tmp", "mountPath": "/tmp"}],
     }
     spec: dict[str, Any] = {
         "restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": int(math.ceil(grace_s)), "securityContext": dict(_POD_SECURITY),
+        "terminationGracePeriodSeconds": int(math.ceil(grace_s)), "securityContext": _pod_security(),
         "hostname": name, "subdomain": trainer_service_name(job_id), "containers": [container],
         "volumes": [{"name": "job", "persistentVolumeClaim": {"claimName": placement.volume_claim}},
                     {"name": "tmp", "emptyDir": {}}],
@@ -419,7 +425,7 @@ def node_pod(
             {"name": AUTHKEY_ENV, "valueFrom": {"secretKeyRef": {"name": authkey_secret_name(job_id), "key": "authkey"}}},
         ],
         "resources": container_resources(cpu, memory_mb, gpu),
-        "securityContext": dict(_CONTAINER_SECURITY),
+        "securityContext": _container_security(),
         "volumeMounts": [
             {"name": "job", "mountPath": JOB_DIR, "subPath": job_id},
             {"name": "spec", "mountPath": f"{JOB_DIR}/spec.json", "subPath": "spec.json", "readOnly": True},
@@ -449,7 +455,7 @@ def node_pod(
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,  # the runtime never calls the Kubernetes API
         "enableServiceLinks": False,  # no *_SERVICE_HOST variables from every Service of the namespace
-        "securityContext": dict(_POD_SECURITY),
+        "securityContext": _pod_security(),
         "containers": [container],
         "volumes": volumes,
     }

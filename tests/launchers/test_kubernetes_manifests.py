@@ -475,3 +475,15 @@ def test_a_dataset_index_too_big_for_the_configmap_is_refused_naming_the_dataset
         "fragment_file", "fragment_locator", "fragment_length", "fragment_rows", "fragment_first_row")}))
     assert any(o["kind"] == "ConfigMap" for o in km.job_objects(
         small, km.Placement(namespace="training", image="registry.example/airflow-dlrover:0.1.0"), None))
+
+
+def test_a_rendered_pod_shares_nothing_with_the_next():
+    """Changing one pod's security context (as a caller or a mutating webhook may) leaves the next
+    pod's as rendered."""
+    placement = km.Placement("ns", "img:1")
+    first = km.node_pod("j", "worker", 0, cpu=1, memory_mb=1024, placement=placement)
+    first["spec"]["containers"][0]["securityContext"]["capabilities"]["drop"].clear()
+    first["spec"]["securityContext"]["seccompProfile"]["type"] = "Unconfined"
+    second = km.node_pod("j", "worker", 1, cpu=1, memory_mb=1024, placement=placement)
+    assert second["spec"]["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert second["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}

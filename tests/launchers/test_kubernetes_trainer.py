@@ -60,6 +60,19 @@ def requests_since(server, mark):
             for r in list(server.emulator)[mark:]]
 
 
+def wait_reported(launcher, workers, timeout_s=10.0):
+    """Until every worker of the job has reported (the double's trainer writes a line each poll)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        reports = launcher.metrics(JOB)["nodes"]
+        if sum(1 for r in reports.values() if r.get("reports")) >= workers:
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"the workers did not report within {timeout_s:g} s")
+
+
 def test_a_trainer_runs_as_pods_of_its_image_with_the_contract(server, cluster):
     launcher, kubelet, trainer, v1 = cluster
     mark = len(list(server.emulator))
@@ -94,11 +107,7 @@ def test_a_trainer_runs_as_pods_of_its_image_with_the_contract(server, cluster):
         assert key == {"name": "DLROVER_JOB_KEY", "valueFrom": {"secretKeyRef": {"name": f"{JOB}-authkey", "key": "authkey"}}}
     # the reports come from the pods' logs, the usage from the metrics API
     kubelet.wait_running([f"{JOB}-worker-0", f"{JOB}-worker-1"])
-    import time
-
-    deadline = time.monotonic() + 10
-    while launcher.progress(JOB)["throughput"] < 2999 and time.monotonic() < deadline:  # both have reported
-        time.sleep(0.1)
+    wait_reported(launcher, 2)
     progress = launcher.progress(JOB)
     assert progress["state"] == "training" and progress["throughput"] == pytest.approx(3000.0)
     usage = launcher.metrics(JOB)["usage"]
@@ -139,9 +148,7 @@ def test_an_oom_killed_worker_relaunches_the_group_with_more_memory_once(server,
     launcher, kubelet, trainer, v1 = cluster
     launcher.launch(spec(), TWO)
     kubelet.wait_running([f"{JOB}-worker-0", f"{JOB}-worker-1"])
-    import time
-
-    time.sleep(0.5)  # it reported: a failure from now on is the cluster's
+    wait_reported(launcher, 2)  # a failure from now on is the cluster's
     kubelet.set_status(f"{JOB}-worker-1", {"phase": "Failed", "containerStatuses": [{
         "name": "worker", "image": IMAGE, "imageID": "", "ready": False, "restartCount": 0,
         "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]})
