@@ -35,6 +35,7 @@ from airflow_dlrover.optimizer.types import (
     OBJECTIVES,
     FaultKind,
     InvalidInputError,
+    JobFailed,
     Quota,
     parse_duration_s,
     parse_faults,
@@ -464,8 +465,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the command's ``func``; a user mistake prints one line, exit status 2."""
-    from airflow_dlrover.launchers.run import JobFailed
-
     args = parser.parse_args(argv)
     try:
         args.func(args)

@@ -258,8 +258,7 @@ class Launcher:
         trainer's reports (:func:`contract.job_progress`)."""
         if self.trainer(job_id) is None:
             return self.master_call(job_id, "/status", timeout=timeout)
-        record = self.read_job(job_id)
-        return job_progress(self._trainer_reports(job_id, record), {n: node["state"] for n, node in record["nodes"].items()})
+        return self._job_metrics(job_id, self._record(job_id))["status"]
 
     def restart_cost_s(self, job_id: str) -> float | None:
         """What a resize costs a trainer of the user's, which every resize restarts: the median of

@@ -28,7 +28,7 @@ from airflow_dlrover.launchers.watch import WINDOW_S, JobMeter
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.controller import ControllerState, Fail, Observation, step
 from airflow_dlrover.optimizer.types import (
-    CONFIG_COLUMNS, SAMPLE_TABLE_COLUMNS, Configuration, Fault, FaultKind, InvalidInputError,
+    CONFIG_COLUMNS, SAMPLE_TABLE_COLUMNS, Configuration, Fault, FaultKind, InvalidInputError, JobFailed,
 )
 from airflow_dlrover.runtime.spec import JobSpec
 
@@ -39,10 +39,6 @@ SLOW_WORKER_CPU_FRACTION = 0.25  # slow-worker cuts the worker's CPU quota to th
 #: hottest ids takes ~2× the lookups of the others at p = 2 (data.py's measurement at skew 2.0:
 #: the busiest of 8 PS serves 64 % of the lookups)
 HOT_PS_SKEW = 2.0
-
-
-class JobFailed(RuntimeError):
-    """The controller failed the job on a mistake no retry fixes (``Fail(retryable=False)``)."""
 
 
 def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: Path,

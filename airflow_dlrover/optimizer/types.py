@@ -55,6 +55,10 @@ class InvalidInputError(ValueError):
         return (type(self), (self.field, self.value, self.allowed, self.detail))
 
 
+class JobFailed(RuntimeError):
+    """The controller failed the job on a mistake no retry fixes (``Fail(retryable=False)``)."""
+
+
 class InfeasibleQuotaError(InvalidInputError):
     """No configuration fits the quota; ``minimum`` says what the smallest one needs."""
 
