@@ -224,9 +224,21 @@ def _trainer_spec(args: argparse.Namespace, job_id: str, samples: int | None, ba
     if not command:
         raise InvalidInputError("COMMAND", "", "the trainer's argv after `--`, e.g. -- python train.py")
     trainer = TrainerSpec(command=tuple(command), kind=args.kind or ("ps" if args.ps else "allreduce"),
-                          log_regex=args.log_regex or "", grace_s=args.grace, report_timeout_s=args.report_timeout,
-                          workdir=os.getcwd())
+                          log_regex=args.log_regex or "", metrics_port=args.metrics_port, metrics_path=args.metrics_path,
+                          metrics_names=_pairs("metrics-name", args.metrics_name), grace_s=args.grace,
+                          report_timeout_s=args.report_timeout, workdir=os.getcwd())
     return JobSpec(job_id=job_id, samples=samples, batch_size=batch_size, trainer=trainer.to_dict())
+
+
+def _pairs(option: str, items: list[str]) -> dict[str, str]:
+    """``key=value`` arguments as a mapping."""
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not key or not sep or not value:
+            raise InvalidInputError(option, item, "key=value")
+        pairs[key] = value
+    return pairs
 
 
 def cmd_run_trainer(args: argparse.Namespace) -> None:
@@ -305,6 +317,12 @@ def _add_trainer(parser: argparse.ArgumentParser) -> None:
                         help="allreduce (torch.distributed, no PS: the group restarts as one) or ps (default: by --ps)")
     parser.add_argument("--log-regex", default=None,
                         help="read reports from the log: a regex with (?P<throughput>…) [samples_done, samples_total, loss, auc]")
+    parser.add_argument("--metrics-port", type=int, default=0,
+                        help="read reports from the Prometheus text each node serves on DLROVER_METRICS_PORT "
+                             "(locally a free port per node; this port on Kubernetes)")
+    parser.add_argument("--metrics-path", default="/metrics", help="the endpoint's path (with --metrics-port)")
+    parser.add_argument("--metrics-name", action="append", default=[], metavar="FIELD=SAMPLE",
+                        help="the sample a field is read from (default dlrover_<field>), e.g. throughput=train_samples_per_second")
     parser.add_argument("--grace", type=float, default=C.TRAINER_GRACE_S, help="seconds from SIGTERM to SIGKILL")
     parser.add_argument("--report-timeout", type=float, default=C.TRAINER_REPORT_TIMEOUT_S,
                         help="a node that reports nothing this long after its start is a contract error")

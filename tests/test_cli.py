@@ -164,3 +164,14 @@ def test_run_trainer_refuses_a_broken_contract_in_one_message(tmp_path, capsys, 
     assert expected in err and "Traceback" not in err
     if status == 1:
         assert "no such table: clicks" in err and "no retry fixes" in err
+
+
+@pytest.mark.parametrize("option, expected", [
+    (["--metrics-name", "throughput"], "metrics-name='throughput'"),
+    (["--metrics-port", "9400", "--metrics-name", "speed=x"], "trainer.metrics_names.speed"),
+    (["--metrics-port", "22"], "trainer.metrics_port=22"),
+])
+def test_run_trainer_refuses_a_bad_metrics_endpoint_before_starting(tmp_path, capsys, option, expected):
+    assert main(["run-trainer", "--workers", "1", "--out", str(tmp_path), *option, "--", "python", "t.py"]) == 2
+    assert expected in capsys.readouterr().err
+    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())

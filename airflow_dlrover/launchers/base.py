@@ -185,9 +185,11 @@ class Launcher:
         """(host, port) of a trainer group's ``torch.distributed`` rendezvous, on worker 0."""
         raise NotImplementedError
 
-    def _read_output(self, job_id: str, node: dict[str, Any], log: bool) -> tuple[str, float | None]:
-        """(text, modification time) of a trainer node's metrics file, or with ``log`` its output,
-        since its start; ("", None) when there is none yet."""
+    def _read_output(self, job_id: str, node: dict[str, Any], via: str) -> tuple[str, float | None]:
+        """(text, modification time) since its start of a trainer node's reports ``via`` its
+        metrics ``file``, its ``log`` (also its output's tail), or its ``prometheus`` endpoint's
+        scrapes as JSON lines (:func:`contract.scrape`, at most every ``TRAINER_SCRAPE_S``);
+        ("", None) when there is none yet."""
         raise NotImplementedError
 
     def _acquire(self, job_id: str) -> Any:
@@ -277,9 +279,9 @@ class Launcher:
 
     def _node_report(self, job_id: str, node: dict[str, Any]) -> dict[str, Any]:
         """A trainer node's reports since its start (:func:`contract.node_report`), from its metrics
-        file or, with ``log_regex``, its log."""
+        file, its log (``log_regex``) or its endpoint's scrapes (``metrics_port``)."""
         trainer = self.trainer(job_id)
-        text, mtime = self._read_output(job_id, node, log=bool(trainer.log_regex))
+        text, mtime = self._read_output(job_id, node, trainer.reports_via)
         return node_report(parse_reports(text, trainer.log_regex, written_at=mtime))
 
     def _job_metrics(self, job_id: str, record: dict[str, Any]) -> dict[str, Any]:
@@ -306,9 +308,10 @@ class Launcher:
                 continue
             if self._node_report(job_id, node)["reports"]:
                 continue
-            source = f"log lines matching {trainer.log_regex!r}" if trainer.log_regex else "DLROVER_METRICS_FILE"
+            source = {"log": f"log lines matching {trainer.log_regex!r}", "file": "DLROVER_METRICS_FILE",
+                      "prometheus": f"Prometheus text on port {trainer.metrics_port}{trainer.metrics_path}"}[trainer.reports_via]
             if node["state"] in (FAILED, SUCCEEDED):
-                output, _ = self._read_output(job_id, node, log=True)
+                output, _ = self._read_output(job_id, node, "log")
                 what = "exited 0 without a report" if node["state"] == SUCCEEDED else f"{node.get('reason') or 'failed'} before its first report"
                 why = f"{what} (in {source}); output tail:\n{output[-1500:]}"
             elif now - (node.get("started") or now) > trainer.report_timeout_s:
@@ -325,8 +328,12 @@ class Launcher:
                        samples=spec.samples, peers=peers, rendezvous=tuple(record["rendezvous"]),
                        checkpoint_dir=trainer.checkpoint_dir or self._checkpoint_dir(job_id),
                        metrics_file=self._metrics_file(job_id, node), generation=record["generation"],
-                       job_key=spec.authkey)
+                       job_key=spec.authkey, metrics_port=self._metrics_port(job_id, node))
         return node_argv(trainer, env), env
+
+    def _metrics_port(self, job_id: str, node: dict[str, Any]) -> int:
+        """Where a trainer's node serves Prometheus text (0: it reports otherwise)."""
+        return self.trainer(job_id).metrics_port
 
     def _metrics_file(self, job_id: str, node: dict[str, Any]) -> str:
         """Where a trainer's node writes its reports, as the node sees the path."""
@@ -400,17 +407,20 @@ class Launcher:
     def _relaunch_trainer_node(self, job_id: str, record: dict[str, Any], node: dict[str, Any],
                                cpu: float | None, memory_mb: float | None) -> NodeStatus:
         """A failed trainer node: an ``allreduce`` group restarts as a whole (with the node's new
-        resources for its whole role), a ``ps`` trainer's node alone."""
+        resources for its whole role), a ``ps`` trainer's node alone. Several failed members of a
+        group restart it once: a member the group's restart already replaced, with the resources
+        asked for, is running again."""
         role = node["role"]
         config = Configuration(**record["config"])
         changes = {}
-        if cpu is not None:
+        if cpu is not None and cpu != getattr(config, f"{role}_cpu"):
             changes[f"{role}_cpu"] = cpu
         if memory_mb is not None and memory_mb > (getattr(config, f"{role}_memory_mb") or 0):
             changes[f"{role}_memory_mb"] = memory_mb
         config = dataclasses.replace(config, **changes)
         if self.trainer(job_id).kind == "allreduce":
-            self._restart_group(job_id, record, config, f"{node['name']} relaunched")
+            if changes or node.get("state") in FAILED_STATES:
+                self._restart_group(job_id, record, config, f"{node['name']} relaunched")
         else:
             self._stop_node(job_id, record, node, replacing=True)
             node.update(cpu=getattr(config, f"{role}_cpu"), memory_mb=getattr(config, f"{role}_memory_mb") or None,

@@ -7,7 +7,10 @@ with the node's allocation in its cgroup (its pod's requests = limits) and in th
 (:data:`PLACEHOLDERS`); no shell ever parses them.
 
 What it gives back, one line per report (every few seconds), in ``DLROVER_METRICS_FILE`` (JSON
-lines) or in its log (``TrainerSpec.log_regex``, named groups):
+lines), in its log (``TrainerSpec.log_regex``, named groups), or as Prometheus text served on
+``DLROVER_METRICS_PORT`` (``TrainerSpec.metrics_port``; gauges named ``dlrover_<field>`` or as
+``metrics_names`` maps them), which is scraped every ``TRAINER_SCRAPE_S`` into the same JSON lines
+(``airflow_dlrover.scrape``; on Kubernetes by the pod's reports sidecar):
 
 * ``throughput``: samples/s this node trains (a data-parallel rank: its own batch × steps/s; the
   job's throughput is the sum over the workers);
@@ -23,6 +26,7 @@ restarts its worker group; a ``ps`` trainer has only the failed node relaunched.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -33,12 +37,13 @@ from typing import Any, Mapping
 
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import InvalidInputError
+from airflow_dlrover.scrape import SCRAPED_FIELDS, new_report, scrape, scraped_report
 
 #: The environment every node of a trainer gets (stable names: the contract).
 ENV = (
     "DLROVER_JOB_ID", "DLROVER_ROLE", "DLROVER_INDEX", "DLROVER_WORKERS", "DLROVER_PS", "DLROVER_CPU",
     "DLROVER_MEMORY_MB", "DLROVER_GPU", "DLROVER_BATCH_SIZE", "DLROVER_SAMPLES", "DLROVER_CHECKPOINT_DIR",
-    "DLROVER_METRICS_FILE", "DLROVER_GENERATION", "DLROVER_GRACE_S", "DLROVER_JOB_KEY", "TF_CONFIG", "MASTER_ADDR", "MASTER_PORT",
+    "DLROVER_METRICS_FILE", "DLROVER_METRICS_PORT", "DLROVER_SCRAPE_S", "DLROVER_GENERATION", "DLROVER_GRACE_S", "DLROVER_JOB_KEY", "TF_CONFIG", "MASTER_ADDR", "MASTER_PORT",
     "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS",
 )
 #: ``{placeholder}`` → the environment variable whose value it takes.
@@ -46,11 +51,13 @@ PLACEHOLDERS = {
     "job_id": "DLROVER_JOB_ID", "role": "DLROVER_ROLE", "index": "DLROVER_INDEX", "workers": "DLROVER_WORKERS",
     "ps": "DLROVER_PS", "cpu": "DLROVER_CPU", "memory_mb": "DLROVER_MEMORY_MB", "gpu": "DLROVER_GPU",
     "batch_size": "DLROVER_BATCH_SIZE", "samples": "DLROVER_SAMPLES", "checkpoint_dir": "DLROVER_CHECKPOINT_DIR",
-    "metrics_file": "DLROVER_METRICS_FILE", "generation": "DLROVER_GENERATION", "rank": "RANK",
+    "metrics_file": "DLROVER_METRICS_FILE", "metrics_port": "DLROVER_METRICS_PORT", "generation": "DLROVER_GENERATION", "rank": "RANK",
     "world_size": "WORLD_SIZE", "master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT",
 }
 KINDS = ("allreduce", "ps")
 METRIC_FIELDS = ("throughput", "samples_done", "samples_total", "loss", "auc", "time")
+#: Ports of the contract's own on every node (``TF_CONFIG``, the rendezvous): not a metrics port.
+RESERVED_PORTS = (2222, 29500)
 
 
 @dataclass(frozen=True)
@@ -61,7 +68,10 @@ class TrainerSpec:
     ``render_template_as_native_obj`` renders them); ``image``: its container image (Kubernetes);
     ``kind``: ``allreduce`` (no PS; the group restarts as a whole) or ``ps``; ``log_regex``: read
     the reports from the node's log instead of its metrics file (a named group ``throughput``, and
-    optionally ``samples_done``, ``samples_total``, ``loss``, ``auc``); ``grace_s``: SIGTERM to
+    optionally ``samples_done``, ``samples_total``, ``loss``, ``auc``); ``metrics_port``: read them
+    from the Prometheus text the node serves on this port at ``metrics_path`` instead (locally each
+    node gets a free port of its own, in ``DLROVER_METRICS_PORT``), each field from the sample
+    ``metrics_names`` maps it to (default ``dlrover_<field>``); ``grace_s``: SIGTERM to
     SIGKILL; ``report_timeout_s``: a node that reports nothing this long after its start is the
     user's mistake; ``checkpoint_dir``: where checkpoints survive relaunches (default: the job's
     folder locally; on Kubernetes a path on a mounted volume); ``workdir``: the local launcher's
@@ -71,6 +81,9 @@ class TrainerSpec:
     image: str = ""
     kind: str = "allreduce"
     log_regex: str = ""
+    metrics_port: int = 0
+    metrics_path: str = "/metrics"
+    metrics_names: Mapping[str, str] = dataclasses.field(default_factory=dict)
     grace_s: float = C.TRAINER_GRACE_S
     report_timeout_s: float = C.TRAINER_REPORT_TIMEOUT_S
     checkpoint_dir: str = ""
@@ -102,13 +115,39 @@ class TrainerSpec:
                 raise InvalidInputError("trainer.log_regex", self.log_regex, f"a valid regular expression ({err})") from None
             if "throughput" not in pattern.groupindex:
                 raise InvalidInputError("trainer.log_regex", self.log_regex, "a regex with a named group (?P<throughput>…)")
+        self._check_metrics_endpoint()
         for name in ("grace_s", "report_timeout_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise InvalidInputError(f"trainer.{name}", value, "seconds > 0")
 
+    def _check_metrics_endpoint(self) -> None:
+        port = self.metrics_port
+        if isinstance(port, bool) or not isinstance(port, int) or not (port == 0 or 1024 <= port <= 65535) \
+                or port in RESERVED_PORTS:
+            raise InvalidInputError("trainer.metrics_port", port,
+                                    f"0 (no endpoint) or a port in 1024..65535 other than {RESERVED_PORTS}")
+        if port and self.log_regex:
+            raise InvalidInputError("trainer.metrics_port", port, "0 when trainer.log_regex is set (one report channel)")
+        if not isinstance(self.metrics_path, str) or not re.fullmatch(r"/[A-Za-z0-9._~/-]*", self.metrics_path):
+            raise InvalidInputError("trainer.metrics_path", self.metrics_path, "a URL path such as /metrics")
+        names = self.metrics_names
+        if not isinstance(names, Mapping):
+            raise InvalidInputError("trainer.metrics_names", names, f"a mapping from {sorted(SCRAPED_FIELDS)} to sample names")
+        for field, sample in names.items():
+            if field not in SCRAPED_FIELDS:
+                raise InvalidInputError(f"trainer.metrics_names.{field}", sample, f"a key among {sorted(SCRAPED_FIELDS)}")
+            if not isinstance(sample, str) or not re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", sample):
+                raise InvalidInputError(f"trainer.metrics_names.{field}", sample, "a Prometheus sample name")
+        object.__setattr__(self, "metrics_names", {**SCRAPED_FIELDS, **names})
+
+    @property
+    def reports_via(self) -> str:
+        """Where the reports come from: ``file``, ``log`` or ``prometheus``."""
+        return "log" if self.log_regex else "prometheus" if self.metrics_port else "file"
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "command": list(self.command)}
+        return {**asdict(self), "command": list(self.command), "metrics_names": dict(self.metrics_names)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | "TrainerSpec") -> "TrainerSpec":
@@ -127,11 +166,12 @@ class TrainerSpec:
 
 def node_env(*, job_id: str, trainer: TrainerSpec, config: Any, node: Mapping[str, Any], samples: int | None,
              peers: Mapping[str, str], rendezvous: tuple[str, int], checkpoint_dir: str, metrics_file: str,
-             generation: int, job_key: str) -> dict[str, str]:
+             generation: int, job_key: str, metrics_port: int = 0) -> dict[str, str]:
     """The contract's environment for one node. ``peers``: node name → ``host:port`` of every node
     (the ``TF_CONFIG`` cluster); ``rendezvous``: worker 0's (host, port) for ``torch.distributed``
     (``MASTER_ADDR``/``MASTER_PORT``); ``config``: the job's :class:`Configuration`; ``job_key``:
-    a secret the job's nodes share (``DLROVER_JOB_KEY``), to authenticate each other."""
+    a secret the job's nodes share (``DLROVER_JOB_KEY``), to authenticate each other;
+    ``metrics_port``: where the node serves Prometheus text (0: it does not)."""
     role, index = node["role"], int(node["index"])
     workers = [peers[n] for n in sorted((n for n in peers if n.startswith("worker-")), key=_index)]
     ps = [peers[n] for n in sorted((n for n in peers if n.startswith("ps-")), key=_index)]
@@ -143,7 +183,8 @@ def node_env(*, job_id: str, trainer: TrainerSpec, config: Any, node: Mapping[st
         "DLROVER_CPU": f"{node['cpu']:g}", "DLROVER_MEMORY_MB": f"{node.get('memory_mb') or 0:g}",
         "DLROVER_GPU": str(node.get("gpu", 0)), "DLROVER_BATCH_SIZE": str(config.batch_size),
         "DLROVER_SAMPLES": "" if samples is None else str(samples), "DLROVER_CHECKPOINT_DIR": checkpoint_dir,
-        "DLROVER_METRICS_FILE": metrics_file, "DLROVER_GENERATION": str(generation),
+        "DLROVER_METRICS_FILE": metrics_file, "DLROVER_METRICS_PORT": str(metrics_port or ""),
+        "DLROVER_SCRAPE_S": f"{C.TRAINER_SCRAPE_S:g}" if metrics_port else "", "DLROVER_GENERATION": str(generation),
         "DLROVER_GRACE_S": f"{trainer.grace_s:g}", "DLROVER_JOB_KEY": job_key, "TF_CONFIG": json.dumps(tf_config),
         "MASTER_ADDR": rendezvous[0], "MASTER_PORT": str(rendezvous[1]),
         "WORLD_SIZE": str(config.workers), "RANK": str(index) if role == "worker" else "",
@@ -253,5 +294,5 @@ def job_progress(reports: Mapping[str, Mapping[str, Any]], states: Mapping[str, 
     return status
 
 
-__all__ = ["ENV", "KINDS", "PLACEHOLDERS", "TrainerSpec", "job_progress", "node_argv",
-           "node_env", "node_report", "parse_reports", "read_node_report"]
+__all__ = ["ENV", "KINDS", "PLACEHOLDERS", "SCRAPED_FIELDS", "TrainerSpec", "job_progress", "new_report", "node_argv",
+           "node_env", "node_report", "parse_reports", "read_node_report", "scrape", "scraped_report"]

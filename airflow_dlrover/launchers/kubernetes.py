@@ -332,13 +332,16 @@ class KubernetesLauncher(Launcher):
     def _checkpoint_dir(self, job_id: str) -> str:
         return f"{km.JOB_DIR}/checkpoint"
 
-    def _read_output(self, job_id: str, node: dict[str, Any], log: bool) -> tuple[str, float | None]:
-        """The node's pod log (its reports are JSON lines there: ``TRAINER_METRICS_FILE``). Read
-        raw: the client (36.x) turns a log that is not JSON into the ``repr`` of its bytes."""
+    def _read_output(self, job_id: str, node: dict[str, Any], via: str) -> tuple[str, float | None]:
+        """The trainer container's log (its reports are JSON lines there: ``TRAINER_METRICS_FILE``),
+        or for ``prometheus`` its reports sidecar's (``SCRAPE_CONTAINER``). Read raw: the client
+        (36.x) turns a log that is not JSON into the ``repr`` of its bytes."""
         from kubernetes.client.exceptions import ApiException
 
+        container = km.SCRAPE_CONTAINER if via == "prometheus" else node["role"]
         try:
-            response = self.core.read_namespaced_pod_log(node["pod"], self.namespace, _preload_content=False)
+            response = self.core.read_namespaced_pod_log(node["pod"], self.namespace, container=container,
+                                                         _preload_content=False)
             return response.data.decode(errors="replace"), time.time()
         except ApiException as err:
             if err.status in (400, 404):  # not started yet, or gone
@@ -348,8 +351,10 @@ class KubernetesLauncher(Launcher):
     def _create_trainer_pod(self, job_id: str, record: dict[str, Any], node: dict[str, Any]) -> Any:
         trainer = self.trainer(job_id)
         argv, env = self._trainer_env(job_id, record, node)
+        metrics = (trainer.metrics_port, trainer.metrics_path, trainer.metrics_names) if trainer.metrics_port else None
         body = km.trainer_pod(job_id, node, argv=argv, env=env, image=trainer.image, grace_s=trainer.grace_s,
-                              placement=self.placement, owner=km.config_map_owner(record["config_map_uid"], job_id))
+                              placement=self.placement, owner=km.config_map_owner(record["config_map_uid"], job_id),
+                              metrics=metrics)
         return self.core.create_namespaced_pod(self.namespace, body)
 
     def _create_trainer_job(self, spec: JobSpec, record: dict[str, Any]) -> None:
@@ -497,7 +502,8 @@ class KubernetesLauncher(Launcher):
 
     def metrics(self, job_id: str) -> dict[str, Any]:
         """The master's metrics plus each pod's CPU (cores, ``cpu_rate``) and memory from the
-        metrics API (metrics-server); without it, no usage (logged)."""
+        metrics API (metrics-server; the node's containers, not a reports sidecar); without it, no
+        usage (logged)."""
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
         from kubernetes.utils import parse_quantity
@@ -517,8 +523,9 @@ class KubernetesLauncher(Launcher):
             node = by_pod.get(item["metadata"]["name"])
             if node is None:
                 continue
-            cpu = sum(float(parse_quantity(c["usage"]["cpu"])) for c in item["containers"])
-            memory = sum(float(parse_quantity(c["usage"]["memory"])) for c in item["containers"]) / 2**20
+            containers = [c for c in item["containers"] if c["name"] != km.SCRAPE_CONTAINER]  # not the node's allocation
+            cpu = sum(float(parse_quantity(c["usage"]["cpu"])) for c in containers)
+            memory = sum(float(parse_quantity(c["usage"]["memory"])) for c in containers) / 2**20
             usage[node["name"]] = {"role": node["role"], "cpu_rate": cpu, "memory_mb": memory, "memory_peak_mb": None,
                                    "cpu": node["cpu"], "memory_limit_mb": node["memory_mb"]}
         metrics["usage"] = usage

@@ -53,7 +53,11 @@ created first and owns the rest (Secret, the headless Service ``J-nodes`` that n
 and argv with the contract's environment (the job's key from the Secret as ``DLROVER_JOB_KEY``),
 the same labels, security context and requests = limits as ours; ``DLROVER_CHECKPOINT_DIR`` is
 ``<job dir>/checkpoint`` on the job's volume (or the trainer's own ``checkpoint_dir``), and the
-reports go to the pod's log (``DLROVER_METRICS_FILE=/dev/stdout``), which the launcher reads.
+reports go to the pod's log (``DLROVER_METRICS_FILE=/dev/stdout``), which the launcher reads —
+or, for a trainer that serves Prometheus text on ``metrics_port``, to the log of the pod's native
+sidecar ``SCRAPE_CONTAINER`` (the runtime image running ``airflow_dlrover.scrape`` on the pod's loopback,
+requests = limits ``SCRAPE_SIDECAR_CPU`` / ``_MEMORY_MB``; Kubernetes ≥ 1.29), and the pod carries
+the ``prometheus.io/*`` annotations for a cluster Prometheus (which needs its own policy to reach it).
 The policy admits the job's own pods to each other on any port, and egress to DNS and, for the
 data a trainer reads itself, to ``STORAGE_EGRESS_PORTS``.
 """
@@ -102,6 +106,8 @@ TRAINER_PORT = 2222  # a trainer node's port in TF_CONFIG (TensorFlow's customar
 RENDEZVOUS_PORT = 29500  # torch.distributed's env:// rendezvous on worker 0 (torchrun's default)
 #: where a trainer writes its reports on Kubernetes: its log, which the launcher reads through the API
 TRAINER_METRICS_FILE = "/dev/stdout"
+#: the native sidecar that scrapes a trainer's Prometheus endpoint into its own log
+SCRAPE_CONTAINER = "dlrover-reports"
 
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -336,9 +342,11 @@ def _pod_security() -> dict[str, Any]:
 
 
 def trainer_pod(job_id: str, node: Mapping[str, Any], *, argv: Sequence[str], env: Mapping[str, str], image: str,
-                grace_s: float, placement: Placement, owner: list[dict[str, Any]]) -> dict[str, Any]:
+                grace_s: float, placement: Placement, owner: list[dict[str, Any]],
+                metrics: tuple[int, str, Mapping[str, str]] | None = None) -> dict[str, Any]:
     """The pod of one node of a trainer of the user's (see the module docstring): ``argv`` and
-    ``env`` are the contract's (``launchers.contract``)."""
+    ``env`` are the contract's (``launchers.contract``); ``metrics``: the (port, path, sample
+    names) of the Prometheus text it serves, scraped by the pod's reports sidecar."""
     role, index = node["role"], int(node["index"])
     name = (ps_name if role == "ps" else worker_name)(job_id, index)
     variables = [{"name": k, "value": v} for k, v in env.items() if k != "DLROVER_JOB_KEY"]
@@ -360,8 +368,20 @@ def trainer_pod(job_id: str, node: Mapping[str, Any], *, argv: Sequence[str], en
                     {"name": "tmp", "emptyDir": {}}],
     }
     spec.update(_scheduling(placement))
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": _metadata(name, placement.namespace,
-                                                                     _labels(job_id, role, index), owner), "spec": spec}
+    metadata = _metadata(name, placement.namespace, _labels(job_id, role, index), owner)
+    if metrics is not None:
+        port, path, names = metrics
+        container["ports"].append({"name": "metrics", "containerPort": port, "protocol": "TCP"})
+        spec["initContainers"] = [{
+            "name": SCRAPE_CONTAINER, "image": placement.image, "restartPolicy": "Always",
+            "command": ["python", "-m", "airflow_dlrover.scrape", "--url", f"http://127.0.0.1:{port}{path}",
+                        "--every", f"{C.TRAINER_SCRAPE_S:g}", "--names", json.dumps(dict(names), sort_keys=True)],
+            "resources": container_resources(C.SCRAPE_SIDECAR_CPU, C.SCRAPE_SIDECAR_MEMORY_MB),
+            "securityContext": _container_security(),
+        }]
+        metadata["annotations"] = {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
+                                   "prometheus.io/path": path}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
 def trainer_objects(spec: JobSpec, placement: Placement, owner: list[dict[str, Any]]) -> list[dict[str, Any]]:

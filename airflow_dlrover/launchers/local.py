@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shlex
 import signal
@@ -32,6 +33,7 @@ from airflow_dlrover.launchers.base import (
     FAILED, LOST, OOM_KILLED, RUNNING, STOPPED, SUCCEEDED, Launcher, exclusive, torch_threads,
 )
 from airflow_dlrover.launchers.cgroups import CgroupManager, Limits
+from airflow_dlrover.launchers.contract import new_report, scrape
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.runtime.spec import JobSpec
 
@@ -46,6 +48,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _last_line(path: Path) -> str:
+    """The last complete line of a small JSON-lines file ("" when there is none)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+            lines = f.read().decode(errors="replace").splitlines()
+    except FileNotFoundError:
+        return ""
+    return lines[-1] if lines else ""
+
+
 class LocalLauncher(Launcher):
     """See the module docstring. ``base_dir`` holds one folder per job."""
 
@@ -58,6 +71,7 @@ class LocalLauncher(Launcher):
         self.cgroups = cgroups or CgroupManager()
         self.python = python
         self._groups: dict[tuple[str, str], Any] = {}
+        self._scraped: dict[tuple, float] = {}  # (job, node, start) → when this process last scraped it
 
     def _group(self, job_id: str, node: dict[str, Any], *, apply: bool = False):
         """The node's cgroup: created (limits written) when first needed or when ``apply``;
@@ -116,6 +130,8 @@ class LocalLauncher(Launcher):
         listens on none."""
         listens = node["role"] != "worker" or record.get("trainer")
         node["port"] = (previous or {}).get("port") or (_free_port() if listens else 0)
+        if record.get("trainer") and self.trainer(record["job_id"]).metrics_port:
+            node["metrics_port"] = (previous or {}).get("metrics_port") or _free_port()
 
     def _command(self, job_id: str, node: dict[str, Any], master: str | None) -> list[str]:
         args = [self.python, "-m", "airflow_dlrover.runtime", node["role"], "--job-dir", str(self.job_dir(job_id)),
@@ -140,15 +156,44 @@ class LocalLauncher(Launcher):
     def _rendezvous(self, job_id: str, record: dict[str, Any]) -> tuple[str, int]:
         return "127.0.0.1", _free_port()
 
-    def _read_output(self, job_id: str, node: dict[str, Any], log: bool) -> tuple[str, float | None]:
+    def _metrics_port(self, job_id: str, node: dict[str, Any]) -> int:
+        return node.get("metrics_port", 0)
+
+    def _read_output(self, job_id: str, node: dict[str, Any], via: str) -> tuple[str, float | None]:
         folder = self.job_dir(job_id)
-        path = folder / "logs" / f"{node['name']}.log" if log else Path(self._metrics_file(job_id, node))
+        path = {"log": folder / "logs" / f"{node['name']}.log", "file": Path(self._metrics_file(job_id, node)),
+                "prometheus": self._scrapes_file(job_id, node)}[via]
+        if via == "prometheus" and node.get("state") == RUNNING:
+            self._scrape(job_id, node, path)
         try:
             with open(path, "rb") as f:
-                f.seek(node.get("log_offset", 0) if log else 0)
+                f.seek(node.get("log_offset", 0) if via == "log" else 0)
                 return f.read().decode(errors="replace"), os.fstat(f.fileno()).st_mtime
         except FileNotFoundError:
             return "", None
+
+    def _scrapes_file(self, job_id: str, node: dict[str, Any]) -> Path:
+        """Where the launcher keeps a node's scraped reports (JSON lines; this incarnation's)."""
+        return self.job_dir(job_id) / "metrics" / f"{node['name']}.scraped.jsonl"
+
+    def _scrape(self, job_id: str, node: dict[str, Any], path: Path) -> None:
+        """Scrape the node's endpoint (at most every ``TRAINER_SCRAPE_S`` per process) and append
+        a new report to ``path`` (one ``O_APPEND`` write: processes scraping together interleave
+        whole lines)."""
+        key = (job_id, node["name"], node.get("started"))
+        now = time.monotonic()
+        if now - self._scraped.get(key, -math.inf) < C.TRAINER_SCRAPE_S:
+            return
+        self._scraped[key] = now
+        trainer = self.trainer(job_id)
+        report = scrape(f"http://127.0.0.1:{node['metrics_port']}{trainer.metrics_path}", trainer.metrics_names)
+        line = new_report(report, _last_line(path))
+        if line is not None:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, (line + "\n").encode())
+            finally:
+                os.close(fd)
 
     def _start_node(self, job_id: str, record: dict[str, Any], node: dict[str, Any]) -> None:
         name = node["name"]
@@ -163,6 +208,7 @@ class LocalLauncher(Launcher):
         if record.get("trainer"):
             (folder / "metrics").mkdir(exist_ok=True)
             Path(self._metrics_file(job_id, node)).unlink(missing_ok=True)
+            self._scrapes_file(job_id, node).unlink(missing_ok=True)
             argv, contract_env = self._trainer_env(job_id, record, node)
             env = dict(os.environ, **contract_env, PYTHONUNBUFFERED="1")
             log_path = folder / "logs" / f"{name}.log"

@@ -14,10 +14,14 @@ rank ``r`` the slice ``[done + r·B, done + (r+1)·B)``; ``done`` (``samples_don
 the model, so a group restarted at another size resumes at the first sample not yet trained.
 
 Checkpoint (rank 0, atomic rename): every ``--checkpoint-interval`` seconds and on SIGTERM. The
-ranks agree every step on whether to stop (an all-reduce of the stop flag), so that a SIGTERM to
-any of them stops all at the same step. Reports: one JSON line a second in
+ranks agree every step on whether to stop and whether to checkpoint (an all-reduce of both flags),
+so that a SIGTERM to any of them stops all at the same step, and every rank enters the
+checkpoint's barrier at the same step (ranks that decided by their own clocks would wait in
+different collectives until gloo's timeout). Reports: one JSON line a second in
 ``DLROVER_METRICS_FILE`` (``throughput`` of this rank, the job's ``samples_done`` and
-``samples_total``, ``loss``; rank 0's last line adds the held-out ``auc``).
+``samples_total``, ``loss``; rank 0's last line adds the held-out ``auc``) — or, where the
+launcher gives ``DLROVER_METRICS_PORT``, the same as Prometheus gauges ``dlrover_<field>`` served
+there (``prometheus_client``), held for two scrapes (``DLROVER_SCRAPE_S``) after the last.
 
 Usage (the launcher sets the environment): ``python train.py [--samples N] [--tables 8]
 [--table-size 5000] [--dim 16] [--eval-samples 8192]``.
@@ -98,14 +102,34 @@ def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
 
 
 class Reporter:
-    def __init__(self, path: str):
-        self.path = path
+    """JSON lines in ``DLROVER_METRICS_FILE``, or gauges on ``DLROVER_METRICS_PORT``."""
+
+    def __init__(self, environ: dict[str, str]):
+        self.path, port = environ.get("DLROVER_METRICS_FILE", ""), environ.get("DLROVER_METRICS_PORT", "")
+        self.scrape_s = float(environ.get("DLROVER_SCRAPE_S") or 0)
+        self.gauges = None
+        if port:
+            import prometheus_client
+
+            self.registry, self.gauges = prometheus_client.CollectorRegistry(), {}
+            self.gauge = lambda name: prometheus_client.Gauge(f"dlrover_{name}", name, registry=self.registry)
+            prometheus_client.start_http_server(int(port), addr="0.0.0.0", registry=self.registry)
 
     def __call__(self, **fields: float) -> None:
-        if not self.path:
-            return
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"time": time.time(), **fields}) + "\n")
+        if self.gauges is not None:  # a gauge appears once set: one never set would read 0
+            for name, value in fields.items():
+                if name not in self.gauges:
+                    self.gauges[name] = self.gauge(name)
+                self.gauges[name].set(value)
+        elif self.path:
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"time": time.time(), **fields}) + "\n")
+
+    def final(self, **fields: float) -> None:
+        """The last report: an endpoint stays up for two scrapes, so that it is read."""
+        self(**fields)
+        if self.gauges is not None:
+            time.sleep(2 * self.scrape_s)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         done = int(state["samples_done"])
     ddp = nn.parallel.DistributedDataParallel(model)
     loss_fn = nn.BCEWithLogitsLoss()
-    report = Reporter(os.environ.get("DLROVER_METRICS_FILE", ""))
+    report = Reporter(dict(os.environ))
 
     def checkpoint() -> None:
         if rank == 0:
@@ -146,12 +170,16 @@ def main(argv: list[str] | None = None) -> int:
     window_start, window_samples, last_checkpoint = time.monotonic(), 0, time.monotonic()
     loss_value = float("nan")
     while done < args.samples:
-        flag = torch.tensor([1.0 if stop["asked"] else 0.0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() > 0:
+        due = time.monotonic() - last_checkpoint >= args.checkpoint_interval
+        flags = torch.tensor([1.0 if stop["asked"] else 0.0, 1.0 if due else 0.0])
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        if flags[0].item() > 0:
             checkpoint()
             dist.destroy_process_group()
             return 128 + signal.SIGTERM
+        if flags[1].item() > 0:
+            checkpoint()
+            last_checkpoint = time.monotonic()
         step = min(args.batch_size * world, args.samples - done)
         share = -(-step // world)
         start = done + rank * share
@@ -169,17 +197,14 @@ def main(argv: list[str] | None = None) -> int:
             report(throughput=window_samples / (now - window_start), samples_done=done, samples_total=args.samples,
                    loss=loss_value)
             window_start, window_samples = now, 0
-        if now - last_checkpoint >= args.checkpoint_interval:
-            checkpoint()
-            last_checkpoint = time.monotonic()
     checkpoint()
     final = {"throughput": 0.0, "samples_done": done, "samples_total": args.samples, "loss": loss_value}
     if rank == 0:
         with torch.no_grad():
             dense, ids, labels = batch(args.samples, args.eval_samples, args)
             final["auc"] = auc(model(dense, ids), labels)
-    report(**final)
     dist.destroy_process_group()
+    report.final(**final)
     return 0
 
 

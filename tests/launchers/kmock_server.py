@@ -28,9 +28,13 @@ import threading
 import json
 import logging
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import kmock
+
+#: containers whose log is kept apart ("pod/container" in ``pod_logs``): the reports sidecar
+SIDECARS = ("dlrover-reports",)
 
 logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # one INFO line per request otherwise
 
@@ -90,6 +94,12 @@ class LabelSelectingEmulator(kmock.KubernetesEmulator):
             if name not in logs:
                 return aiohttp.web.json_response({"kind": "Status", "status": "Failure", "code": 404,
                                                   "reason": "NotFound"}, status=404)
+            sidecar = f"{name}/{request.params.get('container')}"  # a sidecar's log: "pod/container"
+            if sidecar in logs:
+                return aiohttp.web.Response(text=logs[sidecar], content_type="text/plain")
+            if request.params.get("container") in SIDECARS:
+                return aiohttp.web.json_response({"kind": "Status", "status": "Failure", "code": 400, "reason": "BadRequest",
+                                                  "message": "container is waiting to start"}, status=400)
             return aiohttp.web.Response(text=logs[name], content_type="text/plain")
         if (request.action == kmock.action.CREATE and isinstance(request.data, dict)
                 and re.fullmatch(r"/api/v1/namespaces/[^/]+/pods", path)):
@@ -317,15 +327,21 @@ class TrainerDouble:
     ``poll_s`` each running worker pod's log gets one report line (docs/trainers.md) of
     ``rate_per_core`` × its ``DLROVER_CPU`` samples/s, and its PodMetrics say it uses 90 % of its
     CPU limit and 300 MiB. The job's ``samples_done`` is the sum since the group's start plus what
-    the last group reached (its "checkpoint")."""
+    the last group reached (its "checkpoint").
+
+    With ``prometheus``, a worker serves its report as Prometheus gauges instead (a real
+    ``prometheus_client`` endpoint per pod), and the pod's reports sidecar — the real
+    ``airflow_dlrover.scrape.scrape_loop``, in a thread, at the URL of the pod's ``initContainers``
+    command — scrapes it into the sidecar's log; the sidecar's PodMetrics container uses 20m / 30 MiB."""
 
     METRICS = "metrics.k8s.io/v1beta1/pods"
 
     def __init__(self, server: "KmockThread", v1, namespace: str, job_id: str, rate_per_core: float = 1000.0,
-                 total: int = 10**9, poll_s: float = 0.1):
+                 total: int = 10**9, poll_s: float = 0.1, prometheus: bool = False):
         self.server, self.v1, self.namespace, self.job_id = server, v1, namespace, job_id
-        self.rate_per_core, self.total, self.poll_s = rate_per_core, total, poll_s
+        self.rate_per_core, self.total, self.poll_s, self.prometheus = rate_per_core, total, poll_s, prometheus
         self.done = 0.0
+        self.endpoints: dict[str, tuple] = {}  # pod uid → (gauges, http server, scrape stop event)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trainer", daemon=True)
 
@@ -337,6 +353,8 @@ class TrainerDouble:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join(5)
+        for uid in list(self.endpoints):
+            self._close(uid)
         self.server.call(lambda: self.server.emulator.resources.pop(self.METRICS, None))
 
     def _run(self) -> None:
@@ -348,28 +366,66 @@ class TrainerDouble:
                 pods = self.v1.list_namespaced_pod(self.namespace, label_selector=f"dlrover.io/job={self.job_id}").items
             except Exception:  # the server is shutting down
                 continue
-            for pod in pods:
-                if not pod.status or pod.status.phase != "Running" or pod.metadata.deletion_timestamp:
-                    continue
+            running = [p for p in pods if p.status and p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+            for uid in set(self.endpoints) - {p.metadata.uid for p in running}:
+                self._close(uid)  # the trainer exited: its endpoint is gone
+            for pod in running:
                 env = {e.name: e.value for e in pod.spec.containers[0].env or []}
                 cpu = float(env.get("DLROVER_CPU", "1"))
                 if env.get("DLROVER_ROLE") == "worker":
                     rate = self.rate_per_core * cpu
                     self.done = min(self.total, self.done + rate * self.poll_s)
-                    line = json.dumps({"throughput": rate, "samples_done": int(self.done), "samples_total": self.total})
-                    name = pod.metadata.name
-                    self.server.call(lambda n=name, l=line: self.server.emulator.pod_logs.__setitem__(
-                        n, self.server.emulator.pod_logs.get(n, "") + "step done\n" + l + "\n"))
+                    report = {"throughput": rate, "samples_done": int(self.done), "samples_total": self.total}
+                    if self.prometheus:
+                        self._serve(pod, report)
+                    else:
+                        self._log(pod.metadata.name, "step done\n" + json.dumps(report) + "\n")
+                containers = [{"name": "main", "usage": {"cpu": f"{int(900 * cpu)}m", "memory": "300Mi"}}]
+                if pod.spec.init_containers:
+                    containers.append({"name": pod.spec.init_containers[0].name, "usage": {"cpu": "20m", "memory": "30Mi"}})
                 body = {"apiVersion": "metrics.k8s.io/v1beta1", "kind": "PodMetrics",
                         "metadata": {"name": pod.metadata.name, "namespace": self.namespace,
                                      "labels": {"dlrover.io/job": self.job_id}},
-                        "timestamp": _now(), "window": "15s",
-                        "containers": [{"name": "main", "usage": {"cpu": f"{int(900 * cpu)}m", "memory": "300Mi"}}]}
+                        "timestamp": _now(), "window": "15s", "containers": containers}
                 try:
                     custom.create_namespaced_custom_object("metrics.k8s.io", "v1beta1", self.namespace, "pods", body)
                 except Exception:  # already there: refresh it
                     custom.patch_namespaced_custom_object("metrics.k8s.io", "v1beta1", self.namespace, "pods",
                                                           pod.metadata.name, body)
+
+    def _log(self, key: str, text: str) -> None:
+        self.server.call(lambda: self.server.emulator.pod_logs.__setitem__(
+            key, self.server.emulator.pod_logs.get(key, "") + text))
+
+    def _serve(self, pod, report: dict) -> None:
+        """The worker's gauges, and the first time its endpoint and its sidecar's scrape loop."""
+        import prometheus_client
+
+        from airflow_dlrover.scrape import scrape_loop
+
+        uid = pod.metadata.uid
+        if uid not in self.endpoints:
+            registry = prometheus_client.CollectorRegistry()
+            gauges = {k: prometheus_client.Gauge(f"dlrover_{k}", k, registry=registry) for k in report}
+            http, _ = prometheus_client.start_http_server(0, addr="127.0.0.1", registry=registry)
+            sidecar = pod.spec.init_containers[0]
+            command = list(sidecar.command)
+            path = urllib.parse.urlsplit(command[command.index("--url") + 1]).path
+            target = f"http://127.0.0.1:{http.server_port}{path}"  # the pod's loopback port, here a free one
+            names = json.loads(command[command.index("--names") + 1])
+            every = float(command[command.index("--every") + 1]) / 20  # the test runs at 20× speed
+            stop = threading.Event()
+            key = f"{pod.metadata.name}/{sidecar.name}"
+            threading.Thread(target=scrape_loop, args=(target, names, every, lambda line: self._log(key, line + "\n"), stop),
+                             daemon=True).start()
+            self.endpoints[uid] = (gauges, http, stop)
+        for k, v in report.items():
+            self.endpoints[uid][0][k].set(v)
+
+    def _close(self, uid: str) -> None:
+        _, http, stop = self.endpoints.pop(uid)
+        stop.set()
+        http.shutdown()
 
 
 class RecordingMaster:

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from airflow_dlrover.launchers.contract import (
-    ENV, PLACEHOLDERS, TrainerSpec, job_progress, node_argv, node_env, node_report, parse_reports,
+    ENV, PLACEHOLDERS, SCRAPED_FIELDS, TrainerSpec, job_progress, new_report, node_argv, node_env, node_report,
+    parse_reports, scrape, scraped_report,
 )
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError
 
@@ -95,3 +96,97 @@ def test_the_job_is_done_only_when_every_worker_exited_0():
     assert done["state"] == "done" and done["auc"] == 0.8
     assert job_progress({}, {"worker-0": "running"}) == {"state": "training", "samples_done": 0, "samples_total": None,
                                                          "throughput": 0.0}
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"metrics_port": 80}, "trainer.metrics_port"),
+    ({"metrics_port": 2222}, "trainer.metrics_port"),  # the node's TF_CONFIG port
+    ({"metrics_port": "9400"}, "trainer.metrics_port"),
+    ({"metrics_port": 9400, "log_regex": "(?P<throughput>[0-9.]+)"}, "trainer.metrics_port"),
+    ({"metrics_port": 9400, "metrics_path": "metrics"}, "trainer.metrics_path"),
+    ({"metrics_port": 9400, "metrics_path": "/m?x=$(id)"}, "trainer.metrics_path"),
+    ({"metrics_port": 9400, "metrics_names": {"speed": "x"}}, "trainer.metrics_names.speed"),
+    ({"metrics_port": 9400, "metrics_names": {"throughput": "1x"}}, "trainer.metrics_names.throughput"),
+])
+def test_a_bad_metrics_endpoint_is_refused_naming_the_field(changes, field):
+    with pytest.raises(InvalidInputError) as err:
+        TrainerSpec(command=("t",), **changes)
+    assert err.value.field == field
+
+
+PAGE = """# HELP train_samples_per_second samples/s per device
+# TYPE train_samples_per_second gauge
+train_samples_per_second{device="0"} 400.5
+train_samples_per_second{device="1"} 399.5
+# HELP dlrover_samples_done samples trained
+# TYPE dlrover_samples_done counter
+dlrover_samples_done_total 12000.0
+dlrover_samples_total 50000
+dlrover_loss{head="ctr"} 0.4
+dlrover_loss{head="cvr"} 0.6
+"""
+
+
+def test_a_prometheus_page_is_read_into_one_report():
+    names = TrainerSpec(command=("t",), metrics_port=9400,
+                        metrics_names={"throughput": "train_samples_per_second"}).metrics_names
+    assert names == {**SCRAPED_FIELDS, "throughput": "train_samples_per_second"}
+    # label sets summed for the rates and counts, averaged for the loss; a counter read from its _total sample
+    assert scraped_report(PAGE, names, now=7.0) == {
+        "throughput": 800.0, "samples_done": 12000.0, "samples_total": 50000.0, "loss": 0.5, "time": 7.0}
+    assert scraped_report(PAGE, SCRAPED_FIELDS, now=7.0) is None  # no dlrover_throughput: no report
+    assert scraped_report("dlrover_throughput{ 1", SCRAPED_FIELDS, now=7.0) is None  # not Prometheus text
+    assert scraped_report("dlrover_throughput NaN\n", SCRAPED_FIELDS, now=7.0) is None
+    # a report is kept only when the gauges changed since the last one kept
+    first = new_report({"throughput": 1.0, "samples_done": 5.0, "time": 1.0}, "")
+    assert json.loads(first) == {"throughput": 1.0, "samples_done": 5.0, "time": 1.0}
+    assert new_report({"throughput": 1.0, "samples_done": 5.0, "time": 3.0}, first) is None
+    assert new_report({"throughput": 1.0, "samples_done": 6.0, "time": 3.0}, first) is not None
+    assert new_report(None, first) is None
+
+
+def test_an_endpoint_is_scraped_over_http_and_a_silent_one_gives_nothing():
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from airflow_dlrover.scrape import scrape_loop
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = (PAGE + "dlrover_throughput 3.5\n").encode() if self.path == "/metrics" else b""
+            self.send_response(200 if body else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        assert scrape(f"{url}/metrics", SCRAPED_FIELDS)["throughput"] == 3.5
+        assert scrape(f"{url}/other", SCRAPED_FIELDS) is None
+        lines, stop = [], threading.Event()
+        worker = threading.Thread(target=scrape_loop, args=(f"{url}/metrics", SCRAPED_FIELDS, 0.05, lines.append, stop))
+        worker.start()
+        import time
+
+        time.sleep(0.3)
+        stop.set()
+        worker.join(2)
+        assert not worker.is_alive() and len(lines) == 1  # the page did not change: one report
+        assert json.loads(lines[0])["samples_done"] == 12000.0
+    finally:
+        server.shutdown()
+    assert scrape(f"{url}/metrics", SCRAPED_FIELDS, timeout=0.5) is None  # gone
+
+
+def test_the_reports_sidecar_imports_neither_pandas_nor_torch():
+    """It lives in a 64 MiB container (SCRAPE_SIDECAR_MEMORY_MB): the optimizer's vocabulary
+    (pandas) alone would take ~100 MiB."""
+    import subprocess
+    import sys
+
+    code = "import sys, airflow_dlrover.scrape; print(sorted({'pandas', 'numpy', 'torch', 'scipy'} & set(sys.modules)))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"

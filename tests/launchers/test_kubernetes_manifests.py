@@ -487,3 +487,19 @@ def test_a_rendered_pod_shares_nothing_with_the_next():
     second = km.node_pod("j", "worker", 1, cpu=1, memory_mb=1024, placement=placement)
     assert second["spec"]["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert second["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+@pytest.mark.parametrize("metrics", [None, (9400, "/metrics", {"throughput": "train_samples_per_second"})])
+def test_a_trainer_pod_validates_and_is_hardened_with_or_without_its_reports_sidecar(metrics):
+    placement = km.Placement(namespace="ml", image="reg/dlrover:1", volume_claim="team-jobs")
+    node = {"name": "worker-1", "role": "worker", "index": 1, "cpu": 1.5, "memory_mb": 2048, "gpu": 0}
+    pod = km.trainer_pod("ddp-daily", node, argv=["python", "/app/train.py"], env={"RANK": "1"}, image="team/ddp:2",
+                         grace_s=20, placement=placement, owner=km.config_map_owner(UID, "ddp-daily"), metrics=metrics)
+    kubernetes_validate.validate(pod, VERSION, strict=True)
+    assert hardening_problems(pod) == []
+    sidecars = pod["spec"].get("initContainers", [])
+    assert len(sidecars) == (metrics is not None)
+    if metrics:
+        command = sidecars[0]["command"]
+        assert json.loads(command[command.index("--names") + 1]) == {"throughput": "train_samples_per_second"}
+        assert pod["spec"]["containers"][0]["resources"]["limits"] == {"cpu": "1500m", "memory": "2048Mi"}

@@ -3,6 +3,7 @@ the kubelet, metrics-server and the trainer in the pods: ``kmock_server.TrainerD
 the user's image with the contract's environment, probes as pods, a resize by relaunch, an
 OOM-killed worker relaunched with more memory once, and clean deletion."""
 
+import dataclasses
 import json
 
 import pytest
@@ -31,15 +32,21 @@ def server():
         yield km_thread
 
 
-@pytest.fixture
-def cluster(server, monkeypatch, tmp_path):
+RUNTIME_IMAGE = "registry.example/airflow-dlrover:0.1.0"
+PROMETHEUS = dataclasses.replace(TRAINER, metrics_port=9400)
+
+
+@pytest.fixture(params=[False])
+def cluster(request, server, monkeypatch, tmp_path):
+    """(launcher, kubelet, trainer double, core API); ``indirect`` param True: the double's
+    workers serve Prometheus text."""
     monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps(
         {"conn_type": "kubernetes", "extra": {"kube_config": json.dumps(kubeconfig(server.url, NS)), "namespace": NS}}))
     configuration = client.Configuration()
     configuration.host = server.url
     v1 = client.CoreV1Api(client.ApiClient(configuration))
-    with Kubelet(v1, NS) as kubelet, TrainerDouble(server, v1, NS, JOB) as trainer:
-        launcher = make_launcher("kubernetes", str(tmp_path), {"namespace": NS, "image": "registry.example/airflow-dlrover:0.1.0"})
+    with Kubelet(v1, NS) as kubelet, TrainerDouble(server, v1, NS, JOB, prometheus=request.param) as trainer:
+        launcher = make_launcher("kubernetes", str(tmp_path), {"namespace": NS, "image": RUNTIME_IMAGE})
         launcher.poll_s = 0.02
         yield launcher, kubelet, trainer, v1
         for kind in ("pod", "service", "config_map", "secret"):
@@ -78,7 +85,8 @@ def test_a_trainer_runs_as_pods_of_its_image_with_the_contract(server, cluster):
     mark = len(list(server.emulator))
     launcher.launch(spec(), TWO)
     base = f"/api/v1/namespaces/{NS}"
-    created = [(path, body) for verb, path, _, body in requests_since(server, mark) if verb == "POST" and "/leases" not in path]
+    created = [(path, body) for verb, path, _, body in requests_since(server, mark)  # the launcher's (not the double's)
+               if verb == "POST" and "/leases" not in path and "/metrics.k8s.io/" not in path]
     assert [path for path, _ in created] == [
         f"{base}/configmaps", f"{base}/secrets", f"{base}/services",
         f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies", f"{base}/pods", f"{base}/pods"]
@@ -114,6 +122,39 @@ def test_a_trainer_runs_as_pods_of_its_image_with_the_contract(server, cluster):
     assert usage["worker-0"]["cpu_rate"] == pytest.approx(1.35)
     launcher.stop(JOB)
     assert pods(v1) == {} and not launcher.exists(JOB)
+
+
+@pytest.mark.parametrize("cluster", [True], indirect=True)
+def test_a_prometheus_trainer_is_scraped_by_its_pods_sidecar_and_its_reports_outlive_it(server, cluster):
+    launcher, kubelet, trainer, v1 = cluster
+    launcher.launch(spec(PROMETHEUS), TWO)
+    for name, pod in pods(v1).items():
+        (sidecar,), (container,) = pod.spec.init_containers, pod.spec.containers
+        assert sidecar.name == "dlrover-reports" and sidecar.image == RUNTIME_IMAGE and sidecar.restart_policy == "Always"
+        assert sidecar.command[:3] == ["python", "-m", "airflow_dlrover.scrape"]
+        assert sidecar.command[sidecar.command.index("--url") + 1] == "http://127.0.0.1:9400/metrics"
+        assert sidecar.resources.requests == sidecar.resources.limits == {"cpu": "50m", "memory": "64Mi"}
+        assert sidecar.security_context.read_only_root_filesystem and sidecar.security_context.capabilities.drop == ["ALL"]
+        assert {"name": "metrics", "containerPort": 9400} in [{"name": p.name, "containerPort": p.container_port}
+                                                            for p in container.ports]
+        assert {e.name: e.value for e in container.env}["DLROVER_METRICS_PORT"] == "9400"
+        assert pod.metadata.annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": "9400",
+                                            "prometheus.io/path": "/metrics"}
+    kubelet.wait_running([f"{JOB}-worker-0", f"{JOB}-worker-1"])
+    wait_reported(launcher, 2)
+    assert launcher.progress(JOB)["throughput"] == pytest.approx(3000.0)
+    assert launcher.metrics(JOB)["usage"]["worker-0"]["cpu_rate"] == pytest.approx(1.35)  # not the sidecar's 20m
+    # the trainer exits: its endpoint is gone, the scrapes stay in the sidecar's log
+    for index in (0, 1):
+        kubelet.terminate(f"{JOB}-worker-{index}", 0, "Completed")
+    import time
+
+    time.sleep(0.5)
+    progress = launcher.progress(JOB)
+    assert progress["state"] == "done" and progress["samples_done"] > 0
+    assert progress["samples_done"] <= trainer.done  # what was scraped, never more than was trained
+    launcher.stop(JOB)
+    assert pods(v1) == {}
 
 
 def test_a_trainer_without_an_image_is_refused_before_anything_is_created(server, cluster):

@@ -1,7 +1,9 @@
 """A trainer of the user's (examples/ddp_dlrm, torch.distributed) through the local launcher:
 launch, resize by group restart, a killed worker recovered, contract errors refused."""
 
+import json
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -44,6 +46,61 @@ def test_ddp_trainer_resized_and_killed_trains_every_sample_once(tmp_path):
         assert len(rows) >= 1 and (rows.worker_cpu_used > 0.1).all()
         assert (rows.worker_cpu_used <= config.worker_cpu * 1.15).all()
         assert (rows.worker_memory_used_mb > 50).all()
+
+
+def test_a_ddp_trainer_reporting_through_prometheus_is_scraped_through_a_kill(tmp_path):
+    spec = trainer_spec("prom", [sys.executable, str(DDP), "--checkpoint-interval", "2"], samples=1_500_000,
+                        metrics_port=9400)
+    summary = run_job(LocalLauncher(tmp_path / "jobs"), spec, TWO, tmp_path,
+                      faults=[Fault(FaultKind.KILL_WORKER, 12.0, "worker-1")], timeout_s=240)
+    # the trainer's own counter, as last scraped from its gauges, reached the end through the restart
+    assert summary["samples_done"] == summary["samples_total"] == 1_500_000
+    assert summary["restarts"] == 1 and len(summary["restart_s"]) == 1 and 0 < summary["restart_s"][0] < 60
+    assert summary["auc"] > 0.7 and summary["median_throughput"] > 0
+    metrics = tmp_path / "jobs" / "prom" / "metrics"
+    assert not (metrics / "worker-0.jsonl").exists()  # it wrote no metrics file: the reports are the scrapes
+    scraped = [json.loads(line) for line in (metrics / "worker-0.scraped.jsonl").read_text().splitlines()]
+    assert scraped and all(r["throughput"] >= 0 for r in scraped)
+    assert [r["samples_done"] for r in scraped] == sorted(r["samples_done"] for r in scraped)
+
+
+def test_a_trainer_whose_endpoint_never_answers_is_refused_after_its_report_timeout(tmp_path):
+    launcher = LocalLauncher(tmp_path / "jobs")
+    spec = trainer_spec("deaf", [sys.executable, "-c", "import time; time.sleep(60)"], report_timeout_s=2.0,
+                        metrics_port=9400)
+    launcher.launch(spec, ONE)
+    try:
+        time.sleep(3.0)
+        records = launcher.recover("deaf")
+        assert records[0]["reason"] == "user_error" and records[0]["retryable"] is False
+        port = launcher.read_job("deaf")["nodes"]["worker-0"]["metrics_port"]
+        assert f"Prometheus text on port 9400/metrics" in records[0]["text"] and port != 9400  # locally: its own port
+    finally:
+        launcher.stop("deaf")
+
+
+REPORT_AND_WAIT = ("import json, os, time\n"
+                   "open(os.environ['DLROVER_METRICS_FILE'], 'a').write(json.dumps(dict(throughput=1.0)) + '\\n')\n"
+                   "time.sleep(120)")
+
+
+def test_two_failed_members_restart_an_allreduce_group_once(tmp_path):
+    launcher = LocalLauncher(tmp_path / "jobs")
+    launcher.launch(trainer_spec("pair", [sys.executable, "-c", REPORT_AND_WAIT]), TWO)
+    try:
+        launcher._wait_first_reports("pair")
+        launcher.kill_node("pair", "worker-0")
+        launcher.kill_node("pair", "worker-1")
+        deadline = time.monotonic() + 10
+        while sum(s.failed for s in launcher.status("pair")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        records = launcher.recover("pair")
+        assert [r["node"] for r in records if r.get("action") == "relaunch"] == ["worker-0", "worker-1"]
+        restarts = [e for e in launcher.read_job("pair")["events"] if e.get("event") == "restart"]
+        assert len(restarts) == 1 and restarts[0]["generation"] == 1  # the second member was already back
+        assert all(s.state == "running" for s in launcher.status("pair"))
+    finally:
+        launcher.stop("pair")
 
 
 def test_a_trainer_that_fails_before_reporting_is_the_users_mistake(tmp_path):
