@@ -74,7 +74,7 @@ def test_a_trainer_whose_endpoint_never_answers_is_refused_after_its_report_time
         records = launcher.recover("deaf")
         assert records[0]["reason"] == "user_error" and records[0]["retryable"] is False
         port = launcher.read_job("deaf")["nodes"]["worker-0"]["metrics_port"]
-        assert f"Prometheus text on port 9400/metrics" in records[0]["text"] and port != 9400  # locally: its own port
+        assert "Prometheus text on port 9400/metrics" in records[0]["text"] and port != 9400  # locally: its own port
     finally:
         launcher.stop("deaf")
 
