@@ -2,6 +2,7 @@
 alone: the machine is small).
 
     python benchmarks/trainers.py [--examples ddp_dlrm ps_dlrm] [--quota-cpu 2] [--out DIR]
+    python benchmarks/trainers.py --examples ddp_dlrm --reports prometheus   # scraped, not the file
 
 For each example, in one run:
 
@@ -47,17 +48,23 @@ SETUPS = {
 }
 
 
-def spec(example: str, job_id: str, samples: int) -> JobSpec:
+#: the examples that can report through a Prometheus endpoint (ps_dlrm keeps to its metrics file)
+PROMETHEUS = ("ddp_dlrm",)
+METRICS_PORT = 9400
+
+
+def spec(example: str, job_id: str, samples: int, reports: str = "file") -> JobSpec:
     kind = SETUPS[example][0]
-    trainer = TrainerSpec(command=(sys.executable, str(EXAMPLES / example / "train.py")), kind=kind, grace_s=20)
+    trainer = TrainerSpec(command=(sys.executable, str(EXAMPLES / example / "train.py")), kind=kind, grace_s=20,
+                          metrics_port=METRICS_PORT if reports == "prometheus" else 0)
     return JobSpec(job_id=job_id, samples=samples, batch_size=512, trainer=trainer.to_dict())
 
 
-def measure(example: str, quota: Quota, window_s: float, out: Path) -> dict:
+def measure(example: str, quota: Quota, window_s: float, out: Path, reports: str = "file") -> dict:
     kind, default, samples = SETUPS[example]
     launcher = LocalLauncher(out / "jobs")
     probes = design_probes(quota, batch_size=512, allreduce=kind == "allreduce")
-    job = spec(example, f"{example.replace('_', '-')}-profile", samples * 100)  # never finishes while profiling
+    job = spec(example, f"{example.replace('_', '-')}-profile", samples * 100, reports)  # never finishes while profiling
     started = time.monotonic()
     try:
         table = profile_job(launcher, job, probes, window_s=window_s)
@@ -71,12 +78,12 @@ def measure(example: str, quota: Quota, window_s: float, out: Path) -> dict:
     chosen = plan(model.throughput, model.memory, quota, "throughput", samples=samples)
     runs = {}
     for name, config in (("plan", chosen.config), ("default", default)):
-        summary = run_job(launcher, spec(example, f"{example.replace('_', '-')}-{name}", samples), config, out / name,
+        summary = run_job(launcher, spec(example, f"{example.replace('_', '-')}-{name}", samples, reports), config, out / name,
                           timeout_s=1800)
         runs[name] = {"config": config.describe(), "wall_s": summary["wall_s"],
                       "median_throughput": summary["median_throughput"], "samples_done": summary["samples_done"]}
     return {
-        "example": example, "probes": len(probes), "measured": len(table), "profile_s": profile_s,
+        "example": example, "reports": reports, "probes": len(probes), "measured": len(table), "profile_s": profile_s,
         "loco_mape": model.throughput.report.out_of_sample_mape, "in_sample_mape": model.throughput.report.in_sample_mape,
         "restart_s": restarts, "charged_s": charged,
         "default_charge_s": C.ALLREDUCE_RESIZE_COST_S if kind == "allreduce" else C.PS_RESIZE_COST_S,
@@ -90,17 +97,21 @@ def main() -> None:
     parser.add_argument("--quota-cpu", type=float, default=2.0)
     parser.add_argument("--quota-memory", default="4Gi")
     parser.add_argument("--window", type=float, default=C.TRAINER_PROBE_WINDOW_S)
+    parser.add_argument("--reports", choices=("file", "prometheus"), default="file",
+                        help=f"how the trainers report (prometheus: {', '.join(PROMETHEUS)} only)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.reports == "prometheus" and set(args.examples) - set(PROMETHEUS):
+        parser.error(f"--reports prometheus: only {', '.join(PROMETHEUS)} serves an endpoint")
     out = Path(args.out or tempfile.mkdtemp(prefix="trainers-"))
     quota = Quota.parse(args.quota_cpu, args.quota_memory)
-    results = [measure(example, quota, args.window, out) for example in args.examples]
+    results = [measure(example, quota, args.window, out, args.reports) for example in args.examples]
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     rows = []
     for r in results:
         plan_run, default_run = r["runs"]["plan"], r["runs"]["default"]
         rows.append({
-            "example": r["example"], "probes": f"{r['measured']}/{r['probes']}", "profile s": round(r["profile_s"]),
+            "example": f"{r['example']} ({r['reports']})", "probes": f"{r['measured']}/{r['probes']}", "profile s": round(r["profile_s"]),
             "LOCO MAPE": f"{r['loco_mape']:.1%}" if r["loco_mape"] is not None else "—",
             "restarts s (median)": f"{statistics.median(r['restart_s']):.1f} of {len(r['restart_s'])}",
             "charged s": f"{r['charged_s']:.1f} (default {r['default_charge_s']:.0f})",
