@@ -1,8 +1,9 @@
 """Reading a trainer's Prometheus endpoint (``TrainerSpec.metrics_port``, ``launchers.contract``),
 and the reports sidecar of such a trainer's pods: every ``--every`` seconds it scrapes the
 trainer's endpoint on the pod's loopback and prints each new report as a JSON line
-(:func:`scrape` / :func:`new_report`), so that the reports are in the sidecar's log — read by the launcher through the API as a metrics file's lines are, kept
-with the pod after the trainer exits, and the same for every process that reads them.
+(:func:`scrape` / :func:`new_report`), so that the reports are in the sidecar's log: read by the
+launcher through the API as a metrics file's lines are, kept with the pod after the trainer
+exits, and the same for every process that reads them.
 
 It runs as a native sidecar (an init container with ``restartPolicy: Always``, Kubernetes ≥ 1.29):
 the kubelet starts it before the trainer and stops it (SIGTERM) once the trainer has exited.
@@ -36,10 +37,9 @@ SCRAPED_FIELDS = {name: f"dlrover_{name}" for name in ("throughput", "samples_do
 
 def scraped_report(text: str, names: Mapping[str, str], now: float) -> dict[str, float] | None:
     """One report from a Prometheus text page (``prometheus_client``'s parser): each field from its
-    sample in ``names``, or that name + ``_total`` (a counter's sample; summed over label sets for
-    ``throughput`` and the sample counts, averaged
-    for ``loss``/``auc``), ``time`` = ``now``; None without a numeric ``throughput`` or when the
-    page is not Prometheus text."""
+    sample in ``names``, or that name + ``_total`` (a counter's sample), summed over label sets
+    for ``throughput`` and the sample counts and averaged for ``loss``/``auc``; ``time`` = ``now``.
+    None without a numeric ``throughput`` or when the page is not Prometheus text."""
     by_sample: dict[str, list[float]] = {}
     try:
         for family in text_string_to_metric_families(text):

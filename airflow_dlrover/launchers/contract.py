@@ -43,8 +43,9 @@ from airflow_dlrover.scrape import SCRAPED_FIELDS, new_report, scrape, scraped_r
 ENV = (
     "DLROVER_JOB_ID", "DLROVER_ROLE", "DLROVER_INDEX", "DLROVER_WORKERS", "DLROVER_PS", "DLROVER_CPU",
     "DLROVER_MEMORY_MB", "DLROVER_GPU", "DLROVER_BATCH_SIZE", "DLROVER_SAMPLES", "DLROVER_CHECKPOINT_DIR",
-    "DLROVER_METRICS_FILE", "DLROVER_METRICS_PORT", "DLROVER_SCRAPE_S", "DLROVER_GENERATION", "DLROVER_GRACE_S", "DLROVER_JOB_KEY", "TF_CONFIG", "MASTER_ADDR", "MASTER_PORT",
-    "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS",
+    "DLROVER_METRICS_FILE", "DLROVER_METRICS_PORT", "DLROVER_SCRAPE_S", "DLROVER_GENERATION", "DLROVER_GRACE_S",
+    "DLROVER_JOB_KEY", "TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+    "OMP_NUM_THREADS",
 )
 #: ``{placeholder}`` → the environment variable whose value it takes.
 PLACEHOLDERS = {
@@ -56,8 +57,11 @@ PLACEHOLDERS = {
 }
 KINDS = ("allreduce", "ps")
 METRIC_FIELDS = ("throughput", "samples_done", "samples_total", "loss", "auc", "time")
-#: Ports of the contract's own on every node (``TF_CONFIG``, the rendezvous): not a metrics port.
-RESERVED_PORTS = (2222, 29500)
+#: A node's port in ``TF_CONFIG`` where it has one of its own (a pod; TensorFlow's customary server
+#: port) and worker 0's ``torch.distributed`` rendezvous port there (torchrun's default): neither
+#: may be a metrics port.
+PEER_PORT, RENDEZVOUS_PORT = 2222, 29500
+RESERVED_PORTS = (PEER_PORT, RENDEZVOUS_PORT)
 
 
 @dataclass(frozen=True)

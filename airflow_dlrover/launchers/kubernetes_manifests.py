@@ -74,6 +74,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_dlrover.launchers import contract
 from airflow_dlrover.launchers.base import torch_threads
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError
@@ -102,8 +103,8 @@ GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's extended resource
 MASTER_READY_PERIOD_S = 2  # readiness polls of the master's GET /healthz (open: a kubelet holds no key)
 PS_READY_PERIOD_S = 2  # readiness polls of a PS's port (a TCP connect; the PS drops unauthenticated ones)
 NAME_MAX = 63  # DNS-1123 label length: Service names, pod hostnames and label values
-TRAINER_PORT = 2222  # a trainer node's port in TF_CONFIG (TensorFlow's customary server port)
-RENDEZVOUS_PORT = 29500  # torch.distributed's env:// rendezvous on worker 0 (torchrun's default)
+TRAINER_PORT = contract.PEER_PORT  # a trainer node's port in TF_CONFIG
+RENDEZVOUS_PORT = contract.RENDEZVOUS_PORT  # torch.distributed's env:// rendezvous on worker 0
 #: where a trainer writes its reports on Kubernetes: its log, which the launcher reads through the API
 TRAINER_METRICS_FILE = "/dev/stdout"
 #: the native sidecar that scrapes a trainer's Prometheus endpoint into its own log
