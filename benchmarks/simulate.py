@@ -32,7 +32,9 @@ def run(args: argparse.Namespace) -> None:
         kwargs["cluster_cpu"] = float(args.cluster_cpu)
     if args.cluster_memory is not None:
         kwargs["cluster_memory_mb"] = parse_memory_mb(args.cluster_memory, "cluster_memory")
-    cfg = SimConfig(jobs=args.jobs, seed=args.seed, **kwargs)
+    if not 0.0 <= args.allreduce_fraction <= 1.0:
+        raise InvalidInputError("allreduce-fraction", args.allreduce_fraction, "a fraction in [0, 1]")
+    cfg = SimConfig(jobs=args.jobs, seed=args.seed, allreduce_fraction=args.allreduce_fraction, **kwargs)
     if args.no_instability:
         cfg = cfg.without_instability()
     start = time.perf_counter()
@@ -61,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the pre-tune objective of ours and the oracle (default efficiency: the knee)")
     p.add_argument("--cluster-cpu", default=None, help="cores of the cluster quota (default 8000)")
     p.add_argument("--cluster-memory", default=None, help="memory of the cluster quota (default 40000Gi)")
+    p.add_argument("--allreduce-fraction", type=float, default=0.0,
+                   help="share of the job families that train data-parallel without PS (default 0)")
     p.add_argument("--no-instability", action="store_true", help="no failures, hot PS, stragglers, under-sized users")
     p.add_argument("--processes", type=int, default=2, help="policies simulated in parallel (default 2)")
     p.add_argument("--dlrover-venv", default=None, help="venv with dlrover==0.6.1 (default $AIRFLOW_DLROVER_DLROVER_VENV or ./.venv-dlrover)")

@@ -266,8 +266,11 @@ class Cluster:
         if decision.probes:
             job.probes = list(decision.probes)
             self._check_quota(job, max(c.cores for c in job.probes), max(c.memory_mb for c in job.probes))
-            reserve = Configuration(1, 1, max(c.cores for c in job.probes) - 0.5, 0.5,
-                                    max(c.memory_mb for c in job.probes) / 2, max(c.memory_mb for c in job.probes) / 2)
+            cores, memory = max(c.cores for c in job.probes), max(c.memory_mb for c in job.probes)
+            if all(c.ps == 0 for c in job.probes):  # an all-reduce job's reservation: no PS either
+                reserve = Configuration(1, 0, cores, 0.0, memory, 0.0)
+            else:
+                reserve = Configuration(1, 1, cores - 0.5, 0.5, memory / 2, memory / 2)
             self._enqueue(job, ("profile", reserve))
         else:
             self._check_config(job, decision.config)
@@ -350,16 +353,14 @@ class Cluster:
     def _oom_time(self, job: JobRun) -> float:
         config = self._config(job)
         memory = job.spec.family.memory
-        if memory.worker_mb() > config.worker_memory_mb:
+        if memory.worker_mb(job.samples_done) > config.worker_memory_mb:
             return self.now
-        limit = config.ps_memory_mb
-        if memory.ps_mb(config.ps, job.samples_done) >= limit:
+        if config.ps == 0 and not memory.replicated:
+            return math.inf
+        limit = config.worker_memory_mb if memory.replicated else config.ps_memory_mb
+        n_star = memory.samples_to(limit, config.ps)  # the growing node reaches its limit
+        if n_star <= job.samples_done:
             return self.now
-        # samples at which ps_mb(p, n) reaches the limit
-        room = (limit - memory.ps_base_mb) * config.ps - memory.table_mb
-        if memory.growth_mb_per_m <= 0 or room <= 0:
-            return math.inf if room > 0 else self.now
-        n_star = 1e6 * (room / memory.growth_mb_per_m) ** (1.0 / memory.alpha)
         if n_star >= job.spec.samples:
             return math.inf
         return self._when_done(job, n_star)
@@ -405,8 +406,8 @@ class Cluster:
         if hot:
             per_ps[0] = min(max(job.hot_ps_cpu, config.ps_cpu), ps_cpu * job.spec.hot_ps_factor)
         memory = job.spec.family.memory
-        worker_mem = min(memory.worker_mb(), config.worker_memory_mb)
-        ps_mem = min(float(memory.ps_mb(config.ps, job.samples_done)), config.ps_memory_mb)
+        worker_mem = min(memory.worker_mb(job.samples_done), config.worker_memory_mb)
+        ps_mem = min(float(memory.ps_mb(config.ps, job.samples_done)), config.ps_memory_mb) if config.ps else 0.0
         total = config.workers * worker_cpu + sum(per_ps)
         return worker_cpu, worker_mem, per_ps, ps_mem, total
 
@@ -434,8 +435,9 @@ class Cluster:
             _, _, _, _, used_cpu = self._usage(job)
             config = self._config(job)
             memory = job.spec.family.memory
-            used_mem = config.workers * min(memory.worker_mb(), config.worker_memory_mb) + config.ps * min(
-                float(memory.ps_mb(config.ps, job.samples_done - gained / 2)), config.ps_memory_mb)
+            middle = job.samples_done - gained / 2
+            used_mem = config.workers * min(memory.worker_mb(middle), config.worker_memory_mb) + (config.ps * min(
+                float(memory.ps_mb(config.ps, middle)), config.ps_memory_mb) if config.ps else 0.0)
         else:  # launching / recovering / resizing: resources held, little used
             used_cpu = 0.0
             used_mem = 0.25 * alloc_mem
@@ -510,8 +512,8 @@ class Cluster:
             noise = rng.lognormal(0.0, self.cfg.window_noise) if self.cfg.window_noise else 1.0
             job.probe_rows.append(dict(
                 probe.to_row(), throughput=job.true_rate * noise, worker_cpu_used=worker_cpu,
-                ps_cpu_used=float(np.mean(per_ps)), worker_memory_used_mb=worker_mem,
-                ps_memory_used_mb=ps_mem, samples_seen=job.samples_done, timestamp=self.now - (1 - k) * self.cfg.probe_s / 2,
+                ps_cpu_used=float(np.mean(per_ps)) if per_ps else math.nan, worker_memory_used_mb=worker_mem,
+                ps_memory_used_mb=ps_mem if per_ps else math.nan, samples_seen=job.samples_done, timestamp=self.now - (1 - k) * self.cfg.probe_s / 2,
             ))
         job.probe_index += 1
         job.oom_streak = 0
@@ -539,10 +541,10 @@ class Cluster:
         job.oom_streak += 1
         config = self._config(job)
         memory = job.spec.family.memory
-        node = "worker" if memory.worker_mb() > config.worker_memory_mb else "ps"
+        node = "worker" if config.ps == 0 or memory.worker_mb(job.samples_done) > config.worker_memory_mb else "ps"
         obs = self.observe(job)
-        obs.ps_memory_used_mb = float(memory.ps_mb(config.ps, job.samples_done))  # what it reached
-        obs.worker_memory_used_mb = float(memory.worker_mb())
+        obs.ps_memory_used_mb = float(memory.ps_mb(config.ps, job.samples_done)) if config.ps else 0.0  # what it reached
+        obs.worker_memory_used_mb = memory.worker_mb(job.samples_done)
         job.oom_at = job.samples_done
         self._lose_since_checkpoint(job)
         answer = self.policy.on_oom(job, obs, node) if job.oom_streak <= self.cfg.max_oom_retries else None

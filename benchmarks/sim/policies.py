@@ -19,6 +19,12 @@
              gives the next run: the newest cold fit's throughput model with the newest memory model.
 ``oracle``   knows the truth: the same objective as ``ours`` evaluated on the true function over
              the planner's grid, memory sized for the true peak, instability healed at onset.
+
+An all-reduce family (no PS, ``truth.AllReduce``) is known to be one by every policy, as its owner
+declares it (``trainer.kind``): ``ours`` probes and plans it on the all-reduce grid; ``dlrover``
+runs it as DLRover 0.6.1's ``AllreduceJobResourceOptimizer`` does — the owner's worker resources
+as written (its ``get_job_resource_plan`` adds workers only on free GPU nodes, a query 0.6.1 leaves
+returning 0), and an OOM-killed worker relaunched as it was (its ``adjust_oom_resource`` is empty).
 """
 
 from __future__ import annotations
@@ -62,12 +68,17 @@ def _config(w, p, lw, lp, wm, pm) -> Configuration:
 # ---------------------------------------------------------------------------------------------
 
 
+def users_config(job: JobRun) -> Configuration:
+    """The configuration the job's owner wrote."""
+    u = job.spec.family.user
+    return _config(u.workers, u.ps, u.worker_cpu, u.ps_cpu, u.worker_memory_mb, u.ps_memory_mb)
+
+
 class UserPolicy(Policy):
     name = "user"
 
     def start(self, job: JobRun) -> Start:
-        u = job.spec.family.user
-        return Start(config=_config(u.workers, u.ps, u.worker_cpu, u.ps_cpu, u.worker_memory_mb, u.ps_memory_mb))
+        return Start(config=users_config(job))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -75,25 +86,31 @@ class UserPolicy(Policy):
 # ---------------------------------------------------------------------------------------------
 
 
+def is_allreduce(job: JobRun) -> bool:
+    """The job's family trains without PS (its owner says so: ``trainer.kind``)."""
+    return job.spec.family.user.ps == 0
+
+
 def true_plan(job: JobRun, objective: str, quota: Quota, truth_on_grid: np.ndarray | None = None) -> Configuration:
     """The best configuration on the *true* function, by the planner's own rules and grid.
     ``truth_on_grid``: the true throughput over the quota's grid prefix, when already computed."""
     family = job.spec.family
-    grid = search_grid(BATCH)
+    grid = search_grid(BATCH, allreduce=is_allreduce(job))
     n = grid.prefix(quota.cpu)
     w, p, lw, lp = grid.workers[:n], grid.ps[:n], grid.worker_cpu[:n], grid.ps_cpu[:n]
     x = family.truth.throughput(w, p, lw, lp) if truth_on_grid is None else truth_on_grid
     memory = family.memory
-    worker_mem = float(np.ceil(memory.worker_mb() / C.MEMORY_GRANULARITY_MB) * C.MEMORY_GRANULARITY_MB)
-    ps_need = np.ceil(memory.ps_mb(np.arange(1, C.GRID_MAX_PS + 1), job.spec.samples) / C.MEMORY_GRANULARITY_MB) * C.MEMORY_GRANULARITY_MB
-    total_mem = w * worker_mem + p * ps_need[p - 1]
+    granule = C.MEMORY_GRANULARITY_MB
+    worker_mem = float(np.ceil(memory.worker_mb(job.spec.samples) / granule) * granule)
+    ps_need = np.concatenate([[0.0], np.ceil(memory.ps_mb(np.arange(1, C.GRID_MAX_PS + 1), job.spec.samples) / granule) * granule])
+    total_mem = w * worker_mem + p * ps_need[p]
     feasible = total_mem <= quota.memory_mb
     xf = np.where(feasible, x, -np.inf)
     if objective == "throughput":
         best = int(np.argmax(xf))
     else:
         best = knee(pareto_front(grid, n, xf), x, grid.cores[:n])
-    return _config(w[best], p[best], lw[best], lp[best], worker_mem, ps_need[p[best] - 1])
+    return _config(w[best], p[best], lw[best], lp[best], worker_mem, ps_need[p[best]])
 
 
 class OraclePolicy(Policy):
@@ -108,7 +125,7 @@ class OraclePolicy(Policy):
         # is feasible) depends on this run's samples.
         family = job.spec.family
         if family.index not in self._truth_on_grid:
-            grid = search_grid(BATCH)
+            grid = search_grid(BATCH, allreduce=is_allreduce(job))
             n = grid.prefix(job.limit.cpu)
             self._truth_on_grid[family.index] = family.truth.throughput(
                 grid.workers[:n], grid.ps[:n], grid.worker_cpu[:n], grid.ps_cpu[:n])
@@ -133,11 +150,13 @@ def _history_model(job: JobRun, quota: Quota) -> JobModel:
     memory growth yesterday's run showed (the history store keeps both)."""
     family = job.spec.family
     rng = np.random.default_rng([job.spec.seed, 3])
-    probes = design_probes(quota, batch_size=BATCH)
+    probes = design_probes(quota, batch_size=BATCH, allreduce=is_allreduce(job))
     rows = _measure(family, probes, rng, samples_seen=0.0)
     model = fit_job_model(pd.DataFrame(rows))
-    # Yesterday's run: PS memory at a few points of its progress.
+    # Yesterday's run: the growing node's memory (a PS; every worker of an all-reduce job) at a
+    # few points of its progress.
     grown = [dict(rows[0], samples_seen=s, ps_memory_used_mb=float(family.memory.ps_mb(rows[0]["ps"], s)))
+             if rows[0]["ps"] else dict(rows[0], samples_seen=s, worker_memory_used_mb=family.memory.worker_mb(s))
              for s in np.linspace(0.0, family.typical_samples, 5)]
     growth = fit_memory(pd.DataFrame(grown)).table_growth_mb_per_m_samples
     return JobModel(model.throughput, model.memory.with_table_growth(growth))
@@ -151,8 +170,10 @@ def _measure(family, configs: pd.DataFrame, rng, samples_seen: float) -> list[di
         wc, pc = family.truth.cpu_used(w, p, lw, lp)
         for _ in range(2):
             rows.append(dict(row, throughput=x * rng.lognormal(0.0, 0.05), worker_cpu_used=float(wc),
-                             ps_cpu_used=float(pc), worker_memory_used_mb=family.memory.worker_mb(),
-                             ps_memory_used_mb=float(family.memory.ps_mb(p, samples_seen)), samples_seen=samples_seen))
+                             ps_cpu_used=float(pc) if p else math.nan,
+                             worker_memory_used_mb=family.memory.worker_mb(samples_seen),
+                             ps_memory_used_mb=float(family.memory.ps_mb(p, samples_seen)) if p else math.nan,
+                             samples_seen=samples_seen))
     return rows
 
 
@@ -173,7 +194,7 @@ class OursPolicy(Policy):
             prior = self.history[family.index] = _history_model(job, job.limit)
         job.state["controller"] = ControllerState(job.limit, self.objective, prior=prior)
         probes = design_probes(job.limit, batch_size=BATCH, prior=prior.throughput if prior else None,
-                               memory=prior.memory if prior else None)
+                               memory=prior.memory if prior else None, allreduce=is_allreduce(job))
         if probes.empty:  # a warm start: the prior is the run's model and plans (as the fit task)
             return Start(config=self._launch(job, prior, job.spec.samples))
         return Start(probes=[Configuration(**row) for row in probes.to_dict("records")])
@@ -193,9 +214,11 @@ class OursPolicy(Policy):
     # --- the fine-tune and the guard: observe, step, apply
     def check(self, job: JobRun, obs: Observation) -> list:
         config = obs.config
+        ps = bool(config.ps)  # an all-reduce job's rows have no PS usage (as a trainer's reports)
         windows = tuple(dict(config.to_row(), throughput=x, worker_cpu_used=obs.worker_cpu_used,
-                             ps_cpu_used=float(np.mean(obs.ps_cpu_used)), worker_memory_used_mb=obs.worker_memory_used_mb,
-                             ps_memory_used_mb=obs.ps_memory_used_mb, samples_seen=obs.samples_done,
+                             ps_cpu_used=float(np.mean(obs.ps_cpu_used)) if ps else math.nan,
+                             worker_memory_used_mb=obs.worker_memory_used_mb,
+                             ps_memory_used_mb=obs.ps_memory_used_mb if ps else math.nan, samples_seen=obs.samples_done,
                              timestamp=obs.now_s) for x in obs.windows)
         actions = self._step(job, _seen(job, obs, windows=windows, usage=_usage(obs)))
         out = []
@@ -298,6 +321,8 @@ class DLRoverPolicy(Policy):
         return _DLROVER_OPT_INTERVAL_S
 
     def start(self, job: JobRun) -> Start:
+        if is_allreduce(job):  # AllreduceJobResourceOptimizer: the owner's worker resources
+            return Start(config=users_config(job))
         reply = self.bridge.call([{"op": "new", "job": str(job.spec.id), "now": self.cluster.now,
                                    "cpu": job.limit.cpu, "memory_bytes": int(job.limit.memory_mb * 2**20)}])[0]
         groups = reply["groups"]
@@ -320,6 +345,8 @@ class DLRoverPolicy(Policy):
         return out
 
     def check(self, job: JobRun, obs: Observation) -> list:
+        if is_allreduce(job):  # get_job_resource_plan: no free GPU node ever, the same workers
+            return []
         requests = self._reports(job, obs) + [{"op": "plan", "job": str(job.spec.id), "now": obs.now_s}]
         reply = self.bridge.call(requests)[-1]
         job.state["quiet_until"] = reply.get("quiet_until")
@@ -368,6 +395,8 @@ class DLRoverPolicy(Policy):
 
     def on_oom(self, job: JobRun, obs: Observation, node: str) -> SetMemory | None:
         c = obs.config
+        if is_allreduce(job):  # adjust_oom_resource does nothing: relaunched as it was
+            return SetMemory(worker_memory_mb=c.worker_memory_mb)
         kind = "ps" if node == "ps" else "worker"
         memory = c.ps_memory_mb if kind == "ps" else c.worker_memory_mb
         cpu = c.ps_cpu if kind == "ps" else c.worker_cpu
@@ -382,7 +411,8 @@ class DLRoverPolicy(Policy):
         return SetMemory(ps_memory_mb=new) if kind == "ps" else SetMemory(worker_memory_mb=new)
 
     def finish(self, job: JobRun) -> None:
-        self.bridge.call([{"op": "close", "job": str(job.spec.id)}])
+        if not is_allreduce(job):
+            self.bridge.call([{"op": "close", "job": str(job.spec.id)}])
 
 
 def make_policy(name: str, *, objective: str = "efficiency", bridge=None) -> Policy:
@@ -399,4 +429,5 @@ def make_policy(name: str, *, objective: str = "efficiency", bridge=None) -> Pol
     raise InvalidInputError("policies", name, " | ".join(POLICIES))
 
 
-__all__ = ["POLICIES", "DLRoverPolicy", "OraclePolicy", "OursPolicy", "UserPolicy", "make_policy", "true_plan"]
+__all__ = ["POLICIES", "DLRoverPolicy", "OraclePolicy", "OursPolicy", "UserPolicy", "is_allreduce", "make_policy",
+           "true_plan"]

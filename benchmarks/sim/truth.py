@@ -19,10 +19,17 @@ from three families that are *not* the optimizer's q-norm of nine terms:
               bottlenecks differ from job to job. Bottlenecks combine by a near-hard soft-min
               (exponent 8), not by the model's fitted q.
 
+``allreduce`` Data-parallel jobs without PS (p = 0): every worker holds the whole model and the
+              group all-reduces its gradients each step over a ring whose links slow down past a
+              rack (oversubscribed uplinks), the all-reduce overlaps the backward pass in part
+              (DDP's buckets), and a synchronous step waits for the slowest of w workers. None of
+              the three is in the model's additive all-reduce terms.
+
 Every function is vectorised over arrays of (w, p, λw, λp) and returns throughput in samples/s
 and per-node CPU use (cores, ≤ the allocation). Memory truth (:class:`MemoryTruth`) is separate:
 PS memory grows with the samples trained, sub-linearly (new ids taper off), which the optimizer's
-linear growth model only approximates.
+linear growth model only approximates; an all-reduce job's tables, and their growth, are on every
+worker (``replicated``).
 """
 
 from __future__ import annotations
@@ -198,6 +205,58 @@ def measured_roofline() -> tuple[Roofline, float]:
 
 
 # ---------------------------------------------------------------------------------------------
+# All-reduce family (p = 0)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AllReduce(Truth):
+    """Synchronous data parallel, replicated model, ring all-reduce of ``model_bytes`` a step:
+
+    compute   t_c = (B·c_w / amdahl(λw, f) + o / min(λw, 1)) · (1 + σ·√(2 ln w))   (the slowest
+              of w workers: the expected maximum of w normal step times)
+    ring      t_r = 2(w−1)/w · model_bytes / bw(w) + 2(w−1) · latency,
+              bw(w) = bandwidth within a rack (w ≤ rack), bandwidth / oversubscription past it
+    step      t = max(t_c, t_r) + (1 − overlap) · min(t_c, t_r)     (buckets overlap backward)
+    x         = w · B / t, capped at the job's I/O plateau ``io``
+    """
+
+    c_w: float = 2.5e-4
+    f: float = 0.9
+    o: float = 2e-3
+    sigma: float = 0.05
+    model_bytes: float = 4e8
+    bandwidth: float = 1.25e9
+    latency: float = 5e-5
+    rack: float = 8.0
+    oversubscription: float = 3.0
+    overlap: float = 0.6
+    io: float = float("inf")
+    scale: float = 1.0
+    family: str = "allreduce"
+
+    def _times(self, w, lw):
+        w, lw = _arrays(w, lw)
+        compute = (BATCH * self.c_w / _amdahl(lw, self.f) + self.o / np.minimum(lw, 1.0)) \
+            * (1.0 + self.sigma * np.sqrt(2.0 * np.log(np.maximum(w, 1.0))))
+        bandwidth = np.where(w <= self.rack, self.bandwidth, self.bandwidth / self.oversubscription)
+        ring = 2.0 * (w - 1.0) / w * self.model_bytes / bandwidth + 2.0 * (w - 1.0) * self.latency
+        step = np.maximum(compute, ring) + (1.0 - self.overlap) * np.minimum(compute, ring)
+        return w, lw, compute, step
+
+    def throughput(self, w, p, lw, lp):
+        w, _, _, step = self._times(w, lw)
+        return self.scale * np.minimum(w * BATCH / step, self.io)
+
+    def cpu_used(self, w, p, lw, lp):
+        w, lw, compute, step = self._times(w, lw)
+        x = np.minimum(w * BATCH / step, self.io)
+        busy = compute / step * x / (w * BATCH / step)  # the compute share of a step, less when I/O-bound
+        worker = np.minimum(lw, _amdahl(lw, self.f) * busy + 0.05 * lw)  # + the all-reduce's own threads
+        return worker, np.zeros_like(worker)
+
+
+# ---------------------------------------------------------------------------------------------
 # Queueing tables
 # ---------------------------------------------------------------------------------------------
 
@@ -261,7 +320,8 @@ class QueueingTable(Truth):
 @dataclass(frozen=True)
 class MemoryTruth:
     """Per-node memory demand, MB. PS: base + (table + growth · (n/10⁶)^α) / p, n = samples trained
-    so far (α < 1: new ids arrive ever more slowly); worker: base + activations · B."""
+    so far (α < 1: new ids arrive ever more slowly); worker: base + activations · B — plus, when
+    the tables are ``replicated`` (an all-reduce job: no PS), table + growth · (n/10⁶)^α."""
 
     ps_base_mb: float
     table_mb: float
@@ -269,13 +329,35 @@ class MemoryTruth:
     alpha: float
     worker_base_mb: float
     activation_mb_per_sample: float
+    replicated: bool = False
+
+    def tables_mb(self, samples_done=0.0):
+        """The tables, grown by ``samples_done`` trained samples."""
+        grown = self.growth_mb_per_m * (np.maximum(np.asarray(samples_done, dtype=float), 0.0) / 1e6) ** self.alpha
+        return self.table_mb + grown
 
     def ps_mb(self, p, samples_done=0.0):
-        grown = self.growth_mb_per_m * (np.maximum(np.asarray(samples_done, dtype=float), 0.0) / 1e6) ** self.alpha
-        return self.ps_base_mb + (self.table_mb + grown) / np.asarray(p, dtype=float)
+        p = np.asarray(p, dtype=float)
+        if self.replicated:
+            return np.zeros_like(p)
+        return self.ps_base_mb + self.tables_mb(samples_done) / p
 
-    def worker_mb(self):
-        return self.worker_base_mb + self.activation_mb_per_sample * BATCH
+    def worker_mb(self, samples_done=0.0):
+        base = self.worker_base_mb + self.activation_mb_per_sample * BATCH
+        return float(base + self.tables_mb(samples_done)) if self.replicated else base
+
+    def samples_to(self, limit_mb: float, p: int) -> float:
+        """Samples trained when the growing node (a PS; every worker when ``replicated``) reaches
+        ``limit_mb``: inf when never, 0 when at once."""
+        if self.replicated:
+            room = limit_mb - self.worker_base_mb - self.activation_mb_per_sample * BATCH - self.table_mb
+        else:
+            room = (limit_mb - self.ps_base_mb) * p - self.table_mb
+        if room <= 0:
+            return 0.0
+        if self.growth_mb_per_m <= 0:
+            return math.inf
+        return 1e6 * (room / self.growth_mb_per_m) ** (1.0 / self.alpha)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,10 @@ same jobs, the same hidden truths and the same instability draws (common random 
   use history); the others are new today.
 * **Arrivals** follow a diurnal Poisson process over ``day_s`` (busier in the working hours).
 * **Truth** families: ``queueing`` tables (three physics), the ``measured`` roofline, random
-  ``roofline``\\ s (see :mod:`.truth`), each scaled by a model-size factor.
+  ``roofline``\\ s (see :mod:`.truth`), each scaled by a model-size factor — and, for a fraction
+  ``allreduce_fraction`` of the families, data-parallel ``allreduce`` jobs without PS (p = 0,
+  tables replicated on every worker; their owners write a worker count and size, no PS). Those
+  are drawn from a stream of their own, so that the PS families are the same for any fraction.
 * **User configurations** mimic what DLRover and the DLRover-RM paper report of manual settings:
   generous CPU per node (CPU utilisation ~15–35 %), memory at 2–6× the need (memory utilisation
   ~15–35 %), and a fraction ``user_underprovision`` of families whose PS memory is below the peak
@@ -32,6 +35,7 @@ import numpy as np
 from airflow_dlrover.optimizer.types import Configuration
 
 from sim.truth import (
+    AllReduce,
     MemoryTruth,
     QueueingTable,
     Roofline,
@@ -63,6 +67,8 @@ class SimConfig:
     straggler_probability: float = 0.15
     straggler_speed: tuple[float, float] = (0.15, 0.5)
     user_underprovision: float = 0.12
+    #: Families of data-parallel jobs without PS (all-reduce; ``truth.AllReduce``).
+    allreduce_fraction: float = 0.0
     #: Relative noise (lognormal cv) of the realised training rate and of each measured window.
     rate_noise: float = 0.03
     window_noise: float = 0.05
@@ -148,6 +154,44 @@ def _memory(rng: np.random.Generator, typical_samples: float) -> MemoryTruth:
     )
 
 
+def _allreduce_truth(rng: np.random.Generator) -> AllReduce:
+    return AllReduce(
+        c_w=float(2.5e-4 * rng.lognormal(0.0, 0.4)),
+        f=float(rng.uniform(0.8, 0.97)),
+        o=float(rng.uniform(1e-3, 5e-3)),
+        sigma=float(rng.uniform(0.02, 0.1)),
+        model_bytes=float(rng.lognormal(math.log(5e7), 0.8)),  # dense part + the touched rows' gradients
+        bandwidth=float(rng.choice([1.25e9, 3.1e9, 1.25e10])),
+        latency=float(rng.uniform(2e-5, 1e-4)),
+        rack=float(rng.choice([4, 8, 16])),
+        oversubscription=float(rng.uniform(2.0, 4.0)),
+        overlap=float(rng.uniform(0.3, 0.8)),
+        io=float(rng.choice([np.inf, np.inf, rng.uniform(1.5e5, 6e5)])),
+        scale=float(rng.lognormal(0.0, 0.4)),
+    )
+
+
+def _allreduce_memory(rng: np.random.Generator, typical_samples: float) -> MemoryTruth:
+    """Replicated tables: small enough for every worker to hold (larger ones are sharded on PS)."""
+    table = float(rng.lognormal(math.log(1500), 0.5))
+    alpha = float(rng.uniform(0.6, 1.0))
+    grown = table * float(rng.uniform(0.1, 0.5))
+    return MemoryTruth(ps_base_mb=0.0, table_mb=table, growth_mb_per_m=grown / (typical_samples / 1e6) ** alpha,
+                       alpha=alpha, worker_base_mb=float(rng.uniform(800, 2500)),
+                       activation_mb_per_sample=float(rng.uniform(0.5, 2.0)), replicated=True)
+
+
+def _allreduce_user(rng: np.random.Generator, memory: MemoryTruth, typical_samples: float, underprovision: bool) -> Configuration:
+    workers = int(rng.choice([2, 4, 8, 16, 32], p=[0.15, 0.3, 0.3, 0.15, 0.1]))
+    worker_cpu = float(rng.choice([4.0, 8.0, 16.0], p=[0.3, 0.5, 0.2]))
+    peak = memory.worker_mb(2.0 * typical_samples)
+    worker_mem = _round_up(peak * rng.uniform(1.5, 3.0), 1024)
+    if underprovision:  # sized for the day the tables were small
+        start, end = memory.worker_mb(0.0), memory.worker_mb(typical_samples)
+        worker_mem = _round_up(start + (end - start) * rng.uniform(0.2, 0.6), 256)
+    return Configuration(workers, 0, worker_cpu, 0.0, worker_mem, 0.0)
+
+
 def _round_up(value: float, step: float) -> float:
     return float(math.ceil(value / step) * step)
 
@@ -179,6 +223,10 @@ def generate_trace(config: SimConfig) -> list[JobSpec]:
         memory = _memory(rng, typical)
         under = bool(rng.random() < config.user_underprovision)
         user = _user(rng, memory, typical, under)
+        own = np.random.default_rng([config.seed, 13, index])  # the all-reduce draws' own stream
+        if own.random() < config.allreduce_fraction:
+            truth, memory = _allreduce_truth(own), _allreduce_memory(own, typical)
+            user = _allreduce_user(own, memory, typical, under)
         limit_cpu = float(max(64.0, _round_up(user.cores * 1.25, 16)))
         limit_mem = float(max(limit_cpu * 4096.0, _round_up(user.memory_mb * 1.25, 1024)))
         families.append(Family(index, truth, memory, user, limit_cpu, limit_mem,
@@ -196,7 +244,7 @@ def generate_trace(config: SimConfig) -> list[JobSpec]:
     for i, arrival in enumerate(arrivals):
         family = families[int(rng.integers(n_families))]
         samples = float(np.clip(family.typical_samples * rng.lognormal(0.0, 0.25), 1e7, 1e10))
-        hot = config.instability and rng.random() < config.hot_ps_probability
+        hot = config.instability and rng.random() < config.hot_ps_probability and family.user.ps > 0
         strag = config.instability and rng.random() < config.straggler_probability
         jobs.append(JobSpec(
             id=i, family=family, arrival_s=float(arrival), samples=samples,

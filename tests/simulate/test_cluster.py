@@ -13,7 +13,7 @@ from airflow_dlrover.optimizer.types import Configuration
 from sim.cluster import Cluster, Policy, QuotaExceededError, Start
 from sim.dlrover_bridge import DLRoverUnavailable, default_venv, venv_python
 from sim.run import SUMMARY_COLUMNS, run_policy, summarise
-from sim.truth import QueueingTable, Roofline, measured_roofline
+from sim.truth import AllReduce, QueueingTable, Roofline, measured_roofline
 from sim.workload import SimConfig, generate_trace
 
 SMALL = SimConfig(jobs=24, seed=3, cluster_cpu=1500.0, cluster_memory_mb=6e6)
@@ -181,3 +181,64 @@ def test_ours_decides_nothing_itself_the_products_controller_does(monkeypatch):
     monkeypatch.setattr(sim.policies, "step", lambda state, observation: (state, []))
     idle = run_policy(SMALL, "ours").jobs
     assert idle["resizes"].sum() == 0
+
+
+ALLREDUCE = replace(SMALL, allreduce_fraction=0.5)
+
+
+def test_allreduce_families_are_added_without_changing_the_ps_families():
+    before, after = generate_trace(SMALL), generate_trace(ALLREDUCE)
+    assert [(j.arrival_s, j.samples) for j in before] == [(j.arrival_s, j.samples) for j in after]
+    kinds = {j.family.index: j.family.user.ps == 0 for j in after}
+    assert 0 < sum(kinds.values()) < len(kinds)
+    for old, new in zip(before, after):
+        if kinds[new.family.index]:
+            assert isinstance(new.family.truth, AllReduce) and new.family.memory.replicated
+            assert new.family.user.ps == 0 and new.family.user.ps_cpu == 0 and new.hot_ps_at is None
+        else:  # common random numbers: the same PS family, the same draws
+            assert new.family == old.family and new.hot_ps_at == old.hot_ps_at
+
+
+def test_the_allreduce_truth_scales_until_its_ring_leaves_the_rack():
+    truth = AllReduce(model_bytes=2e7, bandwidth=1.25e9, rack=8, oversubscription=4.0)
+    w = np.array([1, 2, 4, 8, 16, 32])
+    x = truth.throughput(w, 0, 4.0, 0.0)
+    assert np.all(np.diff(x[:4]) > 0) and np.all(x[:4] / w[:4] <= x[0] + 1e-9)  # sub-linear within the rack
+    assert x[4] < x[3]  # past the rack the uplinks are the bottleneck
+    worker, ps = truth.cpu_used(w, 0, 4.0, 0.0)
+    assert np.all((0 < worker) & (worker <= 4.0)) and np.all(ps == 0)
+    assert worker[3] < worker[0]  # ranks wait for the ring
+    memory = generate_trace(ALLREDUCE)[0].family.memory
+    if memory.replicated:  # every worker holds the growing tables; no PS needs any
+        assert memory.worker_mb(1e8) > memory.worker_mb(0.0) and memory.ps_mb(1) == 0
+
+
+@pytest.mark.parametrize("policy", ["user", "ours", "oracle"])
+def test_allreduce_jobs_run_without_ps_under_every_policy(policy):
+    run = run_policy(ALLREDUCE, policy)
+    jobs = run.jobs.set_index("job")
+    trace = {spec.id: spec for spec in generate_trace(ALLREDUCE)}
+    allreduce = [i for i, spec in trace.items() if spec.family.user.ps == 0]
+    rows = jobs.loc[allreduce]
+    assert len(rows) > 0 and (rows["ps"] == 0).all() and (rows["truth"] == "allreduce").all()
+    done = rows[rows["status"] == "done"]
+    assert len(done) > 0
+    assert np.allclose(done["trained_samples"], done["samples"] + done["wasted_samples"], rtol=1e-9)
+
+
+def test_dlrover_runs_an_allreduce_job_as_its_own_optimizer_does():
+    """AllreduceJobResourceOptimizer (0.6.1): the owner's workers, and an OOM-killed worker
+    relaunched as it was — so an owner who sized for smaller tables fails; no PS optimizer call."""
+    from sim.policies import DLRoverPolicy
+
+    class NoBridge:
+        def call(self, requests):
+            raise AssertionError(f"an all-reduce job asked DLRover's PS optimizer: {requests}")
+
+    cfg = replace(SMALL, allreduce_fraction=1.0, user_underprovision=1.0)  # owners sized for yesterday's tables
+    trace = generate_trace(cfg)
+    assert all(spec.family.user.ps == 0 for spec in trace)
+    jobs = Cluster(cfg, trace, DLRoverPolicy(NoBridge())).run()
+    for job in jobs:
+        assert job.config_final == job.spec.family.user and job.resizes == 0
+    assert any(job.phase == "failed" and job.ooms > cfg.max_oom_retries for job in jobs)
