@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> None:
     print(f"{cfg.jobs} jobs, seed {cfg.seed}, cluster {cfg.cluster_cpu:g} cores / {cfg.cluster_memory_mb / 1024:g} GiB, "
           f"objective {args.objective}: simulated in {seconds:.1f} s "
           f"({', '.join(f'{r.name} {r.seconds:.1f} s' for r in runs)})")
-    print("95% bootstrap intervals over jobs in brackets; JCT over completed jobs")
+    print("95% bootstrap intervals over jobs in brackets; JCT and run time over every job, one that never completed as inf")
     print(format_table(summary, cis))
     paths = write_outputs(Path(args.out), summary, cis, runs, cfg)
     print("wrote " + ", ".join(str(p) for p in paths))

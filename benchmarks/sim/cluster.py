@@ -506,14 +506,14 @@ class Cluster:
 
     def _probe_done(self, job: JobRun) -> None:
         probe = job.state["probe"]
-        worker_cpu, worker_mem, per_ps, ps_mem, _ = self._usage(job)
-        rng = self.rngs[job.spec.id]
-        for k in range(2):  # two measurement windows per probe
-            noise = rng.lognormal(0.0, self.cfg.window_noise) if self.cfg.window_noise else 1.0
+        for k in range(2):  # two measurement windows per probe, each measured as a period is
+            obs = self.observe(job, windows=1)
             job.probe_rows.append(dict(
-                probe.to_row(), throughput=job.true_rate * noise, worker_cpu_used=worker_cpu,
-                ps_cpu_used=float(np.mean(per_ps)) if per_ps else math.nan, worker_memory_used_mb=worker_mem,
-                ps_memory_used_mb=ps_mem if per_ps else math.nan, samples_seen=job.samples_done, timestamp=self.now - (1 - k) * self.cfg.probe_s / 2,
+                probe.to_row(), throughput=obs.windows[0], worker_cpu_used=obs.worker_cpu_used,
+                ps_cpu_used=float(np.mean(obs.ps_cpu_used)) if probe.ps else math.nan,
+                worker_memory_used_mb=obs.worker_memory_used_mb,
+                ps_memory_used_mb=obs.ps_memory_used_mb if probe.ps else math.nan, samples_seen=job.samples_done,
+                timestamp=self.now - (1 - k) * self.cfg.probe_s / 2,
             ))
         job.probe_index += 1
         job.oom_streak = 0
@@ -543,8 +543,11 @@ class Cluster:
         memory = job.spec.family.memory
         node = "worker" if config.ps == 0 or memory.worker_mb(job.samples_done) > config.worker_memory_mb else "ps"
         obs = self.observe(job)
-        obs.ps_memory_used_mb = float(memory.ps_mb(config.ps, job.samples_done)) if config.ps else 0.0  # what it reached
-        obs.worker_memory_used_mb = memory.worker_mb(job.samples_done)
+        # What the kernel reports of a node it killed: its usage reached its limit (not what it needed).
+        if node == "worker":
+            obs.worker_memory_used_mb = config.worker_memory_mb
+        else:
+            obs.ps_memory_used_mb = config.ps_memory_mb
         job.oom_at = job.samples_done
         self._lose_since_checkpoint(job)
         answer = self.policy.on_oom(job, obs, node) if job.oom_streak <= self.cfg.max_oom_retries else None
@@ -667,17 +670,30 @@ class Cluster:
 
     # --- measurements
     def observe(self, job: JobRun, windows: int = 3) -> Observation:
+        """What the runtime measures: each window's throughput, each worker's speed and each node's
+        CPU with their own noise (``window_noise``, ``usage_noise``), memory with ``memory_noise``
+        (never past the limit)."""
         config = self._config(job)
         worker_cpu, worker_mem, per_ps, ps_mem, _ = self._usage(job)
         rng = self.rngs[job.spec.id]
-        noise = rng.lognormal(0.0, self.cfg.window_noise, windows) if self.cfg.window_noise else np.ones(windows)
-        measured = (job.true_rate * noise).tolist()
+
+        def noisy(values, cv):
+            values = np.asarray(values, dtype=float)
+            return values * rng.lognormal(0.0, cv, values.shape) if cv else values
+
+        measured = noisy(np.full(windows, job.true_rate), self.cfg.window_noise).tolist()
         per_worker = job.true_rate / config.workers
         speeds = [per_worker] * min(config.workers, 8)
         if job.straggler_active:
             slow = 1.0 - (1.0 - job.spec.straggler_speed) / config.workers
             normal = job.true_rate / slow / config.workers
             speeds = [normal * job.spec.straggler_speed] + [normal] * (min(config.workers, 8) - 1)
+        speeds = noisy(speeds, self.cfg.window_noise).tolist()
+        worker_cpu = float(min(noisy(worker_cpu, self.cfg.usage_noise), config.worker_cpu))
+        limits = [max(job.hot_ps_cpu, config.ps_cpu) if i == 0 else config.ps_cpu for i in range(len(per_ps))]
+        per_ps = [float(min(v, limit)) for v, limit in zip(noisy(per_ps, self.cfg.usage_noise), limits)]
+        worker_mem = float(min(noisy(worker_mem, self.cfg.memory_noise), config.worker_memory_mb))
+        ps_mem = float(min(noisy(ps_mem, self.cfg.memory_noise), config.ps_memory_mb)) if config.ps else ps_mem
         return Observation(
             now_s=self.now, config=config, hot_ps_cpu=max(job.hot_ps_cpu, config.ps_cpu), windows=measured,
             window_s=60.0, worker_cpu_used=worker_cpu, ps_cpu_used=per_ps, worker_memory_used_mb=worker_mem,

@@ -9,8 +9,8 @@
              them; a plan past the job's quota is refused (as a Kubernetes ResourceQuota would)
              and counted. DLRover 0.6.1 has no straggler handling for PS jobs.
 ``ours``     the product's loop, as the DAG runs it: probes (``design_probes``: a cold start's; a
-             warm start, from the family's history, has none) whose time and samples are the
-             job's, ``fit_job_model`` (the fit task), ``controller.initial_plan`` (the launch task,
+             warm start, from the family's earlier runs in this simulation, has none) whose time
+             and samples are the job's, ``fit_job_model`` (the fit task), ``controller.initial_plan`` (the launch task,
              under the job's quota), then every period ``controller.step`` on what the period
              measured — its windows, every node's status, the per-node usage — and the actions it
              returns, applied as the cluster can; an OOM kill is a failed node's observation, the
@@ -18,7 +18,8 @@
              After a run the family's history keeps what the history store's ``prior_model``
              gives the next run: the newest cold fit's throughput model with the newest memory model.
 ``oracle``   knows the truth: the same objective as ``ours`` evaluated on the true function over
-             the planner's grid, memory sized for the true peak, instability healed at onset.
+             the planner's grid, memory sized for the true peak, instability healed at onset. It
+             is the only policy that reads the truth (``tests/simulate``: a tripwire fails any other).
 
 An all-reduce family (no PS, ``truth.AllReduce``) is known to be one by every policy, as its owner
 declares it (``trainer.kind``): ``ours`` probes and plans it on the all-reduce grid; ``dlrover``
@@ -40,7 +41,6 @@ from airflow_dlrover.optimizer.controller import (
     ControllerState, Fail, Heal, Observation as Seen, Relaunch, Resize as ResizeAction, initial_plan, step,
 )
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
-from airflow_dlrover.optimizer.memory import fit_memory
 from airflow_dlrover.optimizer.planner import knee, pareto_front, search_grid
 from airflow_dlrover.optimizer.probes import design_probes
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, NodeState, NodeStatus, Quota, Reason
@@ -145,38 +145,6 @@ class OraclePolicy(Policy):
 # ---------------------------------------------------------------------------------------------
 
 
-def _history_model(job: JobRun, quota: Quota) -> JobModel:
-    """Yesterday's model of a family with history: yesterday's cold profile, fitted, plus the
-    memory growth yesterday's run showed (the history store keeps both)."""
-    family = job.spec.family
-    rng = np.random.default_rng([job.spec.seed, 3])
-    probes = design_probes(quota, batch_size=BATCH, allreduce=is_allreduce(job))
-    rows = _measure(family, probes, rng, samples_seen=0.0)
-    model = fit_job_model(pd.DataFrame(rows))
-    # Yesterday's run: the growing node's memory (a PS; every worker of an all-reduce job) at a
-    # few points of its progress.
-    grown = [dict(rows[0], samples_seen=s, ps_memory_used_mb=float(family.memory.ps_mb(rows[0]["ps"], s)))
-             if rows[0]["ps"] else dict(rows[0], samples_seen=s, worker_memory_used_mb=family.memory.worker_mb(s))
-             for s in np.linspace(0.0, family.typical_samples, 5)]
-    growth = fit_memory(pd.DataFrame(grown)).table_growth_mb_per_m_samples
-    return JobModel(model.throughput, model.memory.with_table_growth(growth))
-
-
-def _measure(family, configs: pd.DataFrame, rng, samples_seen: float) -> list[dict]:
-    rows = []
-    for row in configs.to_dict("records"):
-        w, p, lw, lp = row["workers"], row["ps"], row["worker_cpu"], row["ps_cpu"]
-        x = float(family.truth.throughput(w, p, lw, lp))
-        wc, pc = family.truth.cpu_used(w, p, lw, lp)
-        for _ in range(2):
-            rows.append(dict(row, throughput=x * rng.lognormal(0.0, 0.05), worker_cpu_used=float(wc),
-                             ps_cpu_used=float(pc) if p else math.nan,
-                             worker_memory_used_mb=family.memory.worker_mb(samples_seen),
-                             ps_memory_used_mb=float(family.memory.ps_mb(p, samples_seen)) if p else math.nan,
-                             samples_seen=samples_seen))
-    return rows
-
-
 class OursPolicy(Policy):
     name = "ours"
 
@@ -189,9 +157,7 @@ class OursPolicy(Policy):
     # --- the profile, fit and launch tasks
     def start(self, job: JobRun) -> Start:
         family = job.spec.family
-        prior = self.history.get(family.index)
-        if prior is None and family.history:
-            prior = self.history[family.index] = _history_model(job, job.limit)
+        prior = self.history.get(family.index)  # only this simulation's earlier runs of the family
         job.state["controller"] = ControllerState(job.limit, self.objective, prior=prior)
         probes = design_probes(job.limit, batch_size=BATCH, prior=prior.throughput if prior else None,
                                memory=prior.memory if prior else None, allreduce=is_allreduce(job))

@@ -27,9 +27,9 @@ from sim.cluster import BIN_S, Cluster, JobRun
 from sim.policies import POLICIES, make_policy
 from sim.workload import SimConfig, generate_trace
 
-SUMMARY_COLUMNS = ("policy", "median_jct_s", "p90_jct_s", "cpu_util", "mem_util", "completion_rate",
+SUMMARY_COLUMNS = ("policy", "median_jct_s", "p90_jct_s", "median_run_s", "cpu_util", "mem_util", "completion_rate",
                    "resource_hours", "queue_delay_s")
-JOB_COLUMNS = ("policy", "job", "family", "truth", "arrival_s", "samples", "status", "jct_s", "queue_s",
+JOB_COLUMNS = ("policy", "job", "family", "truth", "arrival_s", "samples", "status", "jct_s", "run_s", "queue_s",
                "profile_s", "cpu_alloc_core_h", "cpu_used_core_h", "mem_alloc_gb_h", "mem_used_gb_h",
                "cpu_util", "mem_util", "workers", "ps", "worker_cpu", "ps_cpu", "worker_memory_mb", "ps_memory_mb",
                "resizes", "deferred", "refused", "failures", "ooms", "wasted_samples", "trained_samples")
@@ -51,7 +51,8 @@ def job_table(name: str, jobs: list[JobRun]) -> pd.DataFrame:
         rows.append(dict(
             policy=name, job=spec.id, family=spec.family.index, truth=_truth_name(spec.family.truth),
             arrival_s=spec.arrival_s, samples=spec.samples, status=job.phase,
-            jct_s=(job.end_s - spec.arrival_s) if job.phase == "done" else np.nan, queue_s=job.queue_s,
+            jct_s=(job.end_s - spec.arrival_s) if job.phase == "done" else np.inf,
+            run_s=(job.end_s - job.start_s) if job.phase == "done" else np.inf, queue_s=job.queue_s,
             profile_s=job.profile_s, cpu_alloc_core_h=job.cpu_alloc_s / 3600, cpu_used_core_h=job.cpu_used_s / 3600,
             mem_alloc_gb_h=job.mem_alloc_s / 3600 / 1024, mem_used_gb_h=job.mem_used_s / 3600 / 1024,
             cpu_util=job.cpu_used_s / job.cpu_alloc_s if job.cpu_alloc_s else np.nan,
@@ -69,12 +70,22 @@ def _truth_name(truth) -> str:
     return f"queueing:{truth.physics}" if truth.family == "queueing" else truth.family
 
 
+def _quantile(values: np.ndarray, q: float) -> float:
+    """A quantile over every job, a job that never completed counting as an infinite time
+    (``method="inverted_cdf"``: an order statistic, so that a quantile is ∞ exactly when that
+    many jobs failed, never an interpolation between a time and ∞)."""
+    return float(np.quantile(values, q, method="inverted_cdf")) if len(values) else np.nan
+
+
 def summarise(table: pd.DataFrame) -> dict:
-    done = table[table["status"] == "done"]
+    """One policy's metrics over all its jobs: JCT (arrival → end) and run time (start → end)
+    with failed jobs as ∞, utilisation over every allocation, the completion rate beside them."""
+    jct, run = table["jct_s"].to_numpy(float), table["run_s"].to_numpy(float)
     return dict(
         policy=table["policy"].iloc[0],
-        median_jct_s=float(done["jct_s"].median()) if len(done) else np.nan,
-        p90_jct_s=float(done["jct_s"].quantile(0.9)) if len(done) else np.nan,
+        median_jct_s=_quantile(jct, 0.5),
+        p90_jct_s=_quantile(jct, 0.9),
+        median_run_s=_quantile(run, 0.5),
         cpu_util=float(table["cpu_used_core_h"].sum() / table["cpu_alloc_core_h"].sum()),
         mem_util=float(table["mem_used_gb_h"].sum() / table["mem_alloc_gb_h"].sum()),
         completion_rate=float((table["status"] == "done").mean()),
@@ -88,20 +99,20 @@ def bootstrap(table: pd.DataFrame, resamples: int = 400, seed: int = 0) -> pd.Da
     rng = np.random.default_rng(seed)
     n = len(table)
     done = (table["status"] == "done").to_numpy()
-    jct = table["jct_s"].to_numpy()
+    jct, run = table["jct_s"].to_numpy(float), table["run_s"].to_numpy(float)
     arrays = {k: table[k].to_numpy() for k in ("cpu_used_core_h", "cpu_alloc_core_h", "mem_used_gb_h", "mem_alloc_gb_h", "queue_s")}
     stats = []
     for _ in range(resamples):
         idx = rng.integers(n, size=n)
-        d = jct[idx][done[idx]]
         stats.append((
-            np.median(d) if d.size else np.nan, np.quantile(d, 0.9) if d.size else np.nan,
+            _quantile(jct[idx], 0.5), _quantile(jct[idx], 0.9), _quantile(run[idx], 0.5),
             arrays["cpu_used_core_h"][idx].sum() / arrays["cpu_alloc_core_h"][idx].sum(),
             arrays["mem_used_gb_h"][idx].sum() / arrays["mem_alloc_gb_h"][idx].sum(),
             done[idx].mean(), arrays["cpu_alloc_core_h"][idx].sum(), arrays["queue_s"][idx].mean(),
         ))
     stats = np.array(stats)
-    lo, hi = np.nanpercentile(stats, 2.5, axis=0), np.nanpercentile(stats, 97.5, axis=0)
+    lo = np.nanpercentile(stats, 2.5, axis=0, method="inverted_cdf")
+    hi = np.nanpercentile(stats, 97.5, axis=0, method="inverted_cdf")
     names = SUMMARY_COLUMNS[1:]
     return pd.DataFrame({"policy": table["policy"].iloc[0], "metric": names, "low": lo, "high": hi})
 
@@ -127,7 +138,7 @@ def run_policy(cfg: SimConfig, name: str, *, trace=None, objective: str = "effic
 
 
 def format_table(summary: pd.DataFrame, cis: pd.DataFrame | None = None) -> str:
-    fmt = {"median_jct_s": "{:.0f}", "p90_jct_s": "{:.0f}", "cpu_util": "{:.1%}", "mem_util": "{:.1%}",
+    fmt = {"median_jct_s": "{:.0f}", "p90_jct_s": "{:.0f}", "median_run_s": "{:.0f}", "cpu_util": "{:.1%}", "mem_util": "{:.1%}",
            "completion_rate": "{:.1%}", "resource_hours": "{:.0f}", "queue_delay_s": "{:.0f}"}
     header = ["policy"] + list(fmt)
     lines = []
@@ -158,7 +169,7 @@ def plot(runs: list[PolicyRun], out: Path, day_s: float) -> list[Path]:
     paths = []
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for run in runs:
-        jct = np.sort(run.jobs.loc[run.jobs["status"] == "done", "jct_s"].to_numpy() / 3600)
+        jct = np.sort(run.jobs.loc[run.jobs["status"] == "done", "jct_s"].to_numpy(float) / 3600)
         ax.plot(jct, np.arange(1, len(jct) + 1) / len(run.jobs), label=run.name)
     ax.set_xscale("log")
     ax.set_xlabel("job completion time (h, log)")

@@ -5,9 +5,8 @@ same jobs, the same hidden truths and the same instability draws (common random 
 
 * **Job families.** A family is one recommendation model retrained again and again (hourly or a
   few times a day): the same hidden performance function, memory model and user-written
-  configuration; each run draws its own size (samples) and arrival. ``history_fraction`` of the
-  families ran yesterday too (the history store holds their model: a warm start for policies that
-  use history); the others are new today.
+  configuration; each run draws its own size (samples) and arrival. A policy that keeps history
+  has it from the family's earlier runs in the simulation only.
 * **Arrivals** follow a diurnal Poisson process over ``day_s`` (busier in the working hours).
 * **Truth** families: ``queueing`` tables (three physics), the ``measured`` roofline, random
   ``roofline``\\ s (see :mod:`.truth`), each scaled by a model-size factor — and, for a fraction
@@ -56,7 +55,6 @@ class SimConfig:
     cluster_memory_mb: float = 40_000.0 * 1024
     #: Jobs per family (a family is one model retrained several times a day).
     jobs_per_family: float = 5.0
-    history_fraction: float = 0.7
     #: Samples per job: lognormal median and σ, clipped.
     samples_median: float = 4e8
     samples_sigma: float = 0.7
@@ -72,6 +70,10 @@ class SimConfig:
     #: Relative noise (lognormal cv) of the realised training rate and of each measured window.
     rate_noise: float = 0.03
     window_noise: float = 0.05
+    #: Relative noise of a period's CPU reading per node (cgroup CPU seconds over a window shared
+    #: with GC and data loading) and of a memory reading (the allocator's sawtooth).
+    usage_noise: float = 0.05
+    memory_noise: float = 0.02
     #: The runtime: checkpoint interval, node recovery, job (re)launch, probe window.
     checkpoint_s: float = 600.0
     recover_s: float = 90.0
@@ -97,7 +99,6 @@ class Family:
     user: Configuration  # the owner's hand-set configuration (one vocabulary: a configuration is a row)
     limit_cpu: float  # per-job quota the owner is granted (cores)
     limit_memory_mb: float
-    history: bool  # a model of this family exists from yesterday
     typical_samples: float
 
 
@@ -229,8 +230,7 @@ def generate_trace(config: SimConfig) -> list[JobSpec]:
             user = _allreduce_user(own, memory, typical, under)
         limit_cpu = float(max(64.0, _round_up(user.cores * 1.25, 16)))
         limit_mem = float(max(limit_cpu * 4096.0, _round_up(user.memory_mb * 1.25, 1024)))
-        families.append(Family(index, truth, memory, user, limit_cpu, limit_mem,
-                               bool(rng.random() < config.history_fraction), typical))
+        families.append(Family(index, truth, memory, user, limit_cpu, limit_mem, typical))
 
     # Diurnal arrivals: rate ∝ 1 + 0.6·sin over the day (peak mid-afternoon), by thinning.
     arrivals = []

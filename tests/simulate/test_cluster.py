@@ -128,7 +128,7 @@ def test_cli_writes_the_files_with_the_exact_columns(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "median_jct_s" in printed and "oracle" in printed
     summary = pd.read_csv(out / "summary.csv")
-    assert list(summary.columns) == ["policy", "median_jct_s", "p90_jct_s", "cpu_util", "mem_util",
+    assert list(summary.columns) == ["policy", "median_jct_s", "p90_jct_s", "median_run_s", "cpu_util", "mem_util",
                                      "completion_rate", "resource_hours", "queue_delay_s"]
     assert list(summary["policy"]) == ["user", "oracle"]
     jobs = pd.read_csv(out / "jobs.csv")
@@ -242,3 +242,68 @@ def test_dlrover_runs_an_allreduce_job_as_its_own_optimizer_does():
     for job in jobs:
         assert job.config_final == job.spec.family.user and job.resizes == 0
     assert any(job.phase == "failed" and job.ooms > cfg.max_oom_retries for job in jobs)
+
+
+#: The truth: a family's performance and memory functions, a job's instability draws. Only the
+#: cluster (and the truth, the trace and the report after the run) may read it.
+HIDDEN = {"Family": {"truth", "memory"},
+          "JobSpec": {"hot_ps_at", "hot_ps_factor", "straggler_at", "straggler_speed", "failure_exponentials"}}
+TRUTH_READERS = {"sim.cluster", "sim.truth", "sim.workload", "sim.run"}
+
+
+@pytest.fixture
+def truth_tripwire(monkeypatch):
+    """Reading the truth from any other module raises (the frame that asked names it)."""
+    import sys
+
+    import sim.workload
+
+    for cls_name, names in HIDDEN.items():
+        def guarded(self, name, _names=names):
+            if name in _names:
+                caller = sys._getframe(1).f_globals.get("__name__")
+                if caller not in TRUTH_READERS:
+                    raise AssertionError(f"{caller} read the truth: {type(self).__name__}.{name}")
+            return object.__getattribute__(self, name)
+
+        monkeypatch.setattr(getattr(sim.workload, cls_name), "__getattribute__", guarded)
+
+
+@pytest.mark.parametrize("policy", ["user", "ours", "dlrover"])
+def test_no_policy_but_the_oracle_reads_the_truth(policy, truth_tripwire):
+    cfg = replace(SMALL, allreduce_fraction=0.3)
+    if policy == "dlrover":
+        if not HAS_DLROVER:
+            pytest.skip("no dlrover venv")
+        from sim.dlrover_bridge import DLRoverBridge
+
+        with DLRoverBridge() as bridge:
+            run = run_policy(cfg, policy, bridge=bridge)
+    else:
+        run = run_policy(cfg, policy)
+    assert len(run.jobs) == cfg.jobs and (run.jobs["status"] == "done").any()
+
+
+def test_the_tripwire_catches_a_policy_that_reads_the_truth(truth_tripwire):
+    class Peeking(Policy):
+        name = "peeking"
+
+        def start(self, job):
+            job.spec.family.memory.worker_mb()  # what the job will need: a real job cannot know
+            return Start(config=job.spec.family.user)
+
+    with pytest.raises(AssertionError, match=r"test_cluster read the truth: Family.memory"):
+        Cluster(SMALL, generate_trace(SMALL)[:2], Peeking()).run()
+
+
+def test_a_job_that_never_completes_counts_as_an_infinite_time():
+    table = pd.DataFrame({"policy": "p", "status": ["done", "done", "failed", "failed", "failed"],
+                          "jct_s": [10.0, 20.0, np.inf, np.inf, np.inf], "run_s": [5.0, 8.0, np.inf, np.inf, np.inf],
+                          "cpu_used_core_h": 1.0, "cpu_alloc_core_h": 2.0, "mem_used_gb_h": 1.0, "mem_alloc_gb_h": 4.0,
+                          "queue_s": 0.0})
+    row = summarise(table)
+    assert row["median_jct_s"] == np.inf and row["median_run_s"] == np.inf  # 3 of 5 never finished
+    assert row["completion_rate"] == 0.4
+    row = summarise(table.iloc[:4])  # half failed: the median is the larger middle order statistic
+    assert row["median_jct_s"] == 20.0 and row["p90_jct_s"] == np.inf
+    assert summarise(table.iloc[:2])["median_jct_s"] == 10.0
