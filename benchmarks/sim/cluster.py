@@ -13,8 +13,10 @@ finished job has trained its samples exactly once in its final lineage (``sample
 samples``), and ``trained_samples == samples + wasted_samples``.
 
 A policy that asks for more than its job's quota (or than the whole cluster) is refused with
-:class:`QuotaExceededError`; a request within the quota that does not fit *now* waits (start) or
-is deferred (resize) — that is queueing, not an error.
+:class:`QuotaExceededError`; a request within the quota that does not fit *now* waits: a start in
+the queue, a resize as the job's pending resize (its new pods Pending, as on Kubernetes), applied
+as soon as the cluster has room — before the queue's starts, which came later — unless the
+policy asks for another configuration first. That is queueing, not an error.
 """
 
 from __future__ import annotations
@@ -144,6 +146,7 @@ class JobRun:
     profile_s: float = 0.0
     resizes: int = 0
     deferred: int = 0
+    pending: Any = None  # the resize waiting for room (a Resize), applied when it fits
     refused: int = 0
     failures: int = 0
     ooms: int = 0
@@ -284,6 +287,14 @@ class Cluster:
         self.queue.append(job)
 
     def _dispatch(self) -> None:
+        for job in [j for j in self.jobs if j.pending is not None]:
+            if job.phase != "running":
+                job.pending = None
+                continue
+            self._advance(job)  # at the old rate until now
+            self._apply(job, [job.pending], retry=True)
+            if job.pending is None:
+                self._schedule(job)
         started = []
         for job in self.queue:
             kind, config = job.request
@@ -613,7 +624,8 @@ class Cluster:
             raise InvalidInputError("batch_size", config.batch_size, f"{BATCH} (the simulated jobs' batch)")
         self._check_quota(job, config.cores, config.memory_mb)
 
-    def _try_config(self, job: JobRun, target: Configuration, *, cost_s: float, hot_cpu: float | None = None) -> bool:
+    def _try_config(self, job: JobRun, target: Configuration, *, cost_s: float, hot_cpu: float | None = None,
+                    count_deferral: bool = True) -> bool:
         """Move a running job to ``target`` (refused past the quota; deferred if the cluster lacks room)."""
         if hot_cpu is None:  # a healed hot PS keeps its extra cores over the group's
             healed = max(job.hot_ps_cpu - job.config.ps_cpu, 0.0) if job.config is not None else 0.0
@@ -625,7 +637,7 @@ class Cluster:
         d_cpu = target.cores + extra - job.alloc_cpu
         d_mem = target.memory_mb - job.alloc_mem
         if d_cpu > self.free_cpu + 1e-9 or d_mem > self.free_mem + 1e-6:
-            job.deferred += 1
+            job.deferred += count_deferral
             return False
         self.free_cpu -= d_cpu
         self.free_mem -= d_mem
@@ -634,12 +646,15 @@ class Cluster:
         job.pause_until = max(job.pause_until, self.now + cost_s)
         return True
 
-    def _apply(self, job: JobRun, actions: list) -> None:
+    def _apply(self, job: JobRun, actions: list, retry: bool = False) -> None:
+        """Carry out a policy's actions; a resize that does not fit now becomes the job's pending
+        one (``retry``: this is its retry, and it was counted deferred once already)."""
         for action in actions or []:
             if job.phase != "running":
                 return
             current = job.config
             if isinstance(action, Resize):
+                job.pending = None  # a newer resize (or this one, applied now) replaces it
                 if action.config == current:
                     continue
                 self._check_config(job, action.config)
@@ -647,11 +662,13 @@ class Cluster:
                 # A healed hot PS keeps its extra cores (over the group's) through the resize.
                 healed = max(job.hot_ps_cpu - current.ps_cpu, 0.0) if job.hot_active else 0.0
                 hot_cpu = action.config.ps_cpu + healed if healed > 0 else None
-                if self._try_config(job, action.config, cost_s=cost, hot_cpu=hot_cpu):
+                if self._try_config(job, action.config, cost_s=cost, hot_cpu=hot_cpu, count_deferral=not retry):
                     job.resizes += 1
                     if action.config.ps != current.ps:  # PS change: checkpoint, re-partition, restart
                         job.since_checkpoint = 0.0
                         job.run_clock = 0.0
+                else:
+                    job.pending = action
             elif isinstance(action, SetHotPsCpu):
                 if action.cpu > job.hot_ps_cpu and self._try_config(job, current, cost_s=C.NODE_RELAUNCH_COST_S, hot_cpu=action.cpu):
                     job.resizes += 1

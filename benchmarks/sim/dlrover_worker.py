@@ -6,8 +6,11 @@ Not imported by airflow_dlrover (it imports dlrover, which is not in the project
 Protocol: one JSON array of requests per stdin line, one JSON array of replies per stdout line.
 Each request has ``op`` and ``job`` (a string id):
 
-``new``      ``cpu``, ``memory_bytes`` (the job's ResourceLimits) → the job-creation resources
-             (``PSJobResourceOptimizer.init_job_resource``; stage CREATE → WORKER_INITIAL).
+``new``      ``cpu``, ``memory_bytes`` (the job's ResourceLimits), optionally ``worker`` / ``ps``:
+             ``{"cpu", "memory_mb"}``, the per-node resources of the user's ElasticJob (its
+             original resources; no replica counts, so that DLRover chooses them) → the
+             job-creation resources (``PSJobResourceOptimizer.init_job_resource``; stage CREATE →
+             WORKER_INITIAL).
 ``report``   ``now``, ``speed``, ``step``, ``ps``/``workers``: lists of [count, [config_cpu,
              config_memory_mb, used_cpu, used_memory_bytes]] (``count`` identical nodes, expanded
              into DLRover ``Node`` objects) → ``LocalStatsReporter`` (no reply content).
@@ -78,8 +81,8 @@ def handle(request):
         return {"version": _dist_version()}
     if op == "new":
         limits = ResourceLimits(float(request["cpu"]), int(request["memory_bytes"]))
-        worker = NodeGroupResource(0, NodeResource(0, 0))
-        ps = NodeGroupResource(0, NodeResource(0, 0))
+        worker, ps = (NodeGroupResource(0, NodeResource(float(r.get("cpu", 0)), float(r.get("memory_mb", 0))))
+                      for r in (request.get("worker") or {}, request.get("ps") or {}))
         optimizer = PSJobResourceOptimizer(worker, ps, OptimizeMode.SINGLE_JOB, key, limits)
         local = optimizer._resource_optimizer
         local._stats_collector = LocalStatsReporter(JobMeta(key))  # one per job, not per process

@@ -3,11 +3,16 @@
 ``user``     the configuration the job's owner wrote (per family), never changed; an OOM is
              retried as is (Airflow retries), and fails again.
 ``dlrover``  DLRover 0.6.1's own ``PSJobResourceOptimizer`` / ``PSLocalOptimizer`` (its venv,
-             through :mod:`.dlrover_bridge`): full auto mode — its job-creation resources, then its
-             stage machine every 300 s (``SEC_INTERVAL_TO_OPTIMIZE``) fed with the runtime stats,
-             its OOM recovery (×2 memory). Its plans are applied as DLRover's auto-scaler applies
-             them; a plan past the job's quota is refused (as a Kubernetes ResourceQuota would)
-             and counted. DLRover 0.6.1 has no straggler handling for PS jobs.
+             through :mod:`.dlrover_bridge`), configured as its users write an ElasticJob in
+             auto mode (``optimizeMode: single-job``): the per-node CPU and memory of the owner's
+             configuration as its original resources, no replica counts — so DLRover chooses
+             the counts, keeps the owner's PS CPU and memory, and takes its own worker size
+             (``_check_ignore_original_*_resource``). Then its stage machine every 300 s
+             (``SEC_INTERVAL_TO_OPTIMIZE``) fed with the runtime stats, its OOM recovery (×2
+             memory). Its plans are applied as DLRover's auto-scaler applies them; one that does
+             not fit the cluster now stays pending until it does (as its pods would); one past
+             the job's quota is refused (as a Kubernetes ResourceQuota would) and counted.
+             DLRover 0.6.1 has no straggler handling for PS jobs.
 ``ours``     the product's loop, as the DAG runs it: probes (``design_probes``: a cold start's; a
              warm start, from the family's earlier runs in this simulation, has none) whose time
              and samples are the job's, ``fit_job_model`` (the fit task), ``controller.initial_plan`` (the launch task,
@@ -289,8 +294,11 @@ class DLRoverPolicy(Policy):
     def start(self, job: JobRun) -> Start:
         if is_allreduce(job):  # AllreduceJobResourceOptimizer: the owner's worker resources
             return Start(config=users_config(job))
+        user = users_config(job)  # the ElasticJob's per-node resources; DLRover chooses the counts
         reply = self.bridge.call([{"op": "new", "job": str(job.spec.id), "now": self.cluster.now,
-                                   "cpu": job.limit.cpu, "memory_bytes": int(job.limit.memory_mb * 2**20)}])[0]
+                                   "cpu": job.limit.cpu, "memory_bytes": int(job.limit.memory_mb * 2**20),
+                                   "worker": {"cpu": user.worker_cpu, "memory_mb": user.worker_memory_mb},
+                                   "ps": {"cpu": user.ps_cpu, "memory_mb": user.ps_memory_mb}}])[0]
         groups = reply["groups"]
         worker, ps = groups["worker"], groups["ps"]
         config = _config(max(worker["count"], 1), max(ps["count"], 1), worker["cpu"] or 1, ps["cpu"] or 1,

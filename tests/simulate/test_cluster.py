@@ -10,7 +10,7 @@ import pytest
 
 from simulate import main
 from airflow_dlrover.optimizer.types import Configuration
-from sim.cluster import Cluster, Policy, QuotaExceededError, Start
+from sim.cluster import Cluster, Policy, QuotaExceededError, Resize, Start
 from sim.dlrover_bridge import DLRoverUnavailable, default_venv, venv_python
 from sim.run import SUMMARY_COLUMNS, run_policy, summarise
 from sim.truth import AllReduce, QueueingTable, Roofline, measured_roofline
@@ -307,3 +307,42 @@ def test_a_job_that_never_completes_counts_as_an_infinite_time():
     row = summarise(table.iloc[:4])  # half failed: the median is the larger middle order statistic
     assert row["median_jct_s"] == 20.0 and row["p90_jct_s"] == np.inf
     assert summarise(table.iloc[:2])["median_jct_s"] == 10.0
+
+
+def test_a_resize_that_does_not_fit_waits_and_is_applied_when_room_frees():
+    cfg = replace(SMALL.without_instability(), cluster_cpu=100.0, cluster_memory_mb=2e6)
+    small, big = Configuration(4, 2, 8.0, 8.0, 4096.0, 65536.0, 0, 512), Configuration(6, 2, 8.0, 8.0, 4096.0, 65536.0, 0, 512)
+
+    class Grows(Policy):
+        name = "grows"
+
+        def start(self, job):
+            return Start(config=small)  # 48 cores: two jobs fill 96 of 100
+
+        def check(self, job, obs):
+            return [Resize(big, "grow")] if job.spec.id == 0 and job.resizes == 0 and job.deferred == 0 else []
+
+    trace = sorted(generate_trace(cfg)[:2], key=lambda spec: spec.id)
+    trace = [replace(trace[0], arrival_s=0.0, samples=4e9), replace(trace[1], arrival_s=1.0, samples=2e8)]
+    first, second = Cluster(cfg, trace, Grows()).run()
+    assert first.deferred == 1 and first.resizes == 1  # asked while full; applied once the other ended
+    assert first.config_final == big and first.phase == second.phase == "done"
+    assert second.end_s < first.end_s
+
+
+@pytest.mark.skipif(not HAS_DLROVER, reason="no dlrover venv")
+def test_dlrover_starts_with_the_owners_per_node_resources():
+    from sim.dlrover_bridge import DLRoverBridge
+    from sim.policies import DLRoverPolicy
+
+    trace = [spec for spec in generate_trace(SMALL)][:6]
+    with DLRoverBridge() as bridge:
+        policy = DLRoverPolicy(bridge)
+        cluster = Cluster(SMALL, trace, policy)
+        policy.begin(cluster)
+        for spec, job in zip(trace, cluster.jobs):
+            start = policy.start(job).config
+            user = spec.family.user
+            # its original PS resources are kept; the counts and the worker size are its own
+            assert (start.ps_cpu, start.ps_memory_mb) == (user.ps_cpu, user.ps_memory_mb)
+            policy.finish(job)
