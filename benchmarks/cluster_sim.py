@@ -1,4 +1,4 @@
-"""Cluster-scale evaluation (issue 7): every policy on the same simulated days, several seeds.
+"""Cluster-scale evaluation: every policy on the same simulated days, several seeds.
 
     python benchmarks/cluster_sim.py [--jobs 1000] [--seeds 1 2 3] [--policies user,dlrover,ours,oracle]
                                      [--objective efficiency] [--processes 2] [--out benchmarks/out/cluster]
@@ -34,6 +34,9 @@ def across_seeds(table: pd.DataFrame) -> pd.DataFrame:
         for metric in SUMMARY_COLUMNS[1:]:
             values = group[metric].to_numpy(float)
             mean = float(np.mean(values))
+            if not np.all(np.isfinite(values)):  # a seed where that many jobs never completed: ∞, no interval
+                row[metric], row[metric + "_ci"] = mean, float("nan")
+                continue
             half = float(stats.t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) > 1 else float("nan")
             row[metric] = mean
             row[metric + "_ci"] = half
@@ -94,7 +97,7 @@ def main() -> None:
         f = (lambda v: f"{100 * v:.1f}%") if pct else (lambda v: f"{v:.0f}")
         shown[metric] = [f"{f(m)} ± {f(c)}" for m, c in zip(mean[metric], mean[metric + "_ci"])]
     print(shown.to_string(index=False))
-    print("\ntargets (issue 7), on the means:")
+    print("\ntargets, on the means:")
     for line in targets(mean):
         print("  " + line)
     Path(args.out).mkdir(parents=True, exist_ok=True)
