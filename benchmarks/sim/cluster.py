@@ -366,8 +366,6 @@ class Cluster:
         memory = job.spec.family.memory
         if memory.worker_mb(job.samples_done) > config.worker_memory_mb:
             return self.now
-        if config.ps == 0 and not memory.replicated:
-            return math.inf
         limit = config.worker_memory_mb if memory.replicated else config.ps_memory_mb
         n_star = memory.samples_to(limit, config.ps)  # the growing node reaches its limit
         if n_star <= job.samples_done:
@@ -418,7 +416,7 @@ class Cluster:
             per_ps[0] = min(max(job.hot_ps_cpu, config.ps_cpu), ps_cpu * job.spec.hot_ps_factor)
         memory = job.spec.family.memory
         worker_mem = min(memory.worker_mb(job.samples_done), config.worker_memory_mb)
-        ps_mem = min(float(memory.ps_mb(config.ps, job.samples_done)), config.ps_memory_mb) if config.ps else 0.0
+        ps_mem = min(float(memory.ps_mb(config.ps, job.samples_done)), config.ps_memory_mb)
         total = config.workers * worker_cpu + sum(per_ps)
         return worker_cpu, worker_mem, per_ps, ps_mem, total
 
@@ -447,8 +445,8 @@ class Cluster:
             config = self._config(job)
             memory = job.spec.family.memory
             middle = job.samples_done - gained / 2
-            used_mem = config.workers * min(memory.worker_mb(middle), config.worker_memory_mb) + (config.ps * min(
-                float(memory.ps_mb(config.ps, middle)), config.ps_memory_mb) if config.ps else 0.0)
+            used_mem = config.workers * min(memory.worker_mb(middle), config.worker_memory_mb) + config.ps * min(
+                float(memory.ps_mb(config.ps, middle)), config.ps_memory_mb)
         else:  # launching / recovering / resizing: resources held, little used
             used_cpu = 0.0
             used_mem = 0.25 * alloc_mem

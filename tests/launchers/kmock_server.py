@@ -33,8 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import kmock
 
-#: containers whose log is kept apart ("pod/container" in ``pod_logs``): the reports sidecar
-SIDECARS = ("dlrover-reports",)
+from airflow_dlrover.launchers.kubernetes_manifests import SCRAPE_CONTAINER
 
 logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # one INFO line per request otherwise
 
@@ -97,7 +96,7 @@ class LabelSelectingEmulator(kmock.KubernetesEmulator):
             sidecar = f"{name}/{request.params.get('container')}"  # a sidecar's log: "pod/container"
             if sidecar in logs:
                 return aiohttp.web.Response(text=logs[sidecar], content_type="text/plain")
-            if request.params.get("container") in SIDECARS:
+            if request.params.get("container") == SCRAPE_CONTAINER:  # kept apart: "pod/container"
                 return aiohttp.web.json_response({"kind": "Status", "status": "Failure", "code": 400, "reason": "BadRequest",
                                                   "message": "container is waiting to start"}, status=400)
             return aiohttp.web.Response(text=logs[name], content_type="text/plain")
