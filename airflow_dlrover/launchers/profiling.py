@@ -59,7 +59,7 @@ def profile_job(launcher: Any, spec: JobSpec, probes: pd.DataFrame, window_s: fl
             break
         meter = JobMeter(launcher, job_id)
         status = {"state": "training"}
-        while meter.elapsed_s < window_s and status["state"] != "done":
+        while status["state"] != "done" and (meter.elapsed_s < window_s or not _window_reported(meter, window_s)):
             status = launcher.progress(job_id, timeout=C.MASTER_POLL_TIMEOUT_S)
             meter.observe(status, healthy=all_running(launcher.status(job_id)))
             time.sleep(C.SUPERVISOR_POLL_S)
@@ -70,6 +70,13 @@ def profile_job(launcher: Any, spec: JobSpec, probes: pd.DataFrame, window_s: fl
         rows.append({**row, "probe_s": time.monotonic() - started})
         log.info("probe %d/%d %s: %.0f samples/s", index + 1, len(probes), config.describe(), row["throughput"])
     return pd.DataFrame(rows)
+
+
+def _window_reported(meter: JobMeter, window_s: float) -> bool:
+    """A window lasts ``window_s`` and until every worker reported in it (a trainer that reports
+    less often than the window, or a worker slowed by a busy node), at most
+    ``PROBE_WINDOW_REPORT_FACTOR`` × ``window_s`` (then it is measured as not clean)."""
+    return meter.elapsed_s >= C.PROBE_WINDOW_REPORT_FACTOR * window_s or meter.reported()
 
 
 def _settle(launcher: Any, job_id: str, since: float) -> bool:

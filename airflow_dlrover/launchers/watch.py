@@ -55,6 +55,11 @@ class JobMeter:
         self.healthy &= healthy
         self.samples_done = status["samples_done"]
 
+    def reported(self) -> bool:
+        """Whether every active worker has reported since the window opened (a rate exists)."""
+        job, metrics = self.launcher.read_job(self.job_id), self.launcher.metrics(self.job_id)
+        return job_throughput(self.reports, worker_reports(job, metrics)) is not None
+
     def close(self, now_s: float) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
         """End the window, open the next; returns (profile sample or None when the window was not
         clean, per-node usage rows for the detectors)."""

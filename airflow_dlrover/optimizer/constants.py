@@ -261,6 +261,9 @@ PROBE_WINDOW_S = 2.0
 #: A probe's measurement starts once every worker has reported this long after the resize
 #: (one report interval of the worker: its rate then covers the new configuration only) ...
 PROBE_REPORT_AFTER_S = 1.0
+#: A probe window waits for every worker's report past its length, up to this factor (ours:
+#: a window in which a worker did not report has no rate for it).
+PROBE_WINDOW_REPORT_FACTOR = 5.0
 #: ... waiting at most this long for it.
 PROBE_SETTLE_TIMEOUT_S = 60.0
 #: Polls of pod / process state while waiting (API-server friendly for pods).
