@@ -1,6 +1,8 @@
-"""Cluster-scale evaluation: a day of DLRM jobs under each policy, on one trace (``sim``).
+"""Cluster-scale evaluation: days of DLRM jobs under each policy, on one trace (``sim``).
 
-    python benchmarks/simulate.py --jobs 1000 --seed 1 --policies user,dlrover,ours,oracle --out DIR
+    python benchmarks/simulate.py --jobs 1000 --days 7 --seed 1 --policies user,dlrover,ours,oracle --out DIR
+
+With ``--days`` > 1 it also prints the cold jobs (day 1: no history) and the warm ones (days 2…).
 
 The simulator is not part of the installed provider (an Airflow worker installs neither it nor
 matplotlib): it lives in ``benchmarks/sim`` and drives the product's public API — the ``ours``
@@ -21,11 +23,13 @@ from airflow_dlrover.optimizer.types import InvalidInputError, parse_memory_mb
 
 def run(args: argparse.Namespace) -> None:
     from sim.dlrover_bridge import DLRoverUnavailable
-    from sim.run import format_table, simulate, write_outputs
+    from sim.run import by_days, format_table, simulate, write_outputs
     from sim.workload import SimConfig
 
     if args.jobs < 1:
         raise InvalidInputError("jobs", args.jobs, "an integer ≥ 1")
+    if args.days < 1:
+        raise InvalidInputError("days", args.days, "an integer ≥ 1")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     kwargs = {}
     if args.cluster_cpu is not None:
@@ -34,7 +38,7 @@ def run(args: argparse.Namespace) -> None:
         kwargs["cluster_memory_mb"] = parse_memory_mb(args.cluster_memory, "cluster_memory")
     if not 0.0 <= args.allreduce_fraction <= 1.0:
         raise InvalidInputError("allreduce-fraction", args.allreduce_fraction, "a fraction in [0, 1]")
-    cfg = SimConfig(jobs=args.jobs, seed=args.seed, allreduce_fraction=args.allreduce_fraction, **kwargs)
+    cfg = SimConfig(jobs=args.jobs, days=args.days, seed=args.seed, allreduce_fraction=args.allreduce_fraction, **kwargs)
     if args.no_instability:
         cfg = cfg.without_instability()
     start = time.perf_counter()
@@ -44,18 +48,23 @@ def run(args: argparse.Namespace) -> None:
     except DLRoverUnavailable as err:
         raise InvalidInputError("policies", "dlrover", "a dlrover venv", str(err)) from None
     seconds = time.perf_counter() - start
-    print(f"{cfg.jobs} jobs, seed {cfg.seed}, cluster {cfg.cluster_cpu:g} cores / {cfg.cluster_memory_mb / 1024:g} GiB, "
+    print(f"{cfg.jobs} jobs a day × {cfg.days} days, seed {cfg.seed}, cluster {cfg.cluster_cpu:g} cores / {cfg.cluster_memory_mb / 1024:g} GiB, "
           f"objective {args.objective}: simulated in {seconds:.1f} s "
           f"({', '.join(f'{r.name} {r.seconds:.1f} s' for r in runs)})")
     print("95% bootstrap intervals over jobs in brackets; JCT and run time over every job, one that never completed as inf")
     print(format_table(summary, cis))
-    paths = write_outputs(Path(args.out), summary, cis, runs, cfg)
+    days = by_days(runs, seed=cfg.seed)
+    for label, (table, intervals) in days.items():
+        print(f"\n{label} jobs ({'day 1: no history' if label == 'cold' else f'days 2–{cfg.days}: history from earlier days'})")
+        print(format_table(table, intervals))
+    paths = write_outputs(Path(args.out), summary, cis, runs, cfg, days)
     print("wrote " + ", ".join(str(p) for p in paths))
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="simulate.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", type=int, default=1000)
+    p.add_argument("--days", type=int, default=1, help="days of the trace: families recur daily (default 1)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--policies", default="user,dlrover,ours,oracle", help="comma-separated: user, dlrover, ours, oracle")
     p.add_argument("--out", required=True, help="folder for summary.csv, summary_ci.csv, jobs.csv, utilisation.csv, PNGs")

@@ -126,15 +126,15 @@ class OraclePolicy(Policy):
         self._truth_on_grid: dict[int, np.ndarray] = {}
 
     def start(self, job: JobRun) -> Start:
-        # A family's truth over its quota's grid is the same for every run; memory (and so what
-        # is feasible) depends on this run's samples.
-        family = job.spec.family
-        if family.index not in self._truth_on_grid:
+        # A family's truth over its quota's grid is the same for every run of a day; memory (and
+        # so what is feasible) depends on this run's samples.
+        family, key = job.spec.family, (job.spec.family.index, job.spec.day)
+        if key not in self._truth_on_grid:
             grid = search_grid(BATCH, allreduce=is_allreduce(job))
             n = grid.prefix(job.limit.cpu)
-            self._truth_on_grid[family.index] = family.truth.throughput(
+            self._truth_on_grid[key] = family.truth.throughput(
                 grid.workers[:n], grid.ps[:n], grid.worker_cpu[:n], grid.ps_cpu[:n])
-        return Start(config=true_plan(job, self.objective, job.limit, self._truth_on_grid[family.index]))
+        return Start(config=true_plan(job, self.objective, job.limit, self._truth_on_grid[key]))
 
     def on_onset(self, job: JobRun, kind: str) -> list:
         if kind == "hot_ps":

@@ -29,7 +29,7 @@ from sim.workload import SimConfig, generate_trace
 
 SUMMARY_COLUMNS = ("policy", "median_jct_s", "p90_jct_s", "median_run_s", "cpu_util", "mem_util", "completion_rate",
                    "resource_hours", "queue_delay_s")
-JOB_COLUMNS = ("policy", "job", "family", "truth", "arrival_s", "samples", "status", "jct_s", "run_s", "queue_s",
+JOB_COLUMNS = ("policy", "job", "family", "day", "truth", "arrival_s", "samples", "status", "jct_s", "run_s", "queue_s",
                "profile_s", "cpu_alloc_core_h", "cpu_used_core_h", "mem_alloc_gb_h", "mem_used_gb_h",
                "cpu_util", "mem_util", "workers", "ps", "worker_cpu", "ps_cpu", "worker_memory_mb", "ps_memory_mb",
                "resizes", "deferred", "refused", "failures", "ooms", "wasted_samples", "trained_samples")
@@ -49,7 +49,7 @@ def job_table(name: str, jobs: list[JobRun]) -> pd.DataFrame:
     for job in jobs:
         spec, c = job.spec, getattr(job, "config_final", None) or job.config
         rows.append(dict(
-            policy=name, job=spec.id, family=spec.family.index, truth=_truth_name(spec.family.truth),
+            policy=name, job=spec.id, family=spec.family.index, day=spec.day, truth=_truth_name(spec.family.truth),
             arrival_s=spec.arrival_s, samples=spec.samples, status=job.phase,
             jct_s=(job.end_s - spec.arrival_s) if job.phase == "done" else np.inf,
             run_s=(job.end_s - job.start_s) if job.phase == "done" else np.inf, queue_s=job.queue_s,
@@ -92,6 +92,19 @@ def summarise(table: pd.DataFrame) -> dict:
         resource_hours=float(table["cpu_alloc_core_h"].sum()),
         queue_delay_s=float(table["queue_s"].mean()),
     )
+
+
+def by_days(runs: list[PolicyRun], resamples: int = 400, seed: int = 0) -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]:
+    """(summary, intervals) over the cold jobs (day 1: a family's first day, no history) and the
+    warm ones (days 2…: history from the family's earlier runs in this simulation); {} for one day."""
+    out = {}
+    for label, warm in (("cold", False), ("warm", True)):
+        tables = [run.jobs[(run.jobs["day"] > 0) == warm] for run in runs]
+        if any(t.empty for t in tables):
+            return {}
+        out[label] = (pd.DataFrame([summarise(t) for t in tables], columns=list(SUMMARY_COLUMNS)),
+                      pd.concat([bootstrap(t, resamples, seed) for t in tables], ignore_index=True))
+    return out
 
 
 def bootstrap(table: pd.DataFrame, resamples: int = 400, seed: int = 0) -> pd.DataFrame:
@@ -193,11 +206,11 @@ def plot(runs: list[PolicyRun], out: Path, day_s: float) -> list[Path]:
     axes[0].set_ylabel("CPU used / allocated")
     axes[1].set_ylabel("memory used / allocated")
     axes[2].set_ylabel("cores allocated")
-    axes[2].set_xlabel(f"hours (the day's arrivals end at {day_s / 3600:.0f} h)")
+    axes[2].set_xlabel(f"hours (arrivals end at {day_s / 3600:.0f} h)")
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[0].legend(ncol=4, fontsize=8)
-    fig.suptitle("Utilisation over the day (10-minute bins)")
+    fig.suptitle("Utilisation over time (10-minute bins)")
     fig.tight_layout()
     paths.append(out / "utilisation.png")
     fig.savefig(paths[-1], dpi=110)
@@ -257,12 +270,19 @@ def simulate(cfg: SimConfig, policies=POLICIES, *, objective: str = "efficiency"
     return summary, cis, runs
 
 
-def write_outputs(out: Path, summary: pd.DataFrame, cis: pd.DataFrame, runs: list[PolicyRun], cfg: SimConfig) -> list[Path]:
+def write_outputs(out: Path, summary: pd.DataFrame, cis: pd.DataFrame, runs: list[PolicyRun], cfg: SimConfig,
+                  days: dict | None = None) -> list[Path]:
+    """The files; ``days`` (:func:`by_days`) adds ``summary_days.csv`` (``days`` = cold | warm, then
+    the summary's columns)."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "summary.csv", out / "summary_ci.csv", out / "jobs.csv", out / "utilisation.csv"]
     summary.to_csv(paths[0], index=False)
     cis.to_csv(paths[1], index=False)
+    if days:
+        paths.append(out / "summary_days.csv")
+        pd.concat([table.assign(days=label)[["days", *SUMMARY_COLUMNS]] for label, (table, _) in days.items()],
+                  ignore_index=True).to_csv(paths[-1], index=False)
     pd.concat([run.jobs for run in runs], ignore_index=True).to_csv(paths[2], index=False)
     pd.concat([run.series for run in runs], ignore_index=True).to_csv(paths[3], index=False)
-    paths += plot(runs, out, cfg.day_s)
+    paths += plot(runs, out, cfg.day_s * cfg.days)
     return paths

@@ -1,13 +1,18 @@
-"""The trace: a day of DLRM retraining jobs arriving at a shared cluster.
+"""The trace: days of DLRM retraining jobs arriving at a shared cluster.
 
 Everything random about the workload is drawn here, once per seed, so that every policy sees the
 same jobs, the same hidden truths and the same instability draws (common random numbers).
 
-* **Job families.** A family is one recommendation model retrained again and again (hourly or a
-  few times a day): the same hidden performance function, memory model and user-written
-  configuration; each run draws its own size (samples) and arrival. A policy that keeps history
-  has it from the family's earlier runs in the simulation only.
-* **Arrivals** follow a diurnal Poisson process over ``day_s`` (busier in the working hours).
+* **Job families.** A family is one recommendation model retrained every day
+  (``jobs_per_family`` runs a day, at the same hours each day: a daily schedule): the same
+  hidden performance function, memory model and user-written configuration. Between days the
+  family **drifts**: its truth's ``scale`` follows a lognormal random walk (``drift_sigma`` a
+  day: features added, the model reworked), its tables grow (``table_growth`` a day) and so do
+  its samples (``data_growth`` a day); a truth with a ``day`` field is told the day. A policy
+  that keeps history has it from the family's earlier runs in the simulation only, so
+  ``days = 1`` is the cold scenario (a family's first runs) and days 2… the warm one.
+* **Arrivals.** Each of a family's daily runs has an hour of the day drawn once from a diurnal
+  density (busier in the working hours), plus a jitter each day (``arrival_jitter_s``).
 * **Truth** families: ``queueing`` tables (three physics), the ``measured`` roofline, random
   ``roofline``\\ s (see :mod:`.truth`), each scaled by a model-size factor — and, for a fraction
   ``allreduce_fraction`` of the families, data-parallel ``allreduce`` jobs without PS (p = 0,
@@ -16,7 +21,7 @@ same jobs, the same hidden truths and the same instability draws (common random 
 * **User configurations** mimic what DLRover and the DLRover-RM paper report of manual settings:
   generous CPU per node (CPU utilisation ~15–35 %), memory at 2–6× the need (memory utilisation
   ~15–35 %), and a fraction ``user_underprovision`` of families whose PS memory is below the peak
-  their tables grow to (they OOM part-way).
+  their tables grow to (they OOM part-way). Written once, for the first day, and kept.
 * **Instability** (per job, same draws for every policy): node failures at
   ``node_failure_per_node_hour`` (a unit-exponential sequence consumed by each job's node-hours),
   a hot PS with probability ``hot_ps_probability`` (one PS's load ×``hot_ps_factor`` from a point
@@ -27,11 +32,11 @@ same jobs, the same hidden truths and the same instability draws (common random 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
-from airflow_dlrover.optimizer.types import Configuration
+from airflow_dlrover.optimizer.types import Configuration, InvalidInputError
 
 from sim.truth import (
     AllReduce,
@@ -45,16 +50,25 @@ from sim.truth import (
 
 @dataclass(frozen=True)
 class SimConfig:
-    """Knobs of one simulated day. Defaults are the issue's evaluation setting."""
+    """Knobs of the simulated days. Defaults are the issue's evaluation setting."""
 
+    #: Jobs a day.
     jobs: int = 1000
     seed: int = 1
+    days: int = 1
     day_s: float = 86_400.0
     #: The cluster quota shared by all jobs (cores, MB).
     cluster_cpu: float = 8000.0
     cluster_memory_mb: float = 40_000.0 * 1024
-    #: Jobs per family (a family is one model retrained several times a day).
-    jobs_per_family: float = 5.0
+    #: Runs of a family a day (a family is one model retrained on a daily schedule).
+    jobs_per_family: int = 1
+    #: Day-to-day drift (ours): σ of the daily lognormal step of a truth's scale; growth a day of
+    #: the tables (uniform range) and of the samples (uniform range, each day × lognormal 0.1).
+    drift_sigma: float = 0.05
+    table_growth: tuple[float, float] = (0.0, 0.03)
+    data_growth: tuple[float, float] = (0.0, 0.04)
+    #: σ of a run's arrival around its family's hour of the day.
+    arrival_jitter_s: float = 900.0
     #: Samples per job: lognormal median and σ, clipped.
     samples_median: float = 4e8
     samples_sigma: float = 0.7
@@ -115,6 +129,8 @@ class JobSpec:
     straggler_speed: float
     failure_exponentials: tuple[float, ...] = field(repr=False, default=())
     seed: int = 0
+    #: The day of the trace (0: the family's first).
+    day: int = 0
 
 
 def _truth(rng: np.random.Generator) -> Truth:
@@ -213,8 +229,31 @@ def _user(rng: np.random.Generator, memory: MemoryTruth, typical_samples: float,
     return Configuration(workers, ps, worker_cpu, ps_cpu, worker_mem, ps_mem)
 
 
+def on_day(family: Family, day: int, scale_step: float, table_step: float, data_step: float) -> Family:
+    """The family on ``day``: truth scale × ``scale_step``, tables × ``table_step``, samples ×
+    ``data_step`` (each the product of the days' factors so far); the user's configuration kept."""
+    truth = replace(family.truth, scale=family.truth.scale * scale_step)
+    if any(f.name == "day" for f in fields(truth)):
+        truth = replace(truth, day=day)
+    memory = replace(family.memory, table_mb=family.memory.table_mb * table_step,
+                     growth_mb_per_m=family.memory.growth_mb_per_m * table_step)
+    return replace(family, truth=truth, memory=memory, typical_samples=family.typical_samples * data_step)
+
+
+def _diurnal_hours(rng: np.random.Generator, n: int, day_s: float) -> np.ndarray:
+    """``n`` times of day from the density ∝ 1 + 0.6·sin(2π(t/day − 0.375)) (peak mid-afternoon), by thinning."""
+    times: list[float] = []
+    while len(times) < n:
+        t = rng.uniform(0.0, day_s, size=4 * n + 8)
+        keep = rng.random(t.size) < (1.0 + 0.6 * np.sin(2 * np.pi * (t / day_s - 0.375))) / 1.6
+        times.extend(t[keep].tolist())
+    return np.asarray(times[:n])
+
+
 def generate_trace(config: SimConfig) -> list[JobSpec]:
-    """The day's jobs, sorted by arrival; a deterministic function of ``config``."""
+    """Every day's jobs, sorted by arrival; a deterministic function of ``config``."""
+    if config.days < 1 or config.jobs_per_family < 1:
+        raise InvalidInputError("days / jobs_per_family", f"{config.days} / {config.jobs_per_family}", "integers ≥ 1")
     rng = np.random.default_rng([config.seed, 7])
     n_families = max(1, int(round(config.jobs / config.jobs_per_family)))
     families = []
@@ -232,17 +271,28 @@ def generate_trace(config: SimConfig) -> list[JobSpec]:
         limit_mem = float(max(limit_cpu * 4096.0, _round_up(user.memory_mb * 1.25, 1024)))
         families.append(Family(index, truth, memory, user, limit_cpu, limit_mem, typical))
 
-    # Diurnal arrivals: rate ∝ 1 + 0.6·sin over the day (peak mid-afternoon), by thinning.
-    arrivals = []
-    while len(arrivals) < config.jobs:
-        t = rng.uniform(0.0, config.day_s, size=4 * config.jobs)
-        keep = rng.random(t.size) < (1.0 + 0.6 * np.sin(2 * np.pi * (t / config.day_s - 0.375))) / 1.6
-        arrivals.extend(t[keep].tolist())
-    arrivals = np.sort(np.asarray(arrivals[: config.jobs]))
+    # A family's daily runs: hours drawn once; the jobs a day are the families' runs.
+    slots = [(f, hour) for f in families for hour in _diurnal_hours(rng, config.jobs_per_family, config.day_s)]
+    drift = np.random.default_rng([config.seed, 19])
+    steps = np.ones((n_families, config.days, 3))
+    if config.days > 1:
+        steps[:, 1:, 0] = drift.lognormal(0.0, config.drift_sigma, (n_families, config.days - 1))
+        steps[:, 1:, 1] = 1.0 + drift.uniform(*config.table_growth, (n_families, 1))
+        steps[:, 1:, 2] = (1.0 + drift.uniform(*config.data_growth, (n_families, 1))) \
+            * drift.lognormal(0.0, 0.1, (n_families, config.days - 1))
+    steps = np.cumprod(steps, axis=1)
+
+    runs = []
+    for day in range(config.days):
+        jitter = rng.normal(0.0, config.arrival_jitter_s, len(slots)) if day else np.zeros(len(slots))
+        for (family, hour), dt in zip(slots, jitter):
+            s = steps[family.index, day]
+            today = on_day(family, day, *s) if day else family
+            runs.append((day * config.day_s + float(np.clip(hour + dt, 0.0, config.day_s - 1.0)), day, today))
+    runs.sort(key=lambda r: r[0])
 
     jobs = []
-    for i, arrival in enumerate(arrivals):
-        family = families[int(rng.integers(n_families))]
+    for i, (arrival, day, family) in enumerate(runs):
         samples = float(np.clip(family.typical_samples * rng.lognormal(0.0, 0.25), 1e7, 1e10))
         hot = config.instability and rng.random() < config.hot_ps_probability and family.user.ps > 0
         strag = config.instability and rng.random() < config.straggler_probability
@@ -254,5 +304,6 @@ def generate_trace(config: SimConfig) -> list[JobSpec]:
             straggler_speed=float(rng.uniform(*config.straggler_speed)),
             failure_exponentials=tuple(rng.exponential(1.0, 16).tolist()),
             seed=int(rng.integers(2**31)),
+            day=day,
         ))
     return jobs
