@@ -19,6 +19,15 @@ from three families that are *not* the optimizer's q-norm of nine terms:
               bottlenecks differ from job to job. Bottlenecks combine by a near-hard soft-min
               (exponent 8), not by the model's fitted q.
 
+``moving_shard`` A PS job whose embedding has a few hot row ranges (a viral item, a campaign), each
+              carrying a share of all lookups and each held whole by the PS its id hashes to
+              (id mod p): the hottest PS carries its hot ranges plus its share of the rest, so
+              adding PS stops helping past ~1/h and some p are *worse* than fewer (two hot ranges
+              collide on one PS), and a hot range's updates serialise on its row locks (more PS
+              cores than ``lock_cores`` do not speed it). The hot ranges — their ids and shares —
+              move between days (``day``). None of this is in the model's span: its PS terms are
+              smooth and monotone in p and scale with λp without limit.
+
 ``allreduce`` Data-parallel jobs without PS (p = 0): every worker holds the whole model and the
               group all-reduces its gradients each step over a ring whose links slow down past a
               rack (oversubscribed uplinks), the all-reduce overlaps the backward pass in part
@@ -202,6 +211,92 @@ def measured_roofline() -> tuple[Roofline, float]:
     truth = model(fit.x)
     mape = float(np.mean(np.abs(np.exp(residual(fit.x)) - 1.0)))
     return truth, mape
+
+
+# ---------------------------------------------------------------------------------------------
+# Moving hot shard (a PS family whose hot rows change from day to day)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MovingHotShard(Truth):
+    """Hot row ranges i = 1..k with lookup shares h_i (H = Σ h_i) and ids u_i, each on PS u_i mod p;
+    the rest, 1 − H, spread evenly. Per sample (rows lookups + updates at κ core-seconds each):
+
+    load of PS j   L_j(p) = Σ_{i: u_i mod p = j} h_i + (1 − H)/p,   hottest j* = argmax_j L_j(p)
+    hottest PS     1/X_ps = κ·rows·(H_j*/min(λp, c_lock) + (L_j* − H_j*)/λp) + 2·r/B
+                   (H_j* the hot share on j*: its updates serialise on row locks, ≤ c_lock cores)
+    worker cores   X_w = w · B / (B·c_w / amdahl(λw, f) + o / min(λw, 1))
+    x              = scale · softmin_8(X_w, X_ps, io)
+
+    so X ≤ c_lock / (κ·rows·max_i h_i) for every p and λp. Day d draws the hot ranges from
+    ``np.random.default_rng([seed, d])``: H = hot · lognormal(0, 0.4) (clipped to [0.03, 0.6]), the
+    shares h_i ~ H · Dirichlet(1), the ids u_i uniform in [0, 2²⁰).
+    """
+
+    seed: int = 0
+    day: int = 0
+    hot: float = 0.2  # mean total share of the hot ranges
+    n_hot: int = 2
+    lock_cores: float = 2.0
+    c_w: float = 2.5e-4
+    f: float = 0.9
+    o: float = 2e-3
+    kappa: float = 6e-6
+    rows: float = 26.0
+    r: float = 5e-5
+    io: float = float("inf")
+    scale: float = 1.0
+    family: str = "moving_shard"
+
+    def hot_ranges(self) -> tuple[np.ndarray, np.ndarray]:
+        """The day's hot ranges: (shares h_i, ids u_i)."""
+        rng = np.random.default_rng([self.seed, self.day])
+        total = float(np.clip(self.hot * rng.lognormal(0.0, 0.4), 0.03, 0.6))
+        shares = total * rng.dirichlet(np.ones(self.n_hot))
+        ids = rng.integers(0, 2**20, self.n_hot)
+        return shares, ids
+
+    def _hottest(self, p) -> tuple[np.ndarray, np.ndarray]:
+        """(L_j*(p), H_j*(p)): the hottest PS's load and hot share, as fractions of all rows."""
+        p = np.maximum(np.asarray(p, dtype=float), 1.0)
+        shares, ids = self.hot_ranges()
+        rest = 1.0 - shares.sum()
+        values = np.unique(p)
+        load, hot = np.empty(values.size), np.empty(values.size)
+        for n, v in enumerate(values):
+            per_ps = np.bincount(ids % int(v), weights=shares, minlength=int(v))
+            j = int(np.argmax(per_ps))
+            load[n], hot[n] = per_ps[j] + rest / v, per_ps[j]
+        where = np.searchsorted(values, p)
+        return load[where], hot[where]
+
+    def _caps(self, w, p, lw, lp):
+        w, p, lw, lp = _arrays(w, p, lw, lp)
+        load, hot = self._hottest(p)
+        worker = w * BATCH / (BATCH * self.c_w / _amdahl(lw, self.f) + self.o / np.minimum(lw, 1.0))
+        ps_time = self.kappa * self.rows * (hot / np.minimum(lp, self.lock_cores) + (load - hot) / lp) \
+            + 2.0 * self.r / BATCH
+        caps = [worker, 1.0 / ps_time]
+        if math.isfinite(self.io):
+            caps.append(np.full_like(worker, self.io))
+        return caps, (w, p, lw, lp)
+
+    def throughput(self, w, p, lw, lp):
+        caps, _ = self._caps(w, p, lw, lp)
+        return self.scale * _softmin(caps)
+
+    def cpu_used(self, w, p, lw, lp):
+        caps, (w, p, lw, lp) = self._caps(w, p, lw, lp)
+        x = _softmin(caps)
+        worker = np.minimum(lw, _amdahl(lw, self.f) * x / caps[0] + 0.02 * lw)
+        p = np.maximum(p, 1.0)
+        mean_ps = x * (self.kappa * self.rows + 2.0 * self.r / BATCH * p) / p  # all PS work over p PS
+        return worker, np.minimum(lp, mean_ps + 0.02 * lp)
+
+    def hot_ps_share(self, p):
+        load, _ = self._hottest(p)
+        return load * np.maximum(np.asarray(p, dtype=float), 1.0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from airflow_dlrover.optimizer.types import Configuration, InvalidInputError
 from sim.truth import (
     AllReduce,
     MemoryTruth,
+    MovingHotShard,
     QueueingTable,
     Roofline,
     Truth,
@@ -134,7 +135,7 @@ class JobSpec:
 
 
 def _truth(rng: np.random.Generator) -> Truth:
-    kind = rng.choice(["queueing", "measured", "roofline"], p=[0.4, 0.2, 0.4])
+    kind = rng.choice(["queueing", "measured", "roofline", "moving_shard"], p=[0.4, 0.2, 0.3, 0.1])
     if kind == "queueing":
         return QueueingTable(physics=str(rng.choice(["default", "hot_shard", "net_bound"])),
                              scale=float(rng.lognormal(0.0, 0.4)))
@@ -143,6 +144,12 @@ def _truth(rng: np.random.Generator) -> Truth:
         # The runtime's DLRM is tiny (~40k samples/s per worker core): production models are
         # 5–20× heavier per sample.
         return replace(base, scale=float(rng.lognormal(math.log(0.12), 0.4)))
+    if kind == "moving_shard":
+        return _moving_shard_truth(rng)
+    return _roofline_truth(rng)
+
+
+def _roofline_truth(rng: np.random.Generator) -> Roofline:
     return Roofline(
         c_w=float(2.5e-4 * rng.lognormal(0.0, 0.4)),
         f=float(rng.uniform(0.8, 0.97)),
@@ -154,6 +161,23 @@ def _truth(rng: np.random.Generator) -> Truth:
         io=float(rng.choice([np.inf, np.inf, rng.uniform(1.5e5, 6e5)])),
         ratio=float(rng.uniform(6, 24)),
         gamma=float(rng.choice([0.0, 0.0, rng.uniform(0.002, 0.02)])),
+    )
+
+
+def _moving_shard_truth(rng: np.random.Generator) -> MovingHotShard:
+    """A family whose hot row ranges move from day to day (``truth.MovingHotShard``; day 0 here)."""
+    return MovingHotShard(
+        seed=int(rng.integers(2**31)),
+        hot=float(rng.uniform(0.08, 0.35)),
+        n_hot=int(rng.choice([1, 2, 3])),
+        lock_cores=float(rng.uniform(1.5, 4.0)),
+        c_w=float(2.5e-4 * rng.lognormal(0.0, 0.4)),
+        f=float(rng.uniform(0.8, 0.97)),
+        o=float(rng.uniform(1e-3, 5e-3)),
+        kappa=float(6e-6 * rng.lognormal(0.0, 0.5)),
+        r=float(5e-5 * rng.lognormal(0.0, 0.5)),
+        io=float(rng.choice([np.inf, np.inf, rng.uniform(1.5e5, 6e5)])),
+        scale=float(rng.lognormal(0.0, 0.4)),
     )
 
 
