@@ -14,7 +14,7 @@ same jobs, the same hidden truths and the same instability draws (common random 
 * **Arrivals.** Each of a family's daily runs has an hour of the day drawn once from a diurnal
   density (busier in the working hours), plus a jitter each day (``arrival_jitter_s``).
 * **Truth** families: ``queueing`` tables (three physics), the ``measured`` roofline, random
-  ``roofline``\\ s (see :mod:`.truth`), each scaled by a model-size factor — and, for a fraction
+  ``roofline``\\ s, ``moving_shard`` (hot row ranges that move each day; see :mod:`.truth`), each scaled by a model-size factor — and, for a fraction
   ``allreduce_fraction`` of the families, data-parallel ``allreduce`` jobs without PS (p = 0,
   tables replicated on every worker; their owners write a worker count and size, no PS). Those
   are drawn from a stream of their own, so that the PS families are the same for any fraction.
@@ -318,13 +318,15 @@ def generate_trace(config: SimConfig) -> list[JobSpec]:
     jobs = []
     for i, (arrival, day, family) in enumerate(runs):
         samples = float(np.clip(family.typical_samples * rng.lognormal(0.0, 0.25), 1e7, 1e10))
-        hot = config.instability and rng.random() < config.hot_ps_probability and family.user.ps > 0
-        strag = config.instability and rng.random() < config.straggler_probability
+        # Every draw is made whatever its outcome, so that the stream stays aligned across
+        # families of either kind (an all-reduce family has no PS to run hot).
+        hot, hot_at = rng.random() < config.hot_ps_probability, float(rng.uniform(0.1, 0.7))
+        strag, strag_at = rng.random() < config.straggler_probability, float(rng.uniform(0.05, 0.7))
         jobs.append(JobSpec(
             id=i, family=family, arrival_s=float(arrival), samples=samples,
-            hot_ps_at=float(rng.uniform(0.1, 0.7)) if hot else None,
+            hot_ps_at=hot_at if config.instability and hot and family.user.ps > 0 else None,
             hot_ps_factor=float(rng.uniform(*config.hot_ps_factor)),
-            straggler_at=float(rng.uniform(0.05, 0.7)) if strag else None,
+            straggler_at=strag_at if config.instability and strag else None,
             straggler_speed=float(rng.uniform(*config.straggler_speed)),
             failure_exponentials=tuple(rng.exponential(1.0, 16).tolist()),
             seed=int(rng.integers(2**31)),

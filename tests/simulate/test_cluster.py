@@ -335,3 +335,35 @@ def test_dlrover_starts_with_the_owners_per_node_resources():
             # its original PS resources are kept; the counts and the worker size are its own
             assert (start.ps_cpu, start.ps_memory_mb) == (user.ps_cpu, user.ps_memory_mb)
             policy.finish(job)
+
+
+def test_families_recur_daily_and_drift_between_days():
+    cfg = replace(SMALL, days=3)
+    trace = generate_trace(cfg)
+    assert len(trace) == 3 * SMALL.jobs and generate_trace(cfg) == trace
+    by_family: dict = {}
+    for job in trace:
+        assert job.day * cfg.day_s <= job.arrival_s < (job.day + 1) * cfg.day_s
+        by_family.setdefault(job.family.index, []).append(job)
+    assert len(by_family) == SMALL.jobs  # one run a family a day
+    first_day = {job.family.index: job for job in generate_trace(SMALL)}
+    for index, runs in by_family.items():
+        runs.sort(key=lambda j: j.day)
+        assert [j.day for j in runs] == [0, 1, 2]
+        assert runs[0].family == first_day[index].family  # day 1 is the one-day trace's
+        assert len({j.family.user for j in runs}) == 1  # the owner wrote it once
+        scales = [j.family.truth.scale for j in runs]
+        assert len(set(scales)) == 3  # the model drifts ...
+        tables = [j.family.memory.table_mb for j in runs]
+        assert tables == sorted(tables)  # ... and its tables only grow
+
+
+def test_ours_profiles_on_a_familys_first_day_and_warm_starts_from_its_own_runs_after():
+    cfg = replace(SMALL.without_instability(), days=2)
+    jobs = run_policy(cfg, "ours").jobs
+    cold, warm = jobs[jobs["day"] == 0], jobs[jobs["day"] == 1]
+    assert (cold["profile_s"] > 0).all()  # no history on the first day: every job profiles
+    finished_first = set(cold.loc[cold["status"] == "done", "family"])
+    warm_started = warm[warm["family"].isin(finished_first) & (warm["arrival_s"] > cold["jct_s"].max())]
+    assert len(warm_started) > 0 and (warm_started["profile_s"] == 0).mean() > 0.75  # most plan from their prior
+    assert warm_started["profile_s"].sum() < 0.25 * cold["profile_s"].sum()
