@@ -1,13 +1,16 @@
-"""Cluster-scale evaluation: every policy on the same simulated days, several seeds.
+"""Cluster-scale evaluation: every policy on the same simulated days, several seeds, each scenario.
 
-    python benchmarks/cluster_sim.py [--jobs 1000] [--seeds 1 2 3] [--policies user,dlrover,ours,oracle]
-                                     [--objective efficiency] [--processes 2] [--out benchmarks/out/cluster]
+    python benchmarks/cluster_sim.py [--jobs 1000] [--days 7] [--seeds 1 2 3] [--scenarios congested uncongested]
+                                     [--policies user,dlrover,ours,oracle] [--objective efficiency]
+                                     [--processes 2] [--out benchmarks/out/cluster]
 
-For each seed it runs ``benchmarks/simulate.py``'s engine (one trace, every policy) and prints the
-seed's table with 95 % bootstrap intervals over jobs; then the mean over seeds with a 95 %
-t-interval across seeds, and the targets of the issue checked against those means. The dlrover
-policy needs its venv (``make dlrover-venv``; ``--setup-dlrover`` creates it).
-Nothing here is asserted: it prints what it measures.
+Scenarios: ``congested`` is the default cluster (8,000 cores, 40,000 GiB for 1,000 jobs a day:
+jobs queue at the day's peak); ``uncongested`` a cluster no job ever waits for. For each scenario
+and seed it runs ``benchmarks/simulate.py``'s engine (one trace, every policy) and prints the
+seed's table with 95 % bootstrap intervals over jobs; then, for the cold jobs (day 1: no history)
+and the warm ones (days 2…), the mean over seeds with a 95 % t-interval across seeds, and the
+targets of the issue checked against those means. The dlrover policy needs its venv (``make
+dlrover-venv``; ``--setup-dlrover`` creates it). Nothing here is asserted: it prints what it measures.
 """
 
 from __future__ import annotations
@@ -23,8 +26,13 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sim.run import SUMMARY_COLUMNS, format_table, simulate, write_outputs  # noqa: E402
+from sim.run import SUMMARY_COLUMNS, by_days, format_table, simulate, write_outputs  # noqa: E402
 from sim.workload import SimConfig  # noqa: E402
+
+#: Cluster sizes of the scenarios, per 1,000 jobs a day (scaled with --jobs, never below the
+#: largest job a family may ask for: 1,024 cores, 4 TiB).
+SCENARIOS = {"congested": (8000.0, 40_000.0 * 1024), "uncongested": (1e7, 1e10)}
+FLOOR = (1024.0, 4096.0 * 1024)
 
 
 def across_seeds(table: pd.DataFrame) -> pd.DataFrame:
@@ -66,8 +74,10 @@ def targets(mean: pd.DataFrame) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--jobs", type=int, default=1000, help="jobs a day")
+    parser.add_argument("--days", type=int, default=7)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
     parser.add_argument("--policies", default="user,dlrover,ours,oracle")
     parser.add_argument("--objective", default="efficiency", choices=("efficiency", "throughput"))
     parser.add_argument("--processes", type=int, default=2)
@@ -77,29 +87,35 @@ def main() -> None:
     policies = args.policies.split(",")
 
     tables = []
-    for seed in args.seeds:
-        cfg = SimConfig(jobs=args.jobs, seed=seed)
-        start = time.perf_counter()
-        summary, cis, runs = simulate(cfg, policies, objective=args.objective, setup_dlrover=args.setup_dlrover,
-                                      processes=args.processes)
-        seconds = time.perf_counter() - start
-        print(f"\n== seed {seed}: {args.jobs} jobs in {seconds:.1f} s ({', '.join(f'{r.name} {r.seconds:.1f} s' for r in runs)})")
-        print(format_table(summary, cis))
-        write_outputs(Path(args.out) / f"seed{seed}", summary, cis, runs, cfg)
-        tables.append(summary.assign(seed=seed))
+    for scenario in args.scenarios:
+        cpu, memory = (max(v * args.jobs / 1000, floor) for v, floor in zip(SCENARIOS[scenario], FLOOR))
+        for seed in args.seeds:
+            cfg = SimConfig(jobs=args.jobs, days=args.days, seed=seed, cluster_cpu=cpu, cluster_memory_mb=memory)
+            start = time.perf_counter()
+            summary, cis, runs = simulate(cfg, policies, objective=args.objective, setup_dlrover=args.setup_dlrover,
+                                          processes=args.processes)
+            seconds = time.perf_counter() - start
+            print(f"\n== {scenario}, seed {seed}: {args.jobs} jobs a day × {args.days} days in {seconds:.1f} s "
+                  f"({', '.join(f'{r.name} {r.seconds:.1f} s' for r in runs)})")
+            print(format_table(summary, cis))
+            days = by_days(runs, seed=seed)
+            write_outputs(Path(args.out) / scenario / f"seed{seed}", summary, cis, runs, cfg, days)
+            for label, (table, _) in (days or {"all": (summary, None)}).items():
+                tables.append(table.assign(scenario=scenario, days=label, seed=seed))
 
     table = pd.concat(tables, ignore_index=True)
-    mean = across_seeds(table)
-    print(f"\n== mean over seeds {args.seeds} (± 95 % t-interval across seeds)")
-    shown = mean[["policy"]].copy()
-    for metric in SUMMARY_COLUMNS[1:]:
-        pct = metric in ("cpu_util", "mem_util", "completion_rate")
-        f = (lambda v: f"{100 * v:.1f}%") if pct else (lambda v: f"{v:.0f}")
-        shown[metric] = [f"{f(m)} ± {f(c)}" for m, c in zip(mean[metric], mean[metric + "_ci"])]
-    print(shown.to_string(index=False))
-    print("\ntargets, on the means:")
-    for line in targets(mean):
-        print("  " + line)
+    for (scenario, label), group in table.groupby(["scenario", "days"], sort=False):
+        mean = across_seeds(group)
+        print(f"\n== {scenario}, {label} jobs: mean over seeds {args.seeds} (± 95 % t-interval across seeds)")
+        shown = mean[["policy"]].copy()
+        for metric in SUMMARY_COLUMNS[1:]:
+            pct = metric in ("cpu_util", "mem_util", "completion_rate")
+            f = (lambda v: f"{100 * v:.1f}%") if pct else (lambda v: f"{v:.0f}")
+            shown[metric] = [f"{f(m)} ± {f(c)}" for m, c in zip(mean[metric], mean[metric + "_ci"])]
+        print(shown.to_string(index=False))
+        print("targets, on the means:")
+        for line in targets(mean):
+            print("  " + line)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     table.to_csv(Path(args.out) / "by_seed.csv", index=False)
 
