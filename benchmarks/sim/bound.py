@@ -6,7 +6,7 @@ For a job of ``n`` samples with CPU quota ``L`` (``family.limit_cpu``) and reali
     bound_run_s = c₀ + T,    T = n / (X* · f),
     c₀ = launch_s / 2  if T ≤ probe_s  else  launch_s
     X* = max { truth(w, p, λw, λp) : w·λw + p·λp ≤ L, 1 ≤ w ≤ 128, 1 ≤ p ≤ 64, λw, λp ≥ 0.5 }
-         (an all-reduce family: p = λp = 0)
+         (an all-reduce family: p = λp = 0), rounded up by at most a relative ``REL`` = 10⁻⁶
 
 Why nobody is faster: a job trains only at ``truth(config) · f``, where ``config`` is its
 allocation (never past ``L``: the cluster refuses it), or that allocation with a hot PS's λp
@@ -25,15 +25,17 @@ core, any CPU value) and a healed hot PS's extra cores (which add no throughput 
 and :func:`check` fails a run where it exceeds X*; ``tests/simulate`` checks it on the default
 scenario.
 
-X* is computed, not sampled: branch and bound over λw intervals of each (w, p) on the budget line.
+X* is computed, not sampled. An all-reduce truth grows with λw: X* is its largest value at
+λw = L / w over w, times (1 + ``REL``). Otherwise branch and bound over λw intervals of each (w, p) on the budget line.
 An interval [a, b] is covered by the box [a, b] × [0.5, (L − w·a)/p]; its upper bound is the
 truth at the box's top corner for a truth that grows with λw and λp (rooflines, all-reduce), and
 the largest value at the box's vertices and the table nodes inside for the queueing tables
 (log-throughput is multilinear in log λ between nodes, so its maximum over a box is at one of
-them). Boxes whose upper bound is within ``rel`` of the best feasible value found are closed; the
-others are halved. X* is the largest upper bound of the closed boxes: never below the true
-maximum, at most ``rel`` above it. A truth's ``scale`` multiplies its throughput, so X* is
-computed (and cached) for the truth at scale 1.
+them). Boxes whose upper bound is at most (1 + ``rel``) × the best feasible value found are closed;
+the others are halved. Once all are closed, X* = (1 + ``rel``) × that best value: at or above the
+true maximum, at most ``rel`` above it — so a policy that runs a job at the argmax still lands
+above the bound by more than the event times' rounding. A truth's ``scale`` multiplies its
+throughput, so X* is computed (and cached) for the truth at scale 1.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def peak_throughput(truth: Truth, limit_cpu: float) -> float:
 def _peak(truth: Truth, limit: float) -> float:
     if isinstance(truth, AllReduce):  # grows with λw: the whole budget on the workers
         w = np.arange(1, min(MAX_WORKERS, int(limit // CPU_MIN)) + 1, dtype=float)
-        return float(np.max(truth.throughput(w, 0.0, limit / w, 0.0)))
+        return float(np.max(truth.throughput(w, 0.0, limit / w, 0.0))) * (1.0 + REL)
     return _branch_and_bound(truth, limit)
 
 
@@ -127,21 +129,19 @@ def _branch_and_bound(truth: Truth, limit: float, rel: float = REL, rounds: int 
     if not len(w):
         return 0.0
     a, b = np.full(len(w), CPU_MIN), (limit - p * CPU_MIN) / w  # one box per (w, p) first
-    best, closed = -np.inf, -np.inf
+    best = -np.inf
     for _ in range(rounds):
         upper, lower = _bounds(truth, limit, w, p, a, b)
         best = max(best, float(lower.max()))
-        open_ = upper > best * (1.0 + rel)
-        if (~open_).any():
-            closed = max(closed, float(upper[~open_].max()))
+        open_ = upper > best * (1.0 + rel)  # a closed box cannot beat best · (1 + rel)
         if not open_.any():
-            return closed
+            return best * (1.0 + rel)
         w, p, a, b = w[open_], p[open_], a[open_], b[open_]
         mid = np.sqrt(a * b)  # halve in log λw (the tables' axis)
         w, p = np.concatenate([w, w]), np.concatenate([p, p])
         a, b = np.concatenate([a, mid]), np.concatenate([mid, b])
     upper, _ = _bounds(truth, limit, w, p, a, b)
-    return max(closed, float(upper.max()))
+    return max(best * (1.0 + rel), float(upper.max()))
 
 
 def start_cost_s(cfg: SimConfig, training_s: float) -> float:
