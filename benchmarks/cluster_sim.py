@@ -101,7 +101,7 @@ def main() -> None:
     for metric in SUMMARY_COLUMNS[1:]:
         pct = metric in ("cpu_util", "mem_util", "completion_rate")
         f = (lambda v: f"{100 * v:.1f}%") if pct else (lambda v: f"{v:.0f}")
-        shown[metric] = [f"{f(m)} ± {f(c)}" for m, c in zip(mean[metric], mean[metric + "_ci"])]
+        shown[metric] = ["n/a" if np.isnan(m) else f"{f(m)} ± {f(c)}" for m, c in zip(mean[metric], mean[metric + "_ci"])]
     print(shown.to_string(index=False))
     print("\ntargets, on the means:")
     for line in targets(mean):

@@ -25,7 +25,7 @@
 ``oracle``   the *knee reference*, not a bound: the same objective as ``ours`` (the efficiency
              knee by default) evaluated on the true function over the planner's grid, memory sized
              for the true peak, instability healed at onset. Another policy can run a job faster
-             (the owner's larger allocation often does); the per-job run-time lower bound is
+             (the owner's larger allocation sometimes does); the per-job run-time lower bound is
              :mod:`sim.bound` (the ``bound`` row). It is the only policy that reads the truth
              (``tests/simulate``: a tripwire fails any other).
 
