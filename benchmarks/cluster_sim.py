@@ -9,7 +9,8 @@ jobs queue at the day's peak); ``uncongested`` a cluster no job ever waits for. 
 and seed it runs ``benchmarks/simulate.py``'s engine (one trace, every policy) and prints the
 seed's table with 95 % bootstrap intervals over jobs; then, for the cold jobs (day 1: no history)
 and the warm ones (days 2…), the mean over seeds with a 95 % t-interval across seeds, and the
-targets of the issue checked against those means. The dlrover policy needs its venv (``make
+targets of the issue checked against those means (``oracle`` is the knee reference, ``bound`` the
+per-job run-time lower bound of :mod:`sim.bound`). The dlrover policy needs its venv (``make
 dlrover-venv``; ``--setup-dlrover`` creates it). Nothing here is asserted: it prints what it measures.
 """
 
@@ -68,7 +69,12 @@ def targets(mean: pd.DataFrame) -> list[str]:
                    "(target: better JCT at equal or better utilisation)")
     if {"oracle", "ours"} <= set(by.index):
         r, o = by.loc["oracle"], by.loc["ours"]
-        out.append(f"vs oracle: median JCT {o.median_jct_s / r.median_jct_s - 1:+.0%} (target within +10 %)")
+        out.append(f"vs oracle (knee reference): median JCT {o.median_jct_s / r.median_jct_s - 1:+.0%} (target within +10 %)")
+    if "bound" in by.index:
+        b = by.loc["bound"]
+        ratios = ", ".join(f"{name} {by.loc[name].median_jct_s / b.median_jct_s:.2f}×"
+                           for name in by.index if name != "bound")
+        out.append(f"vs bound (per-job run-time lower bound, no queueing): median JCT {ratios}")
     return out
 
 
@@ -111,7 +117,7 @@ def main() -> None:
         for metric in SUMMARY_COLUMNS[1:]:
             pct = metric in ("cpu_util", "mem_util", "completion_rate")
             f = (lambda v: f"{100 * v:.1f}%") if pct else (lambda v: f"{v:.0f}")
-            shown[metric] = [f"{f(m)} ± {f(c)}" for m, c in zip(mean[metric], mean[metric + "_ci"])]
+            shown[metric] = ["n/a" if np.isnan(m) else f"{f(m)} ± {f(c)}" for m, c in zip(mean[metric], mean[metric + "_ci"])]
         print(shown.to_string(index=False))
         print("targets, on the means:")
         for line in targets(mean):

@@ -2,7 +2,8 @@
 
 One :class:`Cluster` runs one policy over one trace. Jobs arrive, ask for an allocation, wait in a
 first-fit queue while the cluster's CPU / memory quota is full, profile (if the policy wants),
-train at the hidden true rate of their current allocation, and are checked by the policy every
+train at the hidden true rate of their current allocation (times the job's realised-rate factor,
+:func:`rate_factor`, the same for every policy), and are checked by the policy every
 control period. The runtime is the same for every policy: checkpoints every ``checkpoint_s`` of
 training, a failed node costs the work since the last checkpoint plus ``recover_s``, a launch costs
 ``launch_s``, a resize the runtime's cost (:func:`airflow_dlrover.optimizer.finetune.resize_cost_s`).
@@ -129,6 +130,7 @@ class JobRun:
     trained_samples: float = 0.0
     rate: float = 0.0
     true_rate: float = 0.0
+    peak_true_rate: float = 0.0  # the largest truth at any configuration it ran (for sim.bound)
     last_t: float = 0.0
     next_check: float = math.inf
     hazard_left: float = 0.0
@@ -211,6 +213,14 @@ class Policy:
 
 
 
+def rate_factor(cfg: SimConfig, spec: JobSpec) -> float:
+    """The job's realised-rate factor, lognormal with cv ``rate_noise``: one draw per job from its
+    own seed, the same for every policy (common random numbers; :mod:`sim.bound` uses it too)."""
+    if not cfg.rate_noise:
+        return 1.0
+    return float(np.random.default_rng([spec.seed, 17]).lognormal(0.0, cfg.rate_noise))
+
+
 def with_memory(config: Configuration, worker_memory_mb: float | None, ps_memory_mb: float | None) -> Configuration:
     """``config`` with the memory per node that is given (None or 0 keeps the current one)."""
     changes = {name: float(value) for name, value in (("worker_memory_mb", worker_memory_mb),
@@ -231,6 +241,7 @@ class Cluster:
         self.seq = 0
         self.now = 0.0
         self.rngs = {job.spec.id: np.random.default_rng([job.spec.seed, 11]) for job in self.jobs}
+        self.rate_factors = {job.spec.id: rate_factor(cfg, job.spec) for job in self.jobs}
         self._truth_cache: dict = {}
         self.bins: dict[str, np.ndarray] = {k: np.zeros(16) for k in ("cpu_alloc", "cpu_used", "mem_alloc", "mem_used", "queued")}
 
@@ -388,8 +399,8 @@ class Cluster:
         if job.straggler_active:
             x *= 1.0 - (1.0 - job.spec.straggler_speed) / config.workers
         job.true_rate = x
-        noise = self.rngs[job.spec.id].lognormal(0.0, self.cfg.rate_noise) if self.cfg.rate_noise else 1.0
-        job.rate = x * noise
+        job.peak_true_rate = max(job.peak_true_rate, x, self._truth(truth, config, config.ps_cpu)[0])
+        job.rate = x * self.rate_factors[job.spec.id]
 
     def _truth(self, truth, config: Configuration, lp: float) -> tuple[float, float, float]:
         """(throughput, worker CPU used, PS CPU used) of the truth, memoised per configuration."""

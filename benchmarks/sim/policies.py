@@ -22,9 +22,12 @@
              step after it (the guard's retry) relaunches. The policy decides nothing itself.
              After a run the family's history keeps what the history store's ``prior_model``
              gives the next run: the newest cold fit's throughput model with the newest memory model.
-``oracle``   knows the truth: the same objective as ``ours`` evaluated on the true function over
-             the planner's grid, memory sized for the true peak, instability healed at onset. It
-             is the only policy that reads the truth (``tests/simulate``: a tripwire fails any other).
+``oracle``   the *knee reference*, not a bound: the same objective as ``ours`` (the efficiency
+             knee by default) evaluated on the true function over the planner's grid, memory sized
+             for the true peak, instability healed at onset. Another policy can run a job faster
+             (the owner's larger allocation sometimes does); the per-job run-time lower bound is
+             :mod:`sim.bound` (the ``bound`` row). It is the only policy that reads the truth
+             (``tests/simulate``: a tripwire fails any other).
 
 An all-reduce family (no PS, ``truth.AllReduce``) is known to be one by every policy, as its owner
 declares it (``trainer.kind``): ``ours`` probes and plans it on the all-reduce grid; ``dlrover``
@@ -119,6 +122,8 @@ def true_plan(job: JobRun, objective: str, quota: Quota, truth_on_grid: np.ndarr
 
 
 class OraclePolicy(Policy):
+    """The knee reference: ``ours``' objective planned on the truth (not a bound on run time)."""
+
     name = "oracle"
 
     def __init__(self, objective: str = "efficiency"):

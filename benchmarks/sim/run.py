@@ -10,6 +10,10 @@ Metrics per policy (``SUMMARY_COLUMNS``):
 * ``resource_hours`` — allocated core-hours;
 * ``queue_delay_s`` — mean time a job waited for the cluster.
 
+Beside the policies, the ``bound`` row: each job's run-time lower bound (:mod:`sim.bound`), which
+no policy beats on any job (``run_s ≥ bound_run_s``; the JCT too, the bound has no queueing).
+Its JCT and run-time columns are the same; the others do not apply (NaN, printed ``n/a``).
+
 Confidence intervals: percentile bootstrap over jobs (``bootstrap`` resamples, seeded), per
 metric; across seeds the benchmark reports mean ± a t-interval.
 """
@@ -23,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sim.bound import bound_table, check
 from sim.cluster import BIN_S, Cluster, JobRun
 from sim.policies import POLICIES, make_policy
 from sim.workload import SimConfig, generate_trace
@@ -32,7 +37,9 @@ SUMMARY_COLUMNS = ("policy", "median_jct_s", "p90_jct_s", "median_run_s", "cpu_u
 JOB_COLUMNS = ("policy", "job", "family", "day", "truth", "arrival_s", "samples", "status", "jct_s", "run_s", "queue_s",
                "profile_s", "cpu_alloc_core_h", "cpu_used_core_h", "mem_alloc_gb_h", "mem_used_gb_h",
                "cpu_util", "mem_util", "workers", "ps", "worker_cpu", "ps_cpu", "worker_memory_mb", "ps_memory_mb",
-               "resizes", "deferred", "refused", "failures", "ooms", "wasted_samples", "trained_samples")
+               "resizes", "deferred", "refused", "failures", "ooms", "wasted_samples", "trained_samples",
+               "peak_true_rate", "bound_run_s")
+BOUND = "bound"
 
 
 @dataclass
@@ -44,7 +51,8 @@ class PolicyRun:
     counters: dict = field(default_factory=dict)
 
 
-def job_table(name: str, jobs: list[JobRun]) -> pd.DataFrame:
+def job_table(name: str, jobs: list[JobRun], bounds: dict | None = None) -> pd.DataFrame:
+    """One row per job; ``bounds`` (:func:`sim.bound.bound_table`) gives its ``bound_run_s``."""
     rows = []
     for job in jobs:
         spec, c = job.spec, getattr(job, "config_final", None) or job.config
@@ -62,6 +70,7 @@ def job_table(name: str, jobs: list[JobRun]) -> pd.DataFrame:
             worker_memory_mb=c.worker_memory_mb if c else np.nan, ps_memory_mb=c.ps_memory_mb if c else np.nan,
             resizes=job.resizes, deferred=job.deferred, refused=job.refused, failures=job.failures, ooms=job.ooms,
             wasted_samples=job.wasted_samples, trained_samples=job.trained_samples,
+            peak_true_rate=job.peak_true_rate, bound_run_s=bounds[spec.id][0] if bounds else np.nan,
         ))
     return pd.DataFrame(rows, columns=list(JOB_COLUMNS))
 
@@ -96,15 +105,40 @@ def summarise(table: pd.DataFrame) -> dict:
 
 def by_days(runs: list[PolicyRun], resamples: int = 400, seed: int = 0) -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]:
     """(summary, intervals) over the cold jobs (day 1: a family's first day, no history) and the
-    warm ones (days 2…: history from the family's earlier runs in this simulation); {} for one day."""
+    warm ones (days 2…: history from the family's earlier runs in this simulation), each ending
+    with its ``bound`` row; {} for one day."""
     out = {}
     for label, warm in (("cold", False), ("warm", True)):
         tables = [run.jobs[(run.jobs["day"] > 0) == warm] for run in runs]
         if any(t.empty for t in tables):
             return {}
-        out[label] = (pd.DataFrame([summarise(t) for t in tables], columns=list(SUMMARY_COLUMNS)),
-                      pd.concat([bootstrap(t, resamples, seed) for t in tables], ignore_index=True))
+        bound_s = tables[0]["bound_run_s"].to_numpy(float)
+        out[label] = (pd.DataFrame([summarise(t) for t in tables] + [summarise_bound(bound_s)], columns=list(SUMMARY_COLUMNS)),
+                      pd.concat([bootstrap(t, resamples, seed) for t in tables] + [bootstrap_bound(bound_s, resamples, seed)],
+                                ignore_index=True))
     return out
+
+
+def summarise_bound(bound_s: np.ndarray) -> dict:
+    """The ``bound`` row: JCT and run time are the per-job bound; the other metrics do not apply."""
+    row = {metric: np.nan for metric in SUMMARY_COLUMNS}
+    row.update(policy=BOUND, median_jct_s=_quantile(bound_s, 0.5), p90_jct_s=_quantile(bound_s, 0.9),
+               median_run_s=_quantile(bound_s, 0.5))
+    return row
+
+
+def bootstrap_bound(bound_s: np.ndarray, resamples: int = 400, seed: int = 0) -> pd.DataFrame:
+    """Percentile 95 % intervals of the ``bound`` row's metrics, resampling jobs as :func:`bootstrap`."""
+    rng = np.random.default_rng(seed)
+    stats = []
+    for _ in range(resamples):
+        idx = rng.integers(len(bound_s), size=len(bound_s))
+        stats.append((_quantile(bound_s[idx], 0.5), _quantile(bound_s[idx], 0.9)))
+    stats = np.array(stats)
+    lo = np.percentile(stats, 2.5, axis=0, method="inverted_cdf")
+    hi = np.percentile(stats, 97.5, axis=0, method="inverted_cdf")
+    return pd.DataFrame({"policy": BOUND, "metric": ["median_jct_s", "p90_jct_s", "median_run_s"],
+                         "low": [lo[0], lo[1], lo[0]], "high": [hi[0], hi[1], hi[0]]})
 
 
 def bootstrap(table: pd.DataFrame, resamples: int = 400, seed: int = 0) -> pd.DataFrame:
@@ -132,6 +166,7 @@ def bootstrap(table: pd.DataFrame, resamples: int = 400, seed: int = 0) -> pd.Da
 
 def run_policy(cfg: SimConfig, name: str, *, trace=None, objective: str = "efficiency", bridge=None) -> PolicyRun:
     trace = trace if trace is not None else generate_trace(cfg)
+    bounds = bound_table(cfg, trace)
     policy = make_policy(name, objective=objective, bridge=bridge)
     start = time.perf_counter()
     cluster = Cluster(cfg, trace, policy)
@@ -147,7 +182,9 @@ def run_policy(cfg: SimConfig, name: str, *, trace=None, objective: str = "effic
     counters = {k: getattr(policy, k) for k in ("fits", "steps") if hasattr(policy, k)}
     if bridge is not None and name == "dlrover":
         counters["bridge_calls"] = bridge.calls
-    return PolicyRun(name, job_table(name, jobs), series, seconds, counters)
+    table = job_table(name, jobs, bounds)
+    check(name, table, bounds)  # no job ran faster than the bound's X* (else it would not be a bound)
+    return PolicyRun(name, table, series, seconds, counters)
 
 
 def format_table(summary: pd.DataFrame, cis: pd.DataFrame | None = None) -> str:
@@ -159,6 +196,9 @@ def format_table(summary: pd.DataFrame, cis: pd.DataFrame | None = None) -> str:
     for _, row in summary.iterrows():
         cells = [row["policy"]]
         for metric, f in fmt.items():
+            if pd.isna(row[metric]):
+                cells.append("n/a")
+                continue
             cell = f.format(row[metric])
             if cis is not None:
                 ci = cis[(cis["policy"] == row["policy"]) & (cis["metric"] == metric)]
@@ -241,7 +281,8 @@ def simulate(cfg: SimConfig, policies=POLICIES, *, objective: str = "efficiency"
              setup_dlrover: bool = False, resamples: int = 400, processes: int = 1,
              ) -> tuple[pd.DataFrame, pd.DataFrame, list[PolicyRun]]:
     """Run ``policies`` on one trace (each regenerates it from the seed: identical); returns
-    (summary, confidence intervals, runs). ``processes`` > 1 runs policies in parallel."""
+    (summary, confidence intervals, runs). ``processes`` > 1 runs policies in parallel. The summary
+    ends with the ``bound`` row (:mod:`sim.bound`)."""
     policies = list(policies)
     for name in policies:
         if name not in POLICIES:
@@ -252,6 +293,8 @@ def simulate(cfg: SimConfig, policies=POLICIES, *, objective: str = "efficiency"
         from sim.dlrover_bridge import ensure_venv
 
         ensure_venv(dlrover_venv, create=setup_dlrover)
+    trace = generate_trace(cfg)
+    bound_s = np.array([b for b, _ in bound_table(cfg, trace).values()])  # X* cached before the pool forks
     jobs = [(cfg, name, objective, dlrover_venv, False) for name in policies]
     if processes > 1 and len(policies) > 1:
         import multiprocessing
@@ -265,8 +308,10 @@ def simulate(cfg: SimConfig, policies=POLICIES, *, objective: str = "efficiency"
             runs[i] = run
     else:
         runs = [_run_one(job) for job in jobs]
-    summary = pd.DataFrame([summarise(run.jobs) for run in runs], columns=list(SUMMARY_COLUMNS))
-    cis = pd.concat([bootstrap(run.jobs, resamples, cfg.seed) for run in runs], ignore_index=True)
+    rows = [summarise(run.jobs) for run in runs] + [summarise_bound(bound_s)]
+    summary = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
+    cis = pd.concat([bootstrap(run.jobs, resamples, cfg.seed) for run in runs]
+                    + [bootstrap_bound(bound_s, resamples, cfg.seed)], ignore_index=True)
     return summary, cis, runs
 
 
