@@ -408,7 +408,7 @@ def _finetune(state: ControllerState, obs: Observation) -> tuple[ControllerState
     measured = measured_since_resize(state, config)
     deadline_s = None if state.deadline_at_s is None else state.deadline_at_s - obs.now_s
     model = state.model
-    decision = decide(model.throughput, model.memory, state.quota, config, measured, remaining, obs.now_s,
+    decision = decide(model.throughput, model.memory, _less_heals(state.quota, obs), config, measured, remaining, obs.now_s,
                       state.last_resize, state.rejected, objective=state.objective, deadline_s=deadline_s,
                       restart_cost_s=obs.restart_cost_s)
     if decision.action == "keep":
@@ -425,6 +425,22 @@ def _finetune(state: ControllerState, obs: Observation) -> tuple[ControllerState
     state = replace(state, last_resize=record, rejected=rejected, since_s=obs.now_s)
     return state, Resize(decision.reason, decision.numbers, config=target, expected_speedup=decision.predicted_speedup,
                          revert=revert, reject=decision.reject)
+
+
+def _less_heals(quota: Quota | None, obs: Observation) -> Quota | None:
+    """The quota a resize may plan in: the job's, less what healed nodes hold above their role's
+    size (a heal in place survives a resize that does not touch its role, so the resized job
+    with it must still fit)."""
+    config = obs.config
+    if quota is None or config is None:
+        return quota
+    size = {"ps": (config.ps_cpu, config.ps_memory_mb), "worker": (config.worker_cpu, config.worker_memory_mb)}
+    active = [n for n in obs.nodes if n.role in size and n.state != NodeState.STOPPED]
+    cpu = sum(max((n.cpu or 0.0) - size[n.role][0], 0.0) for n in active)
+    memory = sum(max((n.memory_mb or 0.0) - size[n.role][1], 0.0) for n in active)
+    if cpu <= 0 and memory <= 0:
+        return quota
+    return replace(quota, cpu=quota.cpu - cpu, memory_mb=quota.memory_mb - memory)
 
 
 def measured_since_resize(state: ControllerState, config: Configuration | None) -> list[float]:

@@ -263,3 +263,37 @@ def test_a_model_of_the_other_kind_is_refused_not_planned_with():
     with pytest.raises(InvalidInputError) as err:
         decide(model.throughput, model.memory, QUOTA, CONFIG, [100.0] * 3, 1e8, 0.0)
     assert err.value.field == "model" and "ps ≥ 1" in err.value.allowed
+
+
+def test_a_resize_leaves_room_for_what_a_healed_node_holds_above_its_role():
+    """A hot PS healed in place keeps its extra cores through a resize that does not touch the PS
+    (launchers.base.resize), so the fine-tune plans in the quota less that extra."""
+    import numpy as np
+
+    from airflow_dlrover.optimizer.job_model import fit_job_model
+    from synthetic import DIVERSE_CONFIGS, model_samples, true_throughput
+
+    profile = model_samples(configs=DIVERSE_CONFIGS, noise=0.02, seed=5)
+    quota, extra = Quota(cpu=24.0, memory_mb=256 * 1024), 3.0
+    config = Configuration(2, 1, 1.0, 1.0, 2048, 4096, 0, 512)
+    state = ControllerState(quota, model=fit_job_model(profile), profile=tuple(profile.to_dict("records")))
+    rng, now, resizes = np.random.default_rng(1), 0.0, []
+    for _ in range(10):
+        healed = tuple(
+            [NodeStatus("ps-0", "ps", 0, NodeState.RUNNING, config.ps_cpu + extra, config.ps_memory_mb)]
+            + [NodeStatus(f"ps-{i}", "ps", i, NodeState.RUNNING, config.ps_cpu, config.ps_memory_mb) for i in range(1, config.ps)]
+            + [NodeStatus(f"worker-{i}", "worker", i, NodeState.RUNNING, config.worker_cpu, config.worker_memory_mb)
+               for i in range(config.workers)])
+        x = float(true_throughput(pd.DataFrame([config.to_row()]))[0])
+        windows = tuple(dict(config.to_row(), throughput=x * (1 + 0.02 * rng.standard_normal()), timestamp=now + k)
+                        for k in range(3))
+        state, actions = step(state, Observation(now + 3, config, samples_done=1e6, samples_total=1e10,
+                                                 windows=windows, nodes=healed))
+        for action in actions:
+            if isinstance(action, Resize):
+                resizes.append(action.config)
+                config = action.config
+        now += C.MIN_RESIZE_INTERVAL_S + 10
+    assert resizes, "the fine-tune never resized the small job"
+    assert all(c.cores + extra <= quota.cpu + 1e-9 for c in resizes)
+    assert max(c.cores for c in resizes) > quota.cpu - extra - 4  # it did use what was left

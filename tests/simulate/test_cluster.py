@@ -15,7 +15,7 @@ from sim.bound import bound_table, check, peak_throughput
 from sim.cluster import Cluster, Policy, QuotaExceededError, Resize, Start, rate_factor
 from sim.dlrover_bridge import DLRoverUnavailable, default_venv, venv_python
 from sim.run import SUMMARY_COLUMNS, run_policy, summarise
-from sim.truth import AllReduce
+from sim.truth import AllReduce, QueueingTable, Roofline, measured_roofline
 from sim.workload import SimConfig, generate_trace
 
 SMALL = SimConfig(jobs=24, seed=3, cluster_cpu=1500.0, cluster_memory_mb=6e6)
