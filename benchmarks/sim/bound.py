@@ -28,7 +28,7 @@ scenario.
 X* is computed, not sampled. An all-reduce truth grows with λw: X* is its largest value at
 λw = L / w over w, times (1 + ``REL``). Otherwise branch and bound over λw intervals of each (w, p) on the budget line.
 An interval [a, b] is covered by the box [a, b] × [0.5, (L − w·a)/p]; its upper bound is the
-truth at the box's top corner for a truth that grows with λw and λp (rooflines, all-reduce), and
+truth at the box's top corner for a truth that grows with λw and λp (rooflines, all-reduce, the moving shard), and
 the largest value at the box's vertices and the table nodes inside for the queueing tables
 (log-throughput is multilinear in log λ between nodes, so its maximum over a box is at one of
 them). Boxes whose upper bound is at most (1 + ``rel``) × the best feasible value found are closed;

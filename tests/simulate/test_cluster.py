@@ -15,7 +15,7 @@ from sim.bound import bound_table, check, peak_throughput
 from sim.cluster import Cluster, Policy, QuotaExceededError, Resize, Start, rate_factor
 from sim.dlrover_bridge import DLRoverUnavailable, default_venv, venv_python
 from sim.run import SUMMARY_COLUMNS, run_policy, summarise
-from sim.truth import AllReduce, QueueingTable, Roofline, measured_roofline
+from sim.truth import AllReduce, MovingHotShard, QueueingTable, Roofline, measured_roofline
 from sim.workload import SimConfig, generate_trace
 
 SMALL = SimConfig(jobs=24, seed=3, cluster_cpu=1500.0, cluster_memory_mb=6e6)
@@ -131,7 +131,8 @@ def _brute_force(truth, limit, allreduce, rng, n=200_000):
 @pytest.mark.parametrize("truth", [QueueingTable("default", scale=1.7), QueueingTable("hot_shard"),
                                    QueueingTable("net_bound"), replace(measured_roofline()[0], scale=0.12),
                                    Roofline(), Roofline(io=3e5, gamma=0.01, ratio=8.0, skew=1.1),
-                                   AllReduce(model_bytes=5e7, rack=4.0)], ids=lambda t: t.family)
+                                   AllReduce(model_bytes=5e7, rack=4.0), MovingHotShard(seed=3, day=2)],
+                         ids=lambda t: t.family)
 def test_the_bounds_peak_throughput_is_the_max_of_a_brute_force_search(truth):
     rng = np.random.default_rng(0)
     for limit in (64.0, 208.0):
@@ -141,13 +142,14 @@ def test_the_bounds_peak_throughput_is_the_max_of_a_brute_force_search(truth):
 
 
 def test_the_monotone_truths_grow_with_per_node_cpu():
-    """The bound's upper estimate for rooflines and all-reduce takes a box's top corner: valid as
+    """The bound's upper estimate for rooflines, all-reduce and the moving shard takes a box's top corner: valid as
     these truths never fall when a node gets more CPU."""
     rng = np.random.default_rng(1)
     w, p = rng.integers(1, 129, 5000), rng.integers(1, 65, 5000)
     lw, lp = rng.uniform(0.5, 40, 5000), rng.uniform(0.5, 40, 5000)
     more = rng.uniform(1.0, 3.0, 5000)
-    for truth in (Roofline(), Roofline(io=3e5, gamma=0.02, skew=0.8), measured_roofline()[0], AllReduce()):
+    for truth in (Roofline(), Roofline(io=3e5, gamma=0.02, skew=0.8), measured_roofline()[0], AllReduce(),
+                  MovingHotShard(seed=3), MovingHotShard(seed=4, day=5, lock_cores=1.0)):
         base = truth.throughput(w, p, lw, lp)
         assert (truth.throughput(w, p, lw * more, lp) >= base).all()
         assert (truth.throughput(w, p, lw, lp * more) >= base).all()
