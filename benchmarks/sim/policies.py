@@ -13,7 +13,8 @@
              not fit the cluster now stays pending until it does (as its pods would); one past
              the job's quota is refused (as a Kubernetes ResourceQuota would) and counted.
              DLRover 0.6.1 has no straggler handling for PS jobs.
-``ours``     the product's loop, as the DAG runs it: probes (``design_probes``: a cold start's; a
+``ours``     the product's loop, as the DAG runs it: probes (``design_probes``, given the size of the
+             tables the job starts from, as the DAG gives the layout's: a cold start's; a
              warm start, from the family's earlier runs in this simulation, has none) whose time
              and samples are the job's, ``fit_job_model`` (the fit task), ``controller.initial_plan`` (the launch task,
              under the job's quota), then every period ``controller.step`` on what the period
@@ -169,8 +170,11 @@ class OursPolicy(Policy):
         family = job.spec.family
         prior = self.history.get(family.index)  # only this simulation's earlier runs of the family
         job.state["controller"] = ControllerState(job.limit, self.objective, prior=prior)
+        # A real job knows the size of the tables it starts from (its layout, its checkpoint), not
+        # how they will grow: the probes' PS (an all-reduce job's workers) hold at least them.
         probes = design_probes(job.limit, batch_size=BATCH, prior=prior.throughput if prior else None,
-                               memory=prior.memory if prior else None, allreduce=is_allreduce(job))
+                               memory=prior.memory if prior else None, allreduce=is_allreduce(job),
+                               table_mb=family.start_tables_mb)
         if probes.empty:  # a warm start: the prior is the run's model and plans (as the fit task)
             return Start(config=self._launch(job, prior, job.spec.samples))
         return Start(probes=[Configuration(**row) for row in probes.to_dict("records")])

@@ -115,6 +115,9 @@ class Family:
     limit_cpu: float  # per-job quota the owner is granted (cores)
     limit_memory_mb: float
     typical_samples: float
+    #: The tables a run starts from (MB): what its layout and checkpoint tell the job, not how
+    #: they will grow (``memory`` is the truth).
+    start_tables_mb: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -261,7 +264,8 @@ def on_day(family: Family, day: int, scale_step: float, table_step: float, data_
         truth = replace(truth, day=day)
     memory = replace(family.memory, table_mb=family.memory.table_mb * table_step,
                      growth_mb_per_m=family.memory.growth_mb_per_m * table_step)
-    return replace(family, truth=truth, memory=memory, typical_samples=family.typical_samples * data_step)
+    return replace(family, truth=truth, memory=memory, typical_samples=family.typical_samples * data_step,
+                   start_tables_mb=memory.table_mb)
 
 
 def _diurnal_hours(rng: np.random.Generator, n: int, day_s: float) -> np.ndarray:
@@ -293,7 +297,7 @@ def generate_trace(config: SimConfig) -> list[JobSpec]:
             user = _allreduce_user(own, memory, typical, under)
         limit_cpu = float(max(64.0, _round_up(user.cores * 1.25, 16)))
         limit_mem = float(max(limit_cpu * 4096.0, _round_up(user.memory_mb * 1.25, 1024)))
-        families.append(Family(index, truth, memory, user, limit_cpu, limit_mem, typical))
+        families.append(Family(index, truth, memory, user, limit_cpu, limit_mem, typical, memory.table_mb))
 
     # A family's daily runs: hours drawn once; the jobs a day are the families' runs.
     slots = [(f, hour) for f in families for hour in _diurnal_hours(rng, config.jobs_per_family, config.day_s)]
