@@ -79,7 +79,8 @@ def _print_fit(model: JobModel) -> None:
         for name, why in m.pinned.items():
             print(f"  pinned {name}: {why}")
     else:
-        print("memory model: none (no *_memory_used_mb columns): `plan` needs one")
+        print("memory model: none (no *_memory_used_mb columns): `plan` sizes nodes from --worker-memory / "
+              "--ps-memory, else gives each an equal share of the quota")
 
 
 def _read_layout(path: str):
@@ -121,9 +122,11 @@ def cmd_predict(args: argparse.Namespace) -> None:
 def cmd_plan(args: argparse.Namespace) -> None:
     model = JobModel.load(args.model)
     deadline = parse_duration_s(args.deadline) if args.deadline is not None else None
+    per_node = {f"{role}_memory_mb": parse_memory_mb(value, f"{role}_memory")
+                for role, value in (("worker", args.worker_memory), ("ps", args.ps_memory)) if value is not None}
     result = plan(
         model.throughput, model.memory, _quota(args), args.objective,
-        samples=args.samples, deadline_s=deadline, batch_size=args.batch_size,
+        samples=args.samples, deadline_s=deadline, batch_size=args.batch_size, **per_node,
     )
     out = result.to_dict(details=args.details)
     print(json.dumps(out, indent=2, ensure_ascii=False))
@@ -398,6 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=float, default=None, help="samples to train (deadline objective; PS growth)")
     p.add_argument("--deadline", default=None, help="e.g. 2h (deadline objective)")
     p.add_argument("--details", action="store_true", help="include alternatives and the Pareto front")
+    p.add_argument("--worker-memory", default=None, help="memory per worker, e.g. 4Gi (default: the model's, "
+                   "else an equal share of the quota)")
+    p.add_argument("--ps-memory", default=None, help="memory per PS, e.g. 8Gi (default: the model's, else an equal share)")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("probes", help="design the configurations to profile")

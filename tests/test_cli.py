@@ -17,6 +17,24 @@ def samples_csv(tmp_path):
     return path
 
 
+def test_a_model_of_throughput_only_plans_with_memory_as_given_or_an_equal_share(tmp_path, samples_csv, capsys):
+    """A user who measured throughput by hand (no *_memory_used_mb columns) still gets a plan."""
+    table = pd.read_csv(samples_csv)
+    table[[c for c in table.columns if not c.endswith("_used_mb")]].to_csv(tmp_path / "x.csv", index=False)
+    assert main(["fit", str(tmp_path / "x.csv"), "-o", str(tmp_path / "m.json")]) == 0
+    assert "memory model: none" in capsys.readouterr().out
+    assert main(["plan", str(tmp_path / "m.json"), "--cpu", "32", "--memory", "64Gi"]) == 0
+    shared = json.loads(capsys.readouterr().out)
+    assert shared["worker_memory_mb"] == shared["ps_memory_mb"] and 0.9 * 65536 < shared["memory_mb"] <= 65536
+    assert "equal share of the quota's memory" in shared["reason"]
+    assert main(["plan", str(tmp_path / "m.json"), "--cpu", "32", "--memory", "64Gi",
+                 "--worker-memory", "2Gi", "--ps-memory", "3Gi"]) == 0
+    given = json.loads(capsys.readouterr().out)
+    assert (given["worker_memory_mb"], given["ps_memory_mb"]) == (2048, 3072) and "as given" in given["reason"]
+    assert main(["plan", str(tmp_path / "m.json"), "--cpu", "32", "--memory", "64Gi", "--ps-memory", "lots"]) == 2
+    assert "ps_memory='lots' is invalid" in capsys.readouterr().err
+
+
 def test_fit_predict_plan_round_trip(tmp_path, samples_csv, capsys):
     model_path = tmp_path / "model.json"
     assert main(["fit", str(samples_csv), "-o", str(model_path)]) == 0

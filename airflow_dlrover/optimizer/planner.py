@@ -114,15 +114,49 @@ def search_grid(
     return SearchGrid(w, p, lw, lp, g, cores, feats, columns, starts, group_of)
 
 
-def minimum_requirement(memory: MemoryModel, batch_size: int, allreduce: bool = False) -> dict[str, float]:
-    """What the smallest configuration (1 worker, 1 PS — none for an all-reduce job —, least CPU) needs."""
+def minimum_requirement(memory: MemoryModel | None, batch_size: int, allreduce: bool = False,
+                        worker_memory_mb: float | None = None, ps_memory_mb: float | None = None) -> dict[str, float]:
+    """What the smallest configuration (1 worker, 1 PS — none for an all-reduce job —, least CPU)
+    needs (memory: the explicit sizes, else the model's; 0 where neither says)."""
     least_cpu = min(C.GRID_CPU_VALUES)
     ps = 0 if allreduce else 1
-    return {
-        "cpu": (1 + ps) * least_cpu,
-        "memory_mb": float(memory.worker_request_mb(batch_size) + ps * memory.ps_request_mb(ps)),
-        "nodes": 1 + ps,
-    }
+    worker = worker_memory_mb or (float(memory.worker_request_mb(batch_size)) if memory is not None else 0.0)
+    ps_each = ps_memory_mb or (float(memory.ps_request_mb(ps)) if memory is not None and ps else 0.0)
+    return {"cpu": (1 + ps) * least_cpu, "memory_mb": float(worker + ps * ps_each), "nodes": 1 + ps}
+
+
+def node_memory(memory: MemoryModel | None, quota: Quota, w: np.ndarray, p: np.ndarray, batch: int,
+                samples: float | None, worker_memory_mb: float | None = None,
+                ps_memory_mb: float | None = None) -> tuple[np.ndarray, np.ndarray, str]:
+    """(worker MB, PS MB per node) for each configuration (w, p), and where they come from.
+
+    A size given explicitly is used as it is; else the memory model's request (PS: its tables
+    for ``samples`` over p); without a model, the node gets an equal share of what the quota's
+    memory leaves after the explicit sizes, in ``MEMORY_GRANULARITY_MB`` steps:
+    ``(M − w·m_w − p·m_p) / (w' + p')`` over the w', p' nodes without a size."""
+    granule = C.MEMORY_GRANULARITY_MB
+    worker = np.full(len(w), float(worker_memory_mb)) if worker_memory_mb else None
+    ps = np.where(p > 0, float(ps_memory_mb), 0.0) if ps_memory_mb else None
+    sources = []
+    if memory is not None:
+        if worker is None:
+            worker = np.full(len(w), float(memory.worker_request_mb(batch, samples or 0.0)))
+        if ps is None:
+            ps = np.zeros(len(w)) if memory.allreduce else \
+                memory.ps_request_mb(np.arange(1, C.GRID_MAX_PS + 1), samples or 0.0)[np.maximum(p, 1) - 1] * (p > 0)
+        sources.append("the memory model")
+    if worker is None or ps is None:
+        left = quota.memory_mb - (w * worker if worker is not None else 0.0) - (p * ps if ps is not None else 0.0)
+        sharing = (w if worker is None else 0) + (p if ps is None else 0)
+        share = np.floor(np.maximum(left, 0.0) / np.maximum(sharing, 1) / granule) * granule
+        if worker is None:
+            worker = share
+        if ps is None:
+            ps = np.where(p > 0, share, 0.0)
+        sources.append("an equal share of the quota's memory (no memory model)")
+    if worker_memory_mb or ps_memory_mb:
+        sources.insert(0, "as given")
+    return worker, ps, "; ".join(sources)
 
 
 def plan(
@@ -135,21 +169,27 @@ def plan(
     deadline_s: float | None = None,
     batch_size: int | None = None,
     exclude: Iterable[Configuration] = (),
+    worker_memory_mb: float | None = None,
+    ps_memory_mb: float | None = None,
 ) -> Plan:
     """Choose the configuration for ``objective`` under ``quota``; see the module docstring.
 
     ``samples`` (to train) makes PS memory include the table growth those samples bring;
-    ``exclude`` removes configurations (e.g. ones a fine-tune revert rejected).
+    ``exclude`` removes configurations (e.g. ones a fine-tune revert rejected). Memory per node
+    is :func:`node_memory`'s: ``worker_memory_mb`` / ``ps_memory_mb`` when given, else the memory
+    model's, else (``memory`` None: a model fitted on throughput only) an equal share of the
+    quota; the plan's reason says which.
     Raises :class:`InfeasibleQuotaError` when nothing fits, naming what the smallest job needs.
     """
     objective = Objective.parse(objective).value
-    if memory is None:
-        raise InvalidInputError(
-            "model.memory", None,
-            "a model fitted from samples with worker_memory_used_mb and ps_memory_used_mb",
-        )
     allreduce = model.allreduce
-    check_kind(memory, allreduce, "model.memory", "the throughput model is")
+    if memory is not None:
+        check_kind(memory, allreduce, "model.memory", "the throughput model is")
+    for name, value in (("worker_memory", worker_memory_mb), ("ps_memory", ps_memory_mb)):
+        if value is not None and not (np.isfinite(value) and value > 0):
+            raise InvalidInputError(name, value, "a positive size in MB per node")
+    if allreduce and ps_memory_mb:
+        raise InvalidInputError("ps_memory", ps_memory_mb, "none: the job trains without PS (all-reduce)")
     if samples is not None and not (np.isfinite(samples) and samples > 0):
         raise InvalidInputError("samples", samples, "a positive number of samples to train")
     if objective == "deadline":
@@ -166,19 +206,14 @@ def plan(
     grid = search_grid(batch, gpu_values, allreduce=allreduce)
 
     n = grid.prefix(quota.cpu)
-    minimum = minimum_requirement(memory, batch, allreduce)
+    minimum = minimum_requirement(memory, batch, allreduce, worker_memory_mb, ps_memory_mb)
     if n == 0:
         raise InfeasibleQuotaError("cpu", quota.cpu, minimum)
     w, p, g, cores = grid.workers[:n], grid.ps[:n], grid.worker_gpu[:n], grid.cores[:n]
     x = model.predict_features(grid.feats[:n], band=False, feats_q=grid.feats_pow(model.sharpness)[:n],
                                columns=grid.columns)
-    worker_mem = float(memory.worker_request_mb(batch, samples or 0.0))
-    if allreduce:
-        ps_mem = np.zeros(n)
-        total_mem = w * worker_mem
-    else:
-        ps_mem = memory.ps_request_mb(np.arange(1, C.GRID_MAX_PS + 1), samples or 0.0)[p - 1]
-        total_mem = w * worker_mem + p * ps_mem
+    worker_mem, ps_mem, memory_source = node_memory(memory, quota, w, p, batch, samples, worker_memory_mb, ps_memory_mb)
+    total_mem = w * worker_mem + p * ps_mem
     allowed = np.ones(n, dtype=bool)  # every constraint but memory
     largest = model.report.largest_node_cpu if model.report is not None else None
     if largest:  # node sizes the model can vouch for (``NODE_CPU_TRUST_MULTIPLE``)
@@ -194,13 +229,15 @@ def plan(
             & (grid.ps_cpu[:n] == config.ps_cpu) & (g == config.worker_gpu)
         )
     feasible = allowed & (total_mem <= quota.memory_mb)
+    # an equal share must still hold a process
+    feasible &= (worker_mem >= C.MEMORY_GRANULARITY_MB) & ((p == 0) | (ps_mem >= C.MEMORY_GRANULARITY_MB))
     if not feasible.any():
         if not allowed.any():
             raise InvalidInputError("exclude", len(exclude), "exclusions that leave a configuration")
         tables = "each worker's tables" if allreduce else "the PS tables"
         growth = (
             f" ({tables} grow by {memory.table_growth_mb_per_m_samples * samples / 1e6:,.0f} MB over {samples:g} samples)"
-            if samples and memory.table_growth_mb_per_m_samples else ""
+            if samples and memory is not None and memory.table_growth_mb_per_m_samples else ""
         )
         raise InfeasibleQuotaError(
             "memory", f"{quota.memory_mb:g} MB", dict(minimum, memory_mb=float(total_mem[allowed].min())),
@@ -233,7 +270,7 @@ def plan(
 
     config = Configuration(
         workers=int(w[best]), ps=int(p[best]), worker_cpu=float(grid.worker_cpu[best]),
-        ps_cpu=float(grid.ps_cpu[best]), worker_memory_mb=worker_mem, ps_memory_mb=float(ps_mem[best]),
+        ps_cpu=float(grid.ps_cpu[best]), worker_memory_mb=float(worker_mem[best]), ps_memory_mb=float(ps_mem[best]),
         worker_gpu=int(g[best]), batch_size=batch,
     )
     _, lower, upper = model.predict_features(grid.feats[best : best + 1], columns=grid.columns)
@@ -244,7 +281,8 @@ def plan(
         lower_throughput=float(lower[0]),
         upper_throughput=float(upper[0]),
         objective=objective,
-        reason=_reason(objective, config, float(x[best]), quota, float(total_mem[best]), samples, deadline_s, use_gpu),
+        reason=_reason(objective, config, float(x[best]), quota, float(total_mem[best]), samples, deadline_s, use_gpu)
+        + ("" if memory_source == "the memory model" else f"; memory per node {memory_source}"),
         alternatives=_rows(grid, np.asarray(alternatives, dtype=int), x, total_mem),
         pareto_front=_rows(grid, front, x, total_mem),
     )

@@ -152,9 +152,47 @@ def test_bad_plan_arguments(kwargs, field):
     assert err.value.field == field
 
 
-def test_no_memory_model_is_a_clear_error():
-    with pytest.raises(InvalidInputError, match="memory_used_mb"):
-        plan(MODEL, None, Quota(64, 65536))
+def test_without_a_memory_model_each_node_gets_an_equal_share_of_the_quota_and_the_plan_says_so():
+    quota = Quota(64, 65536)
+    chosen = plan(MODEL, None, quota)
+    c = chosen.config
+    share = (65536 // c.nodes) // C.MEMORY_GRANULARITY_MB * C.MEMORY_GRANULARITY_MB
+    assert c.worker_memory_mb == c.ps_memory_mb == share
+    assert c.memory_mb <= quota.memory_mb and c.memory_mb > quota.memory_mb - c.nodes * C.MEMORY_GRANULARITY_MB
+    assert "equal share of the quota's memory (no memory model)" in chosen.reason
+    # the throughput choice is the model's: memory never binds an equal share
+    assert (c.workers, c.ps, c.worker_cpu, c.ps_cpu) == _config_key(plan(MODEL, MEMORY, Quota(64, 10**7)).config)
+
+
+def _config_key(c: Configuration) -> tuple:
+    return c.workers, c.ps, c.worker_cpu, c.ps_cpu
+
+
+def test_explicit_memory_per_node_is_used_as_given_and_binds_the_plan():
+    chosen = plan(MODEL, None, Quota(64, 16 * 1024), worker_memory_mb=1024, ps_memory_mb=4096)
+    c = chosen.config
+    assert (c.worker_memory_mb, c.ps_memory_mb) == (1024, 4096)
+    assert c.workers * 1024 + c.ps * 4096 <= 16 * 1024
+    assert "as given" in chosen.reason
+    one = plan(MODEL, None, Quota(64, 65536), ps_memory_mb=8192)  # the workers share what the PS leave
+    assert one.config.ps_memory_mb == 8192
+    assert one.config.worker_memory_mb * one.config.workers <= 65536 - 8192 * one.config.ps
+    over = plan(MODEL, MEMORY, Quota(64, 10**7), worker_memory_mb=3000)  # a given size beats the model's
+    assert over.config.worker_memory_mb == 3000 and over.config.ps_memory_mb > 0
+
+
+@pytest.mark.parametrize("kwargs, field", [(dict(worker_memory_mb=0), "worker_memory"),
+                                           (dict(ps_memory_mb=float("nan")), "ps_memory")])
+def test_bad_memory_per_node_is_refused_by_name(kwargs, field):
+    with pytest.raises(InvalidInputError) as err:
+        plan(MODEL, None, Quota(64, 65536), **kwargs)
+    assert err.value.field == field
+
+
+def test_memory_per_node_that_no_configuration_fits_names_the_smallest_need():
+    with pytest.raises(InfeasibleQuotaError) as err:
+        plan(MODEL, None, Quota(64, 4096), worker_memory_mb=3072, ps_memory_mb=2048)
+    assert err.value.field == "memory"
 
 
 def test_gpus_are_searched_only_when_the_model_knows_them():
