@@ -128,34 +128,33 @@ def minimum_requirement(memory: MemoryModel | None, batch_size: int, allreduce: 
 def node_memory(memory: MemoryModel | None, quota: Quota, w: np.ndarray, p: np.ndarray, batch: int,
                 samples: float | None, worker_memory_mb: float | None = None,
                 ps_memory_mb: float | None = None) -> tuple[np.ndarray, np.ndarray, str]:
-    """(worker MB, PS MB per node) for each configuration (w, p), and where they come from.
+    """(worker MB, PS MB per node) for each configuration (w, p), and where they come from when
+    not (only) from the memory model ("" when they do).
 
     A size given explicitly is used as it is; else the memory model's request (PS: its tables
     for ``samples`` over p); without a model, the node gets an equal share of what the quota's
     memory leaves after the explicit sizes, in ``MEMORY_GRANULARITY_MB`` steps:
     ``(M − w·m_w − p·m_p) / (w' + p')`` over the w', p' nodes without a size."""
-    granule = C.MEMORY_GRANULARITY_MB
     worker = np.full(len(w), float(worker_memory_mb)) if worker_memory_mb else None
     ps = np.where(p > 0, float(ps_memory_mb), 0.0) if ps_memory_mb else None
-    sources = []
+    sources = ["as given"] if worker_memory_mb or ps_memory_mb else []
     if memory is not None:
+        if worker is None or ps is None:
+            sources.append("the memory model")
         if worker is None:
             worker = np.full(len(w), float(memory.worker_request_mb(batch, samples or 0.0)))
         if ps is None:
             ps = np.zeros(len(w)) if memory.allreduce else \
                 memory.ps_request_mb(np.arange(1, C.GRID_MAX_PS + 1), samples or 0.0)[np.maximum(p, 1) - 1] * (p > 0)
-        sources.append("the memory model")
+        return worker, ps, "" if sources == ["the memory model"] else "; ".join(sources)
     if worker is None or ps is None:
+        granule = C.MEMORY_GRANULARITY_MB
         left = quota.memory_mb - (w * worker if worker is not None else 0.0) - (p * ps if ps is not None else 0.0)
         sharing = (w if worker is None else 0) + (p if ps is None else 0)
         share = np.floor(np.maximum(left, 0.0) / np.maximum(sharing, 1) / granule) * granule
-        if worker is None:
-            worker = share
-        if ps is None:
-            ps = np.where(p > 0, share, 0.0)
+        worker = share if worker is None else worker
+        ps = np.where(p > 0, share, 0.0) if ps is None else ps
         sources.append("an equal share of the quota's memory (no memory model)")
-    if worker_memory_mb or ps_memory_mb:
-        sources.insert(0, "as given")
     return worker, ps, "; ".join(sources)
 
 
@@ -282,7 +281,7 @@ def plan(
         upper_throughput=float(upper[0]),
         objective=objective,
         reason=_reason(objective, config, float(x[best]), quota, float(total_mem[best]), samples, deadline_s, use_gpu)
-        + ("" if memory_source == "the memory model" else f"; memory per node {memory_source}"),
+        + (f"; memory per node {memory_source}" if memory_source else ""),
         alternatives=_rows(grid, np.asarray(alternatives, dtype=int), x, total_mem),
         pareto_front=_rows(grid, front, x, total_mem),
     )

@@ -112,11 +112,16 @@ def by_days(runs: list[PolicyRun], resamples: int = 400, seed: int = 0) -> dict[
         tables = [run.jobs[(run.jobs["day"] > 0) == warm] for run in runs]
         if any(t.empty for t in tables):
             return {}
-        bound_s = tables[0]["bound_run_s"].to_numpy(float)
-        out[label] = (pd.DataFrame([summarise(t) for t in tables] + [summarise_bound(bound_s)], columns=list(SUMMARY_COLUMNS)),
-                      pd.concat([bootstrap(t, resamples, seed) for t in tables] + [bootstrap_bound(bound_s, resamples, seed)],
-                                ignore_index=True))
+        out[label] = summaries(tables, tables[0]["bound_run_s"].to_numpy(float), resamples, seed)
     return out
+
+
+def summaries(tables: list[pd.DataFrame], bound_s: np.ndarray, resamples: int, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(summary, intervals) of each policy's job table, then the ``bound`` row of ``bound_s``."""
+    summary = pd.DataFrame([summarise(t) for t in tables] + [summarise_bound(bound_s)], columns=list(SUMMARY_COLUMNS))
+    cis = pd.concat([bootstrap(t, resamples, seed) for t in tables] + [bootstrap_bound(bound_s, resamples, seed)],
+                    ignore_index=True)
+    return summary, cis
 
 
 def summarise_bound(bound_s: np.ndarray) -> dict:
@@ -308,10 +313,7 @@ def simulate(cfg: SimConfig, policies=POLICIES, *, objective: str = "efficiency"
             runs[i] = run
     else:
         runs = [_run_one(job) for job in jobs]
-    rows = [summarise(run.jobs) for run in runs] + [summarise_bound(bound_s)]
-    summary = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
-    cis = pd.concat([bootstrap(run.jobs, resamples, cfg.seed) for run in runs]
-                    + [bootstrap_bound(bound_s, resamples, cfg.seed)], ignore_index=True)
+    summary, cis = summaries([run.jobs for run in runs], bound_s, resamples, cfg.seed)
     return summary, cis, runs
 
 

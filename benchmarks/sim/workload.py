@@ -117,7 +117,7 @@ class Family:
     typical_samples: float
     #: The tables a run starts from (MB): what its layout and checkpoint tell the job, not how
     #: they will grow (``memory`` is the truth).
-    start_tables_mb: float = 0.0
+    start_tables_mb: float
 
 
 @dataclass(frozen=True)
