@@ -51,7 +51,7 @@ def require_torch() -> None:
         raise InvalidInputError(
             "python", sys.executable,
             f"a Python with the training runtime installed (pip install 'airflow-dlrover[{RUNTIME_EXTRA}]'), "
-            "or a trainer of your own (job_args.trainer)",
+            "or a trainer of your own (job_args.trainer; dlrover-rm run-trainer)",
             "our runtime's workers train with torch, which is not installed there")
 
 
