@@ -6,6 +6,7 @@ installed without the extra. The real install is checked by hand: README, "Insta
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -39,6 +40,17 @@ def without_torch(code: str, timeout: float = 240, **env: str) -> dict:
                             timeout=timeout)
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def stop_jobs(*folders: Path) -> None:
+    """Stop every local job under ``folders``: no process outlives a test, whatever failed."""
+    from airflow_dlrover.launchers.local import LocalLauncher
+
+    for folder in (f for f in folders if f.is_dir()):
+        launcher = LocalLauncher(folder)
+        for job in folder.iterdir():
+            if launcher.exists(job.name):
+                launcher.stop(job.name)
 
 
 def test_every_module_but_the_trainers_imports_without_torch():
@@ -131,21 +143,25 @@ def test_the_local_launcher_runs_a_trainer_to_its_report_without_torch(tmp_path)
     """Launch, status, progress, the report's summary (the evaluation is the trainer's) and stop."""
     trainer = tmp_path / "train.py"
     trainer.write_text(TRAINER)
-    out = without_torch(f"""
-        import json, sys
-        from airflow_dlrover.cli import main
+    try:
+        out = without_torch(f"""
+            import json, sys
+            from airflow_dlrover.cli import main
 
-        code = main(["run-trainer", "--workers", "1", "--worker-cpu", "0.5", "--worker-memory", "256Mi",
-                     "--samples", "3000", "--timeout", "60", "--job-id", "nt", "--out", {str(tmp_path / "out")!r},
-                     "--", sys.executable, {str(trainer)!r}])
-        print(json.dumps({{"code": code, "torch": "torch" in sys.modules}}))
-    """)
+            code = main(["run-trainer", "--workers", "1", "--worker-cpu", "0.5", "--worker-memory", "256Mi",
+                         "--samples", "3000", "--timeout", "60", "--job-id", "no-torch-trainer",
+                         "--out", {str(tmp_path / "out")!r},
+                         "--", sys.executable, {str(trainer)!r}])
+            print(json.dumps({{"code": code, "torch": "torch" in sys.modules}}))
+        """)
+    finally:
+        stop_jobs(tmp_path / "out" / "jobs")
     assert out == {"code": 0, "torch": False}
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["samples_done"] == summary["samples_total"] == 3000
     assert summary["auc"] == 0.75 and summary["loss"] == 0.4  # as the trainer reported them
-    job = json.loads((tmp_path / "out" / "jobs" / "nt" / "job.json").read_text())
-    assert job["nodes"]["worker-0"]["state"] != "running"  # stopped
+    job = json.loads((tmp_path / "out" / "jobs" / "no-torch-trainer" / "job.json").read_text())
+    assert {node["state"] for node in job["nodes"].values()} == {"stopped"}  # run_job stops the job at its end
 
 
 def test_our_runtime_reports_its_own_evaluation_to_a_launcher_without_torch(tmp_path):
@@ -153,28 +169,30 @@ def test_our_runtime_reports_its_own_evaluation_to_a_launcher_without_torch(tmp_
     job's summary, stop) reads it from the master and never imports torch. The job is launched by
     a process with torch (the nodes run this Python), then adopted by one without it."""
     jobs = tmp_path / "jobs"
-    launch = (f"from airflow_dlrover.launchers.local import LocalLauncher\n"
-              f"from airflow_dlrover.optimizer.types import Configuration\n"
-              f"from airflow_dlrover.runtime.spec import JobSpec\n"
-              f"LocalLauncher({str(jobs)!r}).launch(JobSpec(job_id='ours', samples=40_000, table_sizes=(2000,) * 26),"
-              f" Configuration(workers=1, ps=1, worker_cpu=1.0, ps_cpu=0.5, worker_memory_mb=2048, ps_memory_mb=1024))")
+    launch = ("from airflow_dlrover.launchers.local import LocalLauncher\n"
+              "from airflow_dlrover.optimizer.types import Configuration\n"
+              "from airflow_dlrover.runtime.spec import JobSpec\n"
+              f"LocalLauncher({str(jobs)!r}).launch("
+              "JobSpec(job_id='no-torch-report', samples=40_000, table_sizes=(2000,) * 26), "
+              "Configuration(workers=1, ps=1, worker_cpu=1.0, ps_cpu=0.5, worker_memory_mb=2048, ps_memory_mb=1024))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    subprocess.run([sys.executable, "-c", launch], check=True, env=env, timeout=120)
-    out = without_torch(f"""
-        import json, sys, time
-        from airflow_dlrover.launchers.local import LocalLauncher
-        from airflow_dlrover.launchers.run import job_summary
+    try:
+        subprocess.run([sys.executable, "-c", launch], check=True, env=env, timeout=120)
+        out = without_torch(f"""
+            import json, sys, time
+            from airflow_dlrover.launchers.local import LocalLauncher
+            from airflow_dlrover.launchers.run import job_summary
 
-        launcher = LocalLauncher({str(jobs)!r})
-        try:
+            launcher = LocalLauncher({str(jobs)!r})
             deadline = time.time() + 150
-            while launcher.progress("ours")["state"] != "done" and time.time() < deadline:
+            while launcher.progress("no-torch-report")["state"] != "done" and time.time() < deadline:
                 time.sleep(1.0)
-            summary = job_summary(launcher, "ours", launcher.spec("ours"))
-        finally:
-            launcher.stop("ours")
-        print(json.dumps({{"summary": summary, "torch": "torch" in sys.modules}}))
-    """)
+            summary = job_summary(launcher, "no-torch-report", launcher.spec("no-torch-report"))
+            launcher.stop("no-torch-report")
+            print(json.dumps({{"summary": summary, "torch": "torch" in sys.modules}}))
+        """)
+    finally:
+        stop_jobs(jobs)
     summary = out["summary"]
     assert not out["torch"]
     assert summary["samples_trained"] == summary["samples_expected"] and summary["samples_lost"] == 0
@@ -182,35 +200,41 @@ def test_our_runtime_reports_its_own_evaluation_to_a_launcher_without_torch(tmp_
 
 
 def test_the_local_launcher_refuses_our_runtime_without_torch_naming_the_extra(tmp_path):
-    out = without_torch(f"""
-        import contextlib, io, json, pathlib, runpy, sys
-        from airflow_dlrover.cli import main
-        from airflow_dlrover.launchers.local import LocalLauncher
-        from airflow_dlrover.optimizer.types import Configuration, InvalidInputError
-        from airflow_dlrover.runtime.spec import JobSpec
+    try:
+        out = without_torch(f"""
+            import contextlib, io, json, pathlib, runpy, sys
+            from airflow_dlrover.cli import main
+            from airflow_dlrover.launchers.local import LocalLauncher
+            from airflow_dlrover.optimizer.types import Configuration, InvalidInputError
+            from airflow_dlrover.runtime.spec import JobSpec
 
-        launcher = LocalLauncher({str(tmp_path / "jobs")!r})
-        try:
-            launcher.launch(JobSpec(job_id="ours"), Configuration(1, 1, 1.0, 0.5, 2048, 1024))
-            refused = None
-        except InvalidInputError as err:
-            refused = {{"field": err.field, "value": err.value, "message": str(err)}}
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err):
-            train = main(["train", "--workers", "1", "--out", {str(tmp_path / "train")!r}])
-        # a worker node started where torch is missing (an image built without the extra)
-        node = pathlib.Path({str(tmp_path / "node")!r})
-        node.mkdir()
-        JobSpec(job_id="node").save(node / "spec.json")
-        sys.argv = ["airflow_dlrover.runtime", "worker", "--job-dir", str(node), "--name", "worker-0"]
-        try:
-            runpy.run_module("airflow_dlrover.runtime", run_name="__main__")
-        except SystemExit as exit:
-            worker = exit.code
-        print(json.dumps({{"refused": refused, "launched": launcher.exists("ours"), "train": train,
-                          "train_err": err.getvalue(), "worker": worker}}))
-    """)
+            launcher = LocalLauncher({str(tmp_path / "jobs")!r})
+            try:
+                launcher.launch(JobSpec(job_id="no-torch-refused", samples=20_000, table_sizes=(1000,) * 26),
+                                Configuration(1, 1, 1.0, 0.5, 2048, 1024))
+                refused = None
+            except InvalidInputError as err:
+                refused = {{"field": err.field, "value": err.value, "message": str(err)}}
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                train = main(["train", "--workers", "1", "--samples", "20000", "--table-size", "1000",
+                              "--out", {str(tmp_path / "train")!r}])
+            # a worker node started where torch is missing (an image built without the extra)
+            node = pathlib.Path({str(tmp_path / "node")!r})
+            node.mkdir()
+            JobSpec(job_id="no-torch-node").save(node / "spec.json")
+            sys.argv = ["airflow_dlrover.runtime", "worker", "--job-dir", str(node), "--name", "worker-0"]
+            try:
+                runpy.run_module("airflow_dlrover.runtime", run_name="__main__")
+            except SystemExit as exit:
+                worker = exit.code
+            print(json.dumps({{"refused": refused, "launched": launcher.exists("no-torch-refused"), "train": train,
+                              "train_err": err.getvalue(), "worker": worker}}))
+        """)
+    finally:
+        stop_jobs(tmp_path / "jobs", tmp_path / "train" / "jobs")
     refused = out["refused"]
+    assert refused is not None, "the launch was not refused"
     assert refused["field"] == "python" and refused["value"] == sys.executable
     assert "pip install 'airflow-dlrover[runtime]'" in refused["message"] and "torch" in refused["message"]
     assert not out["launched"]  # refused before any node started
@@ -227,3 +251,21 @@ def test_with_torch_installed_the_check_passes_without_importing_it():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "false"
+
+
+def test_torch_is_declared_only_by_the_extra_the_error_names_and_the_lock_pins():
+    import tomllib
+
+    from airflow_dlrover.runtime.prepare import RUNTIME_EXTRA
+
+    def name(requirement: str) -> str:
+        return re.match(r"[A-Za-z0-9_.-]+", requirement).group(0).lower()
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "torch" not in {name(r) for r in project["dependencies"]}
+    assert [extra for extra, reqs in project["optional-dependencies"].items()
+            if "torch" in {name(r) for r in reqs}] == [RUNTIME_EXTRA]
+    [pin] = [r for r in project["optional-dependencies"][RUNTIME_EXTRA] if name(r) == "torch"]
+    assert pin in (ROOT / "constraints.txt").read_text().splitlines()  # exact, as locked
+    assert f"[{RUNTIME_EXTRA}]" in (ROOT / "Dockerfile").read_text()  # the job image trains
+    assert f"[{RUNTIME_EXTRA}," in (ROOT / "Makefile").read_text()  # make demo runs jobs locally
