@@ -9,9 +9,10 @@ from airflow_dlrover.optimizer import constants as C
 
 
 class DLRoverReportOperator(DLRoverBaseOperator):
-    """Finish the run: account for every sample, evaluate the model, stop the job, and print and
-    store what the optimizer did — the chosen plan against the baseline, predicted and measured
-    throughput, utilisation, decisions and recoveries. Run it with ``trigger_rule="all_done"``: it
+    """Finish the run: account for every sample, read the held-out evaluation the job computed
+    itself (or its trainer reported: no torch here), stop the job, and print and store what the
+    optimizer did — the chosen plan against the baseline, predicted and measured throughput,
+    utilisation, decisions and recoveries. Run it with ``trigger_rule="all_done"``: it
     also stops the job of a failed run, and then fails.
 
     :param model_asset: an Asset (``groups.model_asset``) to emit on success, its event's ``extra``
