@@ -6,15 +6,21 @@ without one redirects to the auth manager's login. Only the OpenAPI document
 (``/dlrover/openapi.json``) and the static files (the vendored Chart.js, our script and style)
 are public. The history store is the one the ``dlrover_default`` connection names (SQLite under
 ``AIRFLOW_HOME`` by default), as for the operators.
+
+Each user sees only the runs of the DAGs they may read (:class:`DagReader`, the auth manager's
+answer): a run, a job, a DAG they may not read answers 404 exactly as one that does not exist
+(never 403, which would tell that it exists), and the job list, a job's runs, a DAG run's runs
+and the what-if page's jobs leave them out.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_authenticated
+from fastapi import APIRouter, Depends, FastAPI, Path as PathParam, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
@@ -48,9 +54,56 @@ def get_store():
 
 
 def _authenticated():
-    from airflow.api_fastapi.core_api.security import requires_authenticated
-
     return Depends(requires_authenticated())
+
+
+class DagReader:
+    """May the request's user read the runs of a DAG (``queries.MayRead``)?
+
+    A DAG's runs: when the auth manager lets the user read the DAG, i.e. it is among
+    ``get_authorized_dag_ids(method="GET")``, the set behind the API server's own
+    ``ReadableDagsFilterDep`` (so a DAG no longer in the metadata DB is readable by no one, as in
+    Airflow's UI). A job run outside any DAG (dag_id '', e.g. ``dlrover-rm``): when the user may read
+    every DAG, ``is_authorized_dag(method="GET")`` without a DAG (FAB: the global DAG read
+    permission; SimpleAuthManager: any role, teams or not). Asked once per request, when needed.
+    """
+
+    def __init__(self, user: Any):
+        self.user = user
+
+    @cached_property
+    def _auth_manager(self) -> Any:
+        from airflow.api_fastapi.app import get_auth_manager
+
+        return get_auth_manager()
+
+    @cached_property
+    def dags(self) -> set[str]:
+        return set(self._auth_manager.get_authorized_dag_ids(user=self.user, method="GET"))
+
+    @cached_property
+    def every_dag(self) -> bool:
+        return bool(self._auth_manager.is_authorized_dag(method="GET", user=self.user))
+
+    def __call__(self, dag_id: str) -> bool:
+        return dag_id in self.dags if dag_id else self.every_dag
+
+
+def dag_reader(user: GetUserDep) -> DagReader:
+    return DagReader(user)
+
+
+Reader = Annotated[DagReader, Depends(dag_reader)]
+#: A run id as the routes take it: a positive id a store can hold (``queries.MAX_ID``).
+RunId = Annotated[int, PathParam(ge=1, le=queries.MAX_ID, description="a run id (GET /dlrover/api/jobs lists them)")]
+
+
+def readable_run(run: RunId, reader: Reader, store=Depends(get_store)) -> dict[str, Any]:
+    """The run of the path, if the user may read its DAG (else 404, as for an unknown id)."""
+    return _call(queries.readable_run, store, run, reader)
+
+
+ReadableRun = Annotated[dict[str, Any], Depends(readable_run)]
 
 
 def _error(status: int, err: NotFound | InvalidInputError) -> JSONResponse:
@@ -75,75 +128,77 @@ class _Failure(Exception):
 def api_router() -> APIRouter:
     """``/dlrover/api``: jobs, runs, samples, models, curves, plans, decisions, events, what-if."""
     api = APIRouter(prefix="/api", dependencies=[_authenticated()], tags=["DLRover"])
-    errors = {404: {"description": "Unknown job or run (the message names it and what exists)"},
+    errors = {404: {"description": "Unknown job, run or DAG, or one of a DAG the user may not read "
+                         "(the message names it and what exists)"},
               422: {"description": "Bad input (the message names the field, the value and what is allowed)"},
               401: {"description": "Not authenticated"}}
 
     @api.get("/jobs", summary="Jobs, each with its last run's plan, throughput, utilisation and status")
-    def jobs(store=Depends(get_store)) -> list[dict[str, Any]]:
-        return queries.jobs(store)
+    def jobs(reader: Reader, store=Depends(get_store)) -> list[dict[str, Any]]:
+        return queries.jobs(store, reader)
 
     @api.get("/jobs/{job}/runs", summary="The runs of a job, oldest first", responses=errors)
-    def runs(job: str, store=Depends(get_store)) -> list[dict[str, Any]]:
-        return _call(queries.runs, store, job)
+    def runs(job: str, reader: Reader, store=Depends(get_store)) -> list[dict[str, Any]]:
+        return _call(queries.runs, store, job, reader)
 
     @api.get("/jobs/{job}/what-if", summary="Plan the job under another quota and objective", responses=errors)
-    def what_if(job: str, cpu: str = Query(..., description="cores, e.g. 8"),
+    def what_if(job: str, reader: Reader, cpu: str = Query(..., description="cores, e.g. 8"),
                 memory: str = Query(..., description="e.g. 16Gi, 512Mi, 64GB"), gpu: str = "0",
                 max_nodes: str | None = None, objective: Objective = Objective.THROUGHPUT,
                 samples: str | None = Query(None, description="samples to train (deadline objective; PS growth)"),
                 deadline: str | None = Query(None, description="e.g. 2h, 45m (deadline objective)"),
                 store=Depends(get_store)) -> dict[str, Any]:
-        return _call(queries.what_if, store, job, cpu=cpu, memory=memory, gpu=gpu, max_nodes=max_nodes,
+        return _call(queries.what_if, store, job, reader, cpu=cpu, memory=memory, gpu=gpu, max_nodes=max_nodes,
                      objective=objective.value, samples=samples, deadline=deadline)
 
-    @api.get("/dag-runs/{dag_id}/{run_id}", summary="The history runs an Airflow DAG run recorded")
-    def dag_run(dag_id: str, run_id: str, store=Depends(get_store)) -> list[dict[str, Any]]:
-        return queries.runs_of_dag_run(store, dag_id, run_id)
+    @api.get("/dag-runs/{dag_id}/{run_id}", summary="The history runs an Airflow DAG run recorded",
+             responses=errors)
+    def dag_run(dag_id: str, run_id: str, reader: Reader, store=Depends(get_store)) -> list[dict[str, Any]]:
+        return _call(queries.runs_of_dag_run, store, dag_id, run_id, reader)
 
     @api.get("/runs/{run}", summary="A run, its report and the number of its records", responses=errors)
-    def run(run: int, store=Depends(get_store)) -> dict[str, Any]:
-        return _call(queries.run, store, run)
+    def run(row: ReadableRun, store=Depends(get_store)) -> dict[str, Any]:
+        return _call(queries.run, store, row["id"])
 
     @api.get("/runs/{run}/samples", summary="Profile and fine-tune samples (the vocabulary's columns)",
              responses=errors)
-    def samples(run: int, stage: Literal["profile", "finetune"] | None = None,
+    def samples(row: ReadableRun, stage: Literal["profile", "finetune"] | None = None,
                 store=Depends(get_store)) -> list[dict[str, Any]]:
-        return _call(queries.samples, store, run, stage)
+        return _call(queries.samples, store, row["id"], stage)
 
     @api.get("/runs/{run}/models", summary="Every model fitted in the run (fit task first)", responses=errors)
-    def models(run: int, store=Depends(get_store)) -> list[dict[str, Any]]:
-        return _call(queries.models, store, run)
+    def models(row: ReadableRun, store=Depends(get_store)) -> list[dict[str, Any]]:
+        return _call(queries.models, store, row["id"])
 
     @api.get("/runs/{run}/curves", summary="Fitted throughput along w, p, λw, λp with its band and the samples",
              responses=errors)
-    def curves(run: int, model: int = Query(0, description="index of the run's model: 0 = fit task's, -1 = latest"),
+    def curves(row: ReadableRun, model: int = Query(0, description="index of the run's model: 0 = fit task's, -1 = latest"),
                store=Depends(get_store)) -> dict[str, Any]:
-        return _call(queries.curves, store, run, model)
+        return _call(queries.curves, store, row["id"], model)
 
     @api.get("/runs/{run}/plans", summary="Chosen plan, alternatives, Pareto front, baseline", responses=errors)
-    def plans(run: int, store=Depends(get_store)) -> dict[str, Any]:
-        return _call(queries.plans, store, run)
+    def plans(row: ReadableRun, store=Depends(get_store)) -> dict[str, Any]:
+        return _call(queries.plans, store, row["id"])
 
     @api.get("/runs/{run}/decisions", summary="Fine-tune decisions with their reasons", responses=errors)
-    def decisions(run: int, store=Depends(get_store)) -> list[dict[str, Any]]:
-        return _call(queries.decisions, store, run)
+    def decisions(row: ReadableRun, store=Depends(get_store)) -> list[dict[str, Any]]:
+        return _call(queries.decisions, store, row["id"])
 
     @api.get("/runs/{run}/events", summary="Events of the run (optionally of one kind)", responses=errors)
-    def events(run: int, event: str | None = Query(None, description="e.g. profiled, launched, node_failed, "
+    def events(row: ReadableRun, event: str | None = Query(None, description="e.g. profiled, launched, node_failed, "
                                                    "recovered, instability"),
                store=Depends(get_store)) -> list[dict[str, Any]]:
-        return _call(queries.events, store, run, event)
+        return _call(queries.events, store, row["id"], event)
 
     @api.get("/runs/{run}/instability", summary="Instability, failures and recoveries: evidence and action",
              responses=errors)
-    def instability(run: int, store=Depends(get_store)) -> list[dict[str, Any]]:
-        return _call(queries.instability, store, run)
+    def instability(row: ReadableRun, store=Depends(get_store)) -> list[dict[str, Any]]:
+        return _call(queries.instability, store, row["id"])
 
     @api.get("/runs/{run}/timeline", summary="Throughput and utilisation over time, decisions and events",
              responses=errors)
-    def timeline(run: int, store=Depends(get_store)) -> dict[str, Any]:
-        return _call(queries.timeline, store, run)
+    def timeline(row: ReadableRun, store=Depends(get_store)) -> dict[str, Any]:
+        return _call(queries.timeline, store, row["id"])
 
     return api
 
@@ -173,32 +228,36 @@ def views_router(templates: Jinja2Templates) -> APIRouter:
         return page(request, "jobs.html")
 
     @views.get("/jobs/{job}", response_class=HTMLResponse)
-    def job_runs(request: Request, job: str, store=Depends(get_store)) -> HTMLResponse:
-        _call(queries.check_job, store, job)
+    def job_runs(request: Request, job: str, reader: Reader, store=Depends(get_store)) -> HTMLResponse:
+        _call(queries.check_job, store, job, reader)
         return page(request, "runs.html", job=job)
 
     @views.get("/runs/{run}", response_class=HTMLResponse)
-    def run_view(request: Request, run: int, section: str | None = None, store=Depends(get_store)) -> HTMLResponse:
-        row = _call(queries.get_run, store, run)
+    def run_view(request: Request, row: ReadableRun, section: str | None = None) -> HTMLResponse:
         return page(request, "run.html", run=row, section=section)
 
     @views.get("/dag-runs/{dag_id}/{run_id}", response_class=HTMLResponse)
-    def dag_run_view(request: Request, dag_id: str, run_id: str, store=Depends(get_store)) -> HTMLResponse:
-        return _dag_run_page(request, store, dag_id, run_id, None)
+    def dag_run_view(request: Request, dag_id: str, run_id: str, reader: Reader,
+                     store=Depends(get_store)) -> HTMLResponse:
+        return _dag_run_page(request, store, reader, dag_id, run_id)
 
     @views.get("/dag-runs/{dag_id}/{run_id}/tasks/{task_id}", response_class=HTMLResponse)
-    def task_view(request: Request, dag_id: str, run_id: str, task_id: str, store=Depends(get_store)) -> HTMLResponse:
-        return _dag_run_page(request, store, dag_id, run_id, task_section(dag_id, task_id))
+    def task_view(request: Request, dag_id: str, run_id: str, task_id: str, reader: Reader,
+                  store=Depends(get_store)) -> HTMLResponse:
+        return _dag_run_page(request, store, reader, dag_id, run_id, task_id)
 
-    def _dag_run_page(request: Request, store: Any, dag_id: str, run_id: str, section: str | None) -> HTMLResponse:
-        found = queries.runs_of_dag_run(store, dag_id, run_id)
+    def _dag_run_page(request: Request, store: Any, reader: DagReader, dag_id: str, run_id: str,
+                      task_id: str | None = None) -> HTMLResponse:
+        found = _call(queries.runs_of_dag_run, store, dag_id, run_id, reader)
+        section = task_section(dag_id, task_id) if task_id is not None else None
         if len(found) == 1 or (found and found[0]["job"] == dag_id):
             return page(request, "run.html", run=store.run(found[0]["id"]), section=section)
         return page(request, "dag_run.html", dag_id=dag_id, run_id=run_id, found=found)
 
     @views.get("/what-if", response_class=HTMLResponse)
-    def what_if_view(request: Request, job: str | None = None, store=Depends(get_store)) -> HTMLResponse:
-        return page(request, "what_if.html", jobs=store.jobs(), job=job)
+    def what_if_view(request: Request, reader: Reader, job: str | None = None,
+                     store=Depends(get_store)) -> HTMLResponse:
+        return page(request, "what_if.html", jobs=queries.job_names(store, reader, whole=True), job=job)
 
     return views
 

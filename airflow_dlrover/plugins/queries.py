@@ -5,11 +5,16 @@ plain arguments) and returns dicts and lists. Unknown jobs and runs raise :class
 a user's bad input raises the optimizer's :class:`InvalidInputError` (both name the field, the
 value and what is allowed). pandas / numpy / the optimizer are imported inside the functions, so
 that loading the plugin stays cheap for every Airflow process.
+
+Who may read what is decided by the app (``app.DagReader``) and handed in as ``may_read``: a
+predicate over DAG ids ('' for a job run outside any DAG). A run of a DAG the user may not read
+is answered exactly as a run that does not exist, and lists leave it out.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, InvalidInputError
@@ -26,6 +31,12 @@ CPU_CURVE_START = 0.25
 INSTABILITY_EVENTS = ("instability", "node_failed", "recovered")
 #: Jobs named in a "not found" message.
 NAMES_IN_MESSAGE = 20
+#: The largest run id a route accepts: ids are SQLAlchemy ``Integer`` columns, 32-bit on PostgreSQL
+#: (64-bit on SQLite); a larger one names no run, and would overflow the driver instead of missing.
+MAX_ID = 2**31 - 1
+
+#: May the request's user read the runs of this DAG ('' = a job run outside any DAG)?
+MayRead = Callable[[str], bool]
 
 
 class NotFound(LookupError):
@@ -55,18 +66,54 @@ def _table(frame: Any) -> list[dict[str, Any]]:
     return clean(frame.to_dict("records"))
 
 
-def check_job(store: Any, job: str) -> str:
-    names = store.jobs()
+def dag_of(run: dict[str, Any]) -> str:
+    """The DAG whose task recorded a run: its ``dag_id`` ('' when it ran outside any DAG, e.g. from
+    ``dlrover-rm``, or was recorded before runs carried their DAG)."""
+    return run.get("dag_id") or ""
+
+
+def readable_runs(store: Any, may_read: MayRead, job: str | None = None, *,
+                  run_key: str | None = None) -> list[dict[str, Any]]:
+    """``store.runs(job, run_key=...)`` less the runs of DAGs the user may not read."""
+    return [r for r in store.runs(job, run_key=run_key) if may_read(dag_of(r))]
+
+
+def job_names(store: Any, may_read: MayRead, *, whole: bool = False) -> list[str]:
+    """The jobs with a run the user may read, alphabetically; ``whole``: only those all of whose
+    runs they may read (a job name shared by DAGs they may and may not read is left out)."""
+    runs = store.runs()
+    names = {r["job"] for r in runs if may_read(dag_of(r))}
+    if whole:
+        names -= {r["job"] for r in runs if not may_read(dag_of(r))}
+    return sorted(names)
+
+
+def check_job(store: Any, job: str, may_read: MayRead, *, whole: bool = False) -> str:
+    """``job`` if it is among :func:`job_names`; else it is unknown to the user."""
+    names = job_names(store, may_read, whole=whole)
     if job not in names:
         shown = ", ".join(repr(n) for n in names[:NAMES_IN_MESSAGE]) or "none recorded yet"
         raise NotFound("job", job, f"one of the recorded jobs: {shown}")
     return job
 
 
+def _unknown_run(run_id: int) -> NotFound:
+    return NotFound("run", run_id, "the id of a recorded run (GET /dlrover/api/jobs lists them)")
+
+
 def get_run(store: Any, run_id: int) -> dict[str, Any]:
+    """The run ``run_id`` (whoever may read it: the app checks with :func:`readable_run` first)."""
     run = store.run(run_id)
     if run is None:
-        raise NotFound("run", run_id, "the id of a recorded run (GET /dlrover/api/jobs lists them)")
+        raise _unknown_run(run_id)
+    return run
+
+
+def readable_run(store: Any, run_id: int, may_read: MayRead) -> dict[str, Any]:
+    """The run ``run_id`` if the user may read its DAG; else the same answer as an unknown id."""
+    run = store.run(run_id)
+    if run is None or not may_read(dag_of(run)):
+        raise _unknown_run(run_id)
     return run
 
 
@@ -83,13 +130,16 @@ def _brief(run: dict[str, Any]) -> dict[str, Any]:
     })
 
 
-def jobs(store: Any) -> list[dict[str, Any]]:
-    """Every job with its number of runs and its last run: plan, throughput, utilisation, status."""
+def jobs(store: Any, may_read: MayRead) -> list[dict[str, Any]]:
+    """Every job the user may read with its number of runs and its last run (of those they may
+    read): plan, throughput, utilisation, status; and the DAG of that run."""
     from airflow_dlrover.history.report import utilisation
 
+    by_job: dict[str, list[dict[str, Any]]] = {}
+    for r in readable_runs(store, may_read):
+        by_job.setdefault(r["job"], []).append(r)
     out = []
-    for name in store.jobs():
-        runs = store.runs(name)
+    for name, runs in sorted(by_job.items()):
         last = runs[-1]
         brief = _brief(last)
         plans = store.records(last["id"], "plan")
@@ -100,12 +150,12 @@ def jobs(store: Any) -> list[dict[str, Any]]:
                 if brief["measured_throughput"] is None:
                     brief["measured_throughput"] = float(finetune["throughput"].median())
                 brief["utilisation"] = brief["utilisation"] or clean(utilisation(finetune))
-        out.append({"job": name, "runs": len(runs), "last_run": brief})
+        out.append({"job": name, "dag_id": dag_of(last), "runs": len(runs), "last_run": brief})
     return out
 
 
-def runs(store: Any, job: str) -> list[dict[str, Any]]:
-    return [_brief(r) for r in store.runs(check_job(store, job))]
+def runs(store: Any, job: str, may_read: MayRead) -> list[dict[str, Any]]:
+    return [_brief(r) for r in readable_runs(store, may_read, check_job(store, job, may_read))]
 
 
 def run(store: Any, run_id: int) -> dict[str, Any]:
@@ -117,9 +167,12 @@ def run(store: Any, run_id: int) -> dict[str, Any]:
     }})
 
 
-def runs_of_dag_run(store: Any, dag_id: str, run_key: str) -> list[dict[str, Any]]:
-    """The history runs an Airflow DAG run recorded (the job named after the DAG first)."""
-    found = store.runs(run_key=run_key)
+def runs_of_dag_run(store: Any, dag_id: str, run_key: str, may_read: MayRead) -> list[dict[str, Any]]:
+    """The history runs an Airflow DAG run recorded (the job named after the DAG first); a DAG the
+    user may not read is unknown to them."""
+    if not may_read(dag_id):
+        raise NotFound("dag_id", dag_id, "the id of a DAG you may read")
+    found = readable_runs(store, may_read, run_key=run_key)
     return [_brief(r) for r in sorted(found, key=lambda r: r["job"] != dag_id)]
 
 
@@ -309,13 +362,18 @@ def instability(store: Any, run_id: int) -> list[dict[str, Any]]:
     return clean(rows)
 
 
-def what_if(store: Any, job: str, *, cpu: Any, memory: Any, gpu: Any = 0, max_nodes: Any = None,
-            objective: str = "throughput", samples: Any = None, deadline: Any = None) -> dict[str, Any]:
-    """Plan ``job`` under another quota and objective with its latest model (the real planner)."""
+def what_if(store: Any, job: str, may_read: MayRead, *, cpu: Any, memory: Any, gpu: Any = 0,
+            max_nodes: Any = None, objective: str = "throughput", samples: Any = None,
+            deadline: Any = None) -> dict[str, Any]:
+    """Plan ``job`` under another quota and objective with its latest model (the real planner).
+
+    That model is the newest of all the job's runs: a job is planned only for a user who may read
+    every one of them (``job_names(whole=True)``).
+    """
     from airflow_dlrover.optimizer.planner import plan
     from airflow_dlrover.optimizer.types import Quota, parse_duration_s
 
-    model = store.latest_model(check_job(store, job))
+    model = store.latest_model(check_job(store, job, may_read, whole=True))
     if model is None:
         raise NotFound("job", job, "a job with a fitted model (its fit task has run)")
     quota = Quota.parse(cpu, memory, gpu if gpu not in (None, "") else 0, max_nodes if max_nodes != "" else None)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ui_settings import AUTH_ENV, JOB, PASSWORD, USER
+from ui_settings import AUTH_ENV, DAG_A, DAG_B, JOB, PASSWORD, TEAM_A, TEAM_B, USER
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +24,31 @@ def auth_env(airflow_db):
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def ui_dags(airflow_db):
+    """``DAG_A`` and ``DAG_B`` in the metadata DB, in the bundles of the teams ``TEAM_A`` and
+    ``TEAM_B`` (what the auth manager authorises on); removed after the module."""
+    from airflow.models.dag import DagModel
+    from airflow.models.dagbundle import DagBundleModel
+    from airflow.models.team import Team
+    from airflow.utils.session import create_session
+
+    dags = {DAG_A: TEAM_A, DAG_B: TEAM_B}
+    with create_session() as session:
+        for dag_id, team_name in dags.items():
+            bundle = DagBundleModel(name=f"{dag_id}_bundle")
+            bundle.teams.append(Team(name=team_name))
+            session.add(bundle)
+            session.flush()
+            session.add(DagModel(dag_id=dag_id, bundle_name=bundle.name, fileloc=f"/{dag_id}.py", is_stale=False))
+    yield dags
+    with create_session() as session:
+        for dag_id, team_name in dags.items():
+            session.query(DagModel).filter(DagModel.dag_id == dag_id).delete()
+            session.query(DagBundleModel).filter(DagBundleModel.name == f"{dag_id}_bundle").delete()
+            session.query(Team).filter(Team.name == team_name).delete()
 
 
 @pytest.fixture(scope="session")

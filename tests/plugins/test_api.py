@@ -5,69 +5,24 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from airflow_dlrover.history.control import action_event, decision_record, failure_record
 from airflow_dlrover.history.store import HistoryStore
-from airflow_dlrover.optimizer.controller import Fail, Heal, Keep, Relaunch, Resize
-from airflow_dlrover.optimizer.job_model import fit_job_model
 from airflow_dlrover.optimizer.planner import plan
-from airflow_dlrover.optimizer.types import Configuration, NodeState, NodeStatus, Quota, Reason
+from airflow_dlrover.optimizer.types import Quota
 from airflow_dlrover.plugins.app import get_store
-from synthetic import model_samples
-
-QUOTA = Quota(cpu=16, memory_mb=64 * 1024)
-T0 = 1_800_000_000.0
-
-
-def hot_evidence():
-    return {"node": "ps-0", "utilisation": 0.97, "cpu_used": 1.94, "cpu_limit": 2.0, "skew": 2.0, "value": 3.0}
+from history_data import T0, DagStore, hot_evidence, record_run
+from ui_settings import DAG_A
 
 
 @pytest.fixture(scope="module")
-def synthetic(tmp_path_factory):
-    """A finished run in a store of its own: profile samples, a model, a plan, training windows with
-    usage, a keep and a resize decision, a failure, its recovery, a healed hot PS."""
-    store = HistoryStore(f"sqlite:///{tmp_path_factory.mktemp('ui') / 'history.db'}")
-    run = store.start_run("ctr", "scheduled__2026-11-29")
-    profile = model_samples(noise=0.03, seed=3).assign(timestamp=lambda t: T0 + 5.0 * np.arange(len(t)))
-    store.add_samples(run, profile, stage="profile")
-    model = fit_job_model(profile)
-    store.save_model(run, model)
-    chosen = plan(model.throughput, model.memory, QUOTA)
-    baseline = Configuration(4, 4, 2.0, 2.0, 4096, 4096)
-    store.add(run, "plan", {**chosen.to_dict(), "time": T0 + 60, "baseline": {**baseline.to_row(),
-                                                                              "predicted_throughput": 1234.0}})
-    c = chosen.config
-    windows = pd.DataFrame([{**c.to_row(), "throughput": 1000.0 + 10 * i, "worker_cpu_used": 0.8 * c.worker_cpu,
-                             "ps_cpu_used": 0.5 * c.ps_cpu, "worker_memory_used_mb": 0.4 * c.worker_memory_mb,
-                             "ps_memory_used_mb": None if i == 3 else 0.3 * c.ps_memory_mb,
-                             "timestamp": T0 + 70 + 3 * i} for i in range(12)])
-    store.add_samples(run, windows, stage="finetune")
-    store.save_model(run, fit_job_model(pd.concat([profile, windows]), model))
-    # The records the fine-tune and the guard leave, from the controller's actions.
-    store.add(run, "decision", decision_record(Keep(Reason.AT_BEST), c, [1000.0], 1e5) | {"time": T0 + 80})
-    pays = {"speedup": 1.2, "speedup_low": 1.1, "saving_s": 900.0, "keep_s": 5000.0, "cost_s": 30.0}
-    resize = Resize(Reason.PAYS, pays, config=replace(c, workers=c.workers + 1), expected_speedup=1.2)
-    store.add(run, "decision", decision_record(resize, c, [1000.0, 1010.0], 2e5,
-                                               {"actions": ["worker-9 added"], "seconds": 1.0}) | {"time": T0 + 100})
-    store.add(run, "event", {"event": "launched", "time": T0 + 62, "adopted": False})
-    killed = (NodeStatus("worker-1", "worker", 1, NodeState.OOM_KILLED, 1.0, 512, reason="OOM"),)
-    fail = Fail(Reason.NODE_FAILED, {"node": "worker-1", "state": "oom_killed", "detail": "OOM"}, nodes=("worker-1",))
-    store.add(run, "event", failure_record(fail, killed, 1) | {"time": T0 + 90})
-    relaunch = Relaunch(Reason.OOM_KILLED, {"node": "worker-1", "memory_limit_mb": 512, "memory_mb": 768},
-                        node="worker-1", memory_mb=768)
-    store.add(run, "event", action_event({**relaunch.to_record(), "done": ["worker-1 relaunched"], "seconds": 2.5},
-                                         killed, 2) | {"time": T0 + 95})
-    heal = Heal(Reason.HOT_PS, hot_evidence(), node="ps-0", cpu=3.0)
-    store.add(run, "event", action_event({**heal.to_record(), "done": ["ps-0 set to 3 CPU in place"], "seconds": 0.1},
-                                         (), 1) | {"time": T0 + 97})
-    store.finish_run(run, "succeeded", {"measured_throughput": 1050.0, "predicted_throughput": chosen.predicted_throughput,
-                                        "resizes": 1, "recoveries": [{"node": "worker-1"}]})
+def synthetic(tmp_path_factory, ui_dags):
+    """A finished run of the DAG ``DAG_A`` in a store of its own (``history_data.record_run``)."""
+    store = DagStore(f"sqlite:///{tmp_path_factory.mktemp('ui') / 'history.db'}")
+    run, model, chosen = record_run(store, "ctr", "scheduled__2026-11-29", DAG_A)
     return store, run, model, chosen
 
 
@@ -80,7 +35,7 @@ def synthetic_client(dlrover_client, synthetic):
 
 def data_routes(app) -> list[str]:
     """Every GET route under /api, with its path parameters filled in."""
-    fill = {"job": "ctr", "run": "1", "dag_id": "d", "run_id": "r"}
+    fill = {"job": "ctr", "run": "1", "dag_id": DAG_A, "run_id": "r"}
     return ["/dlrover" + re.sub(r"\{(\w+)\}", lambda m: fill[m.group(1)], route.path)
             for route in app.routes if getattr(route, "path", "").startswith("/api")]
 
@@ -236,11 +191,11 @@ def test_fastapi_validation_names_the_field_too(synthetic_client):
 
 def test_the_dag_run_view_resolves_the_airflow_run(synthetic_client, synthetic):
     _, run, _, _ = synthetic
-    [found] = get(synthetic_client, "/dlrover/api/dag-runs/any_dag/scheduled__2026-11-29").json()
+    [found] = get(synthetic_client, f"/dlrover/api/dag-runs/{DAG_A}/scheduled__2026-11-29").json()
     assert found["id"] == run and found["job"] == "ctr"
-    page = get(synthetic_client, "/dlrover/dag-runs/any_dag/scheduled__2026-11-29")
+    page = get(synthetic_client, f"/dlrover/dag-runs/{DAG_A}/scheduled__2026-11-29")
     assert page.status_code == 200 and f'data-run="{run}"' in page.text
-    none = get(synthetic_client, "/dlrover/dag-runs/other_dag/manual__1")
+    none = get(synthetic_client, f"/dlrover/dag-runs/{DAG_A}/manual__1")
     assert none.status_code == 200 and 'id="none-recorded"' in none.text
 
 

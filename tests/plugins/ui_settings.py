@@ -1,4 +1,4 @@
-"""What the UI tests share: the example DAG's small run and the login."""
+"""What the UI tests share: the example DAG's small run, the login, two DAGs of two teams."""
 
 import secrets
 
@@ -10,3 +10,7 @@ AUTH_ENV = {
     "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
     "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(64),
 }
+#: Two DAGs in the metadata DB (``conftest.ui_dags``), each in a bundle of its own team, for the
+#: SimpleAuthManager's per-team DAG access (multi-team mode).
+DAG_A, DAG_B = "dlrover_ui_dag_a", "dlrover_ui_dag_b"
+TEAM_A, TEAM_B = "dlrover_team_a", "dlrover_team_b"
