@@ -14,6 +14,7 @@ from airflow_dlrover.history.store import HistoryStore
 from airflow_dlrover.optimizer.planner import plan
 from airflow_dlrover.optimizer.types import Quota
 from airflow_dlrover.plugins.app import get_store
+from airflow_dlrover.plugins.queries import MAX_ID
 from history_data import T0, DagStore, hot_evidence, record_run
 from ui_settings import DAG_A
 
@@ -187,6 +188,23 @@ def test_fastapi_validation_names_the_field_too(synthetic_client):
         assert answer.status_code == 422
         [error] = answer.json()["detail"]
         assert error["loc"][-1] == name and error["input"] in ("abc", "fast", "train")
+
+
+@pytest.mark.parametrize("run", [0, -1, MAX_ID + 1, 2**63, 2**64])
+def test_a_run_id_no_store_can_hold_is_refused_on_every_route(synthetic_client, run):
+    """A run id beyond a store's integer (2**63 overflowed SQLite: a server error) is bad input."""
+    paths = [route.path for route in synthetic_client.app_state.routes if "{run}" in getattr(route, "path", "")]
+    assert len(paths) == 10
+    for path in paths:
+        answer = get(synthetic_client, "/dlrover" + path.replace("{run}", str(run)))
+        assert answer.status_code == 422, (path, answer.text)
+        [error] = answer.json()["detail"]
+        assert error["loc"] == ["path", "run"] and error["type"] in ("greater_than_equal", "less_than_equal")
+    spec = synthetic_client.get("/dlrover/openapi.json").json()
+    for path, item in spec["paths"].items():
+        if "{run}" in path:
+            [declared] = [p["schema"] for p in item["get"]["parameters"] if p["name"] == "run"]
+            assert (declared["minimum"], declared["maximum"]) == (1, MAX_ID), path
 
 
 def test_the_dag_run_view_resolves_the_airflow_run(synthetic_client, synthetic):
