@@ -31,8 +31,9 @@ CPU_CURVE_START = 0.25
 INSTABILITY_EVENTS = ("instability", "node_failed", "recovered")
 #: Jobs named in a "not found" message.
 NAMES_IN_MESSAGE = 20
-#: The largest run id a route accepts: ids are SQLAlchemy ``Integer`` columns, 32-bit on PostgreSQL
-#: (64-bit on SQLite); a larger one names no run, and would overflow the driver instead of missing.
+#: The largest run id a route accepts (its OpenAPI says so; beyond, 422): ids are SQLAlchemy
+#: ``Integer`` columns, 32-bit on PostgreSQL, so a larger one names no run; past 2**63 - 1 it
+#: overflowed SQLite's driver (a server error, found by tests/plugins/test_fuzz.py).
 MAX_ID = 2**31 - 1
 
 #: May the request's user read the runs of this DAG ('' = a job run outside any DAG)?
