@@ -3,10 +3,11 @@
 LocalExecutor, in a temporary ``AIRFLOW_HOME`` whose dags folder is the repository's ``dags/``.
 
 The configuration is standalone's (``airflow/cli/commands/standalone_command.py``): a local
-executor, the SimpleAuthManager, one JWT secret shared by every component (it signs the task
-tokens of the execution API), the execution API on the api-server. What differs, and why:
-free ports (the api-server's and the log servers'); ``all admins`` (no password to fetch); one api-server worker and a parallelism of 4
-(2 cores); no paused-at-creation and no cron scheduling, so that the only run is the test's.
+executor, the SimpleAuthManager, one JWT secret for every component (it signs the execution API's
+task tokens; standalone's is the one it writes to airflow.cfg), the execution API on the api-server. What differs, and why: free
+ports (the api-server's and the log servers'); ``all admins`` (no password to fetch); one
+api-server worker and a parallelism of 4 (2 cores); no paused-at-creation and no cron scheduling
+(the DAG is ``@daily`` from a past start date), so that the only run is the test's.
 Metadata DB: SQLite (Airflow 3's tasks reach it only through the api-server, so the
 LocalExecutor needs no server database).
 """
@@ -33,7 +34,7 @@ import airflow_dlrover
 ROOT = Path(__file__).parents[2]
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 #: Seconds for `airflow db migrate` and for the components to report healthy with the DAG parsed
-#: (measured ~60 s together on 2 idle cores; generous for a loaded machine).
+#: (measured 20-30 s together on 2 busy cores; generous for a loaded machine).
 MIGRATE_TIMEOUT_S = 600
 READY_TIMEOUT_S = 600
 #: Seconds between SIGTERM and SIGKILL when a component's process group is stopped.
@@ -132,7 +133,8 @@ class Deployment:
         started = time.monotonic()
         while True:
             assert not self.dead(), f"components died: {self.dead()}\n{self.diagnostics()}"
-            assert time.monotonic() - started < READY_TIMEOUT_S, f"not ready in {READY_TIMEOUT_S} s\n{self.diagnostics()}"
+            waited = time.monotonic() - started
+            assert waited < READY_TIMEOUT_S, f"not ready in {READY_TIMEOUT_S} s\n{self.diagnostics()}"
             try:
                 health = self.client.get("/monitor/health").json()
                 healthy = all((health.get(c) or {}).get("status") == "healthy"

@@ -31,19 +31,23 @@ def conf_for(deployment) -> dict:
     return {**CONF, "turn": None} if "turn" in params else dict(CONF)
 
 
+def task_instances(deployment, run_id: str) -> dict[str, dict]:
+    """The run's task instances by task name (a task group's prefix dropped)."""
+    tis = deployment.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
+    return {ti["task_id"].rsplit(".", 1)[-1]: ti for ti in tis}
+
+
 def poll_until_done(deployment, run_id: str) -> tuple[dict, list[tuple[float, dict]], dict]:
     """Poll the run and its task instances every ``POLL_S`` until the run ends: (the run, the
-    states seen ``[(seconds, {task: state})]``, the last task instances by task id)."""
+    states seen ``[(seconds, {task: state})]``, the last task instances by task name)."""
     started, seen = time.monotonic(), []
     while True:
         assert not deployment.dead(), f"components died: {deployment.dead()}"
-        tis = {ti["task_id"]: ti for ti in
-               deployment.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]}
+        tis = task_instances(deployment, run_id)
         seen.append((time.monotonic() - started, {t: ti["state"] for t, ti in tis.items()}))
         run = deployment.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")
         if run["state"] in DONE:
-            return run, seen, {ti["task_id"]: ti for ti in
-                               deployment.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]}
+            return run, seen, task_instances(deployment, run_id)
         assert time.monotonic() - started < RUN_TIMEOUT_S, f"run {run_id} not done in {RUN_TIMEOUT_S} s: {seen[-1]}"
         time.sleep(POLL_S)
 
@@ -76,7 +80,8 @@ def test_the_example_dag_runs_under_a_scheduler_and_recovers_by_a_retry(deployme
     assert recovery["node"] == "worker-0" and recovery["try_number"] > failure["try_number"], (failure, recovery)
     assert summary["samples_lost"] == 0 and summary["job"]["samples_trained"] >= CONF["samples"], summary
 
-    xcom = deployment.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/report/xcomEntries/return_value")
+    xcom = deployment.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{tis['report']['task_id']}"
+                                 "/xcomEntries/return_value")
     report = json.loads(xcom["value"]) if isinstance(xcom["value"], str) else xcom["value"]
     assert report["status"] == "succeeded" and report["samples_lost"] == 0 and len(report["recoveries"]) == 1, report
 
