@@ -30,6 +30,7 @@ import psutil
 import pytest
 
 import airflow_dlrover
+from airflow_dlrover.launchers.local import LocalLauncher
 
 ROOT = Path(__file__).parents[2]
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -188,8 +189,9 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    """The running deployment; on teardown every component's process group is stopped and any
-    job process the run left behind is killed (the test asserts there is none)."""
+    """The running deployment; on teardown every component's process group is stopped, then the
+    launcher stops any job a failed run left behind (processes and cgroups; the test asserts that
+    a run leaves none) and whatever process of a job is left is killed."""
     deployment = Deployment(tmp_path_factory.mktemp("airflow-scheduler"))
     try:
         started = time.monotonic()
@@ -200,6 +202,10 @@ def deployment(tmp_path_factory):
         yield deployment
     finally:
         deployment.stop()
+        jobs = LocalLauncher(deployment.home / "dlrover" / "jobs")
+        for folder in jobs.base_dir.iterdir():
+            if jobs.exists(folder.name):
+                jobs.stop(folder.name)
         for process in deployment.job_processes():
             process.kill()
 
