@@ -129,8 +129,8 @@ class Deployment:
         self.client.close()
 
     def wait_ready(self, dag_id: str) -> float:
-        """Until the scheduler, dag-processor and triggerer heartbeat and ``dag_id`` is parsed;
-        returns the seconds it took."""
+        """Until the scheduler, dag-processor and triggerer heartbeat and ``dag_id`` is parsed
+        (an import error fails at once); returns the seconds it took."""
         started = time.monotonic()
         while True:
             assert not self.dead(), f"components died: {self.dead()}\n{self.diagnostics()}"
@@ -142,6 +142,8 @@ class Deployment:
                               for c in ("metadatabase", "scheduler", "triggerer", "dag_processor"))
                 if healthy and self.client.get(f"/dags/{dag_id}").status_code == 200:
                     return time.monotonic() - started
+                errors = self.client.get("/importErrors").json().get("import_errors")
+                assert not errors, "\n".join(f"{e['filename']}: {e['stack_trace']}" for e in errors)
             except (httpx.HTTPError, json.JSONDecodeError):
                 pass  # the api-server is still starting
             time.sleep(1)
