@@ -218,11 +218,14 @@ class LocalLauncher(Launcher):
             env = dict(os.environ, OMP_NUM_THREADS=str(torch_threads(node["cpu"])),
                        DLROVER_WORKER_GPU=str(node.get("gpu", 0)), PYTHONUNBUFFERED="1")
         # The wrapper records the exit status; every argument is quoted (no templated shell text).
+        # stdin is /dev/null: a node outlives the task that starts it, and an Airflow task's fd 0 is
+        # its supervisor's request socket, which the supervisor then waits for (60 s) after the task.
         script = f"{shlex.join(argv)}; echo $? > {shlex.quote(str(exit_file))}"
         with open(folder / "logs" / f"{name}.log", "ab") as logfile:
             workdir = (self.trainer(job_id).workdir or folder) if record.get("trainer") else folder
-            process = subprocess.Popen(["/bin/sh", "-c", script], stdout=logfile, stderr=subprocess.STDOUT, env=env,
-                                       start_new_session=True, preexec_fn=group.preexec_fn(), cwd=workdir)
+            process = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=logfile,
+                                       stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                       preexec_fn=group.preexec_fn(), cwd=workdir)
         group.add_pid(process.pid)  # already there in v1/v2; advisory mode tracks usage from it
         node.update(pid=process.pid, started=psutil.Process(process.pid).create_time(), state=RUNNING,
                     oom_base=group.usage().oom_kills)

@@ -129,6 +129,35 @@ def test_a_trainer_that_never_reports_is_refused_after_its_report_timeout(tmp_pa
         launcher.stop("mute")
 
 
+def test_nodes_do_not_inherit_the_launching_process_stdin(tmp_path):
+    """Under Airflow a task's fd 0 is its supervisor's request socket: a node that kept it would
+    hold the finished task's supervisor (and its executor slot) until the node exits."""
+    import os
+    import socket
+
+    import psutil
+
+    launcher = LocalLauncher(tmp_path / "jobs")
+    ours, theirs = socket.socketpair()
+    saved = os.dup(0)
+    os.dup2(theirs.fileno(), 0)
+    try:
+        launcher.launch(trainer_spec("stdin", [sys.executable, "-c", "import time; time.sleep(60)"]), ONE)
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+        theirs.close()
+    try:
+        wrapper = psutil.Process(launcher.read_job("stdin")["nodes"]["worker-0"]["pid"])
+        for process in [wrapper, *wrapper.children(recursive=True)]:
+            assert os.readlink(f"/proc/{process.pid}/fd/0") == "/dev/null", process.cmdline()
+        ours.settimeout(5)
+        assert ours.recv(1) == b""  # no process holds the other end any more
+    finally:
+        launcher.stop("stdin")
+        ours.close()
+
+
 def test_a_retried_launch_adopts_the_running_trainer_and_stop_leaves_nothing(tmp_path):
     """A second launcher process (an Airflow retry) finds the group running and adopts it: no
     second copy; stop removes every process and cgroup."""
