@@ -202,6 +202,11 @@ class Launcher:
     def stop(self, job_id: str) -> None:
         raise NotImplementedError
 
+    def stopped(self, job_id: str) -> bool:
+        """Whether the job was stopped (``stop``: its record says so, or is gone): a watcher of it
+        has nothing left to wait for."""
+        return not self.exists(job_id) or bool(self._record(job_id).get("stopped"))
+
     def kill_node(self, job_id: str, node_name: str) -> None:
         """Fault injection: kill the node as a crash would."""
         raise NotImplementedError

@@ -357,6 +357,7 @@ class LocalLauncher(Launcher):
         self._kill_all(list(job["nodes"].values()))
         for node in job["nodes"].values():
             node["state"] = STOPPED
+        job["stopped"] = True
         self._write(job_id, job)
         self._groups = {key: group for key, group in self._groups.items() if key[0] != job_id}
         self.cgroups.remove_job(job_id)

@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import Any, Sequence
 
 from airflow.sdk import BaseOperator, conf
-from airflow.sdk.exceptions import AirflowRescheduleException
+from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
 from airflow_dlrover.links import DLRoverRunLink
 from airflow_dlrover.operators.job import duration_s, launcher_job_id, parse_quota, user_errors
@@ -161,13 +161,19 @@ class DLRoverWatchingOperator(DLRoverBaseOperator):
             if self.deferrable:
                 self.defer(trigger=trigger, method_name="execute_complete",
                            timeout=timedelta(seconds=max(deadline - time.time(), 1.0)))
-            outcome = self.handle(context, trigger.wait(self.launcher))
+            outcome = self._handle(context, trigger.wait(self.launcher))
             if not isinstance(outcome, Again):
                 return outcome
             history = outcome.history
 
+    def _handle(self, context: Any, event: dict[str, Any]) -> Any:
+        if event["kind"] == "stopped":
+            raise AirflowFailException(f"job {event['job_id']} was stopped (a task of its run was killed, or "
+                                       "`dlrover-rm stop`): nothing left to watch")
+        return self.handle(context, event)
+
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
-        outcome = self.handle(context, event)
+        outcome = self._handle(context, event)
         if isinstance(outcome, Again):
             return self.watch(context, event["deadline"], outcome.history)
         return outcome

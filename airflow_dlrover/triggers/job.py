@@ -10,7 +10,8 @@ One watch, two purposes (the task that waits on it):
   across re-deferrals in the trigger's arguments) returns an action. The watch decides nothing:
   the guard steps again on the same observation and carries out what the controller returns.
 
-Both fire ``{"kind": "done"}`` when the job finished, ``{"kind": "timeout"}`` at ``deadline``
+Both fire ``{"kind": "done"}`` when the job finished, ``{"kind": "stopped"}`` when it was
+stopped (a sibling task was killed), ``{"kind": "timeout"}`` at ``deadline``
 (epoch seconds: the task's ``timeout`` from its first try, so that re-deferrals do not restart
 it; Airflow enforces the same bound on each deferral, except under ``airflow dags test``) and
 ``{"kind": "turn"}`` when a sibling task watching the same job has waited too long for a worker
@@ -167,8 +168,8 @@ class JobWatch:
                                         (status["state"] == "failed" and purpose == "finetune"))
         if ended:
             return {"kind": "done", "rows": self.rows}
-        if status is None:
-            return None
+        if status is None:  # the master is down: relaunched, or the job was stopped
+            return {"kind": "stopped"} if self.launcher.stopped(self.job_id) else None
         self.meter.observe(status, healthy=not failed)
         if self.meter.elapsed_s < self.trigger.window_s:
             return None

@@ -32,7 +32,7 @@ def test_the_group_drops_into_a_dag_in_a_few_lines_with_every_dependency_rule_an
     assert tasks["fine_tune"].upstream_task_ids == tasks["guard"].upstream_task_ids == {ids["launch"]}
     assert tasks["report"].upstream_task_ids == {ids["fine_tune"], ids["guard"]}
     assert tasks["report"].trigger_rule == "all_done" and tasks["report"].outlets == [group.model]
-    assert tasks["guard"].retries == 4 and tasks["launch"].retries == 2
+    assert tasks["guard"].retries == 4 and tasks["launch"].retries == 2 and tasks["fine_tune"].retries == 3
     # one source for the shared arguments
     assert {t.job for t in tasks.values()} == {"ctr"}
     assert {json.dumps(t.quota) for t in tasks.values() if t.quota} == {'{"cpu": 2, "memory": "4Gi"}'}

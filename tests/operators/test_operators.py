@@ -263,6 +263,9 @@ def test_operators_against_a_running_job(airflow_db):
         asyncio.run(watching.value.trigger.on_kill())  # the user killed the deferred guard: no orphans
         assert all(n.state == "stopped" for n in launcher.status(job_id))
         assert not [pid for pid in pids if _alive(pid)]
+        # the fine-tune watching beside it learns at once, and fails without retry
+        with pytest.raises(AirflowFailException, match="was stopped"):
+            DLRoverFineTuneOperator(task_id="fine_tune", job=job, quota=QUOTA, deferrable=False).watch(ctx, time.time() + 60)
     finally:
         TI.try_number = 1
         launcher.stop(job_id)

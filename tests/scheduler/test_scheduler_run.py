@@ -24,40 +24,41 @@ POLL_S = 0.5
 DONE = ("success", "failed")
 
 
-def conf_for(deployment) -> dict:
-    """``CONF``, plus ``turn: null`` while the DAG still has that param (a scheduler with a
-    triggerer runs the fine-tune and the guard side by side: nothing to hand back)."""
-    params = deployment.api("GET", f"/dags/{DAG_ID}/details")["params"]
-    return {**CONF, "turn": None} if "turn" in params else dict(CONF)
+DEPLOY_DAG_ID = "deploy_on_new_model"
 
 
-def task_instances(deployment, run_id: str) -> dict[str, dict]:
+def trigger(deployment, conf: dict, name: str) -> str:
+    run_id = f"{name}__{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
+    deployment.api("POST", f"/dags/{DAG_ID}/dagRuns",
+                   json={"dag_run_id": run_id, "logical_date": datetime.now(timezone.utc).isoformat(), "conf": conf})
+    return run_id
+
+
+def task_instances(deployment, run_id: str, dag_id: str = DAG_ID) -> dict[str, dict]:
     """The run's task instances by task name (a task group's prefix dropped)."""
-    tis = deployment.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
+    tis = deployment.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
     return {ti["task_id"].rsplit(".", 1)[-1]: ti for ti in tis}
 
 
-def poll_until_done(deployment, run_id: str) -> tuple[dict, list[tuple[float, dict]], dict]:
-    """Poll the run and its task instances every ``POLL_S`` until the run ends: (the run, the
-    states seen ``[(seconds, {task: state})]``, the last task instances by task name)."""
+def poll_until_done(deployment, run_id: str, until=None) -> tuple[dict, list[tuple[float, dict]], dict]:
+    """Poll the run and its task instances every ``POLL_S`` until the run ends (or ``until(task
+    instances)`` holds): (the run, the states seen ``[(seconds, {task: state})]``, the last task
+    instances by task name)."""
     started, seen = time.monotonic(), []
     while True:
         assert not deployment.dead(), f"components died: {deployment.dead()}"
         tis = task_instances(deployment, run_id)
         seen.append((time.monotonic() - started, {t: ti["state"] for t, ti in tis.items()}))
         run = deployment.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")
-        if run["state"] in DONE:
+        if run["state"] in DONE or (until is not None and until(tis)):
             return run, seen, task_instances(deployment, run_id)
         assert time.monotonic() - started < RUN_TIMEOUT_S, f"run {run_id} not done in {RUN_TIMEOUT_S} s: {seen[-1]}"
         time.sleep(POLL_S)
 
 
 def test_the_example_dag_runs_under_a_scheduler_and_recovers_by_a_retry(deployment, diagnose):
-    run_id = f"scheduler_tier__{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
     started = time.monotonic()
-    deployment.api("POST", f"/dags/{DAG_ID}/dagRuns",
-                   json={"dag_run_id": run_id, "logical_date": datetime.now(timezone.utc).isoformat(),
-                         "conf": conf_for(deployment)})
+    run_id = trigger(deployment, CONF, "scheduler_tier")
     run, seen, tis = poll_until_done(deployment, run_id)
     print(f"run {run_id}: {run['state']} in {time.monotonic() - started:.0f} s")
     states = {t: (ti["state"], ti["try_number"]) for t, ti in tis.items()}
@@ -93,3 +94,38 @@ def test_the_example_dag_runs_under_a_scheduler_and_recovers_by_a_retry(deployme
     # Airflow's own race (apache/airflow#67287, #72716: a stale executor success for a deferral
     # the trigger has already resumed fails the try): counted, not asserted.
     print(f"tries failed by Airflow's stale-success race: {scheduler_log.count('task-state-changed-externally')}")
+
+    # The report emitted the model's Asset: the deploy DAG scheduled on it ran, on this run's model.
+    deadline = time.monotonic() + 300
+    while not (runs := deployment.api("GET", f"/dags/{DEPLOY_DAG_ID}/dagRuns")["dag_runs"]) or \
+            runs[-1]["state"] not in DONE:
+        assert time.monotonic() < deadline, f"{DEPLOY_DAG_ID} did not run after the report: {runs}"
+        time.sleep(POLL_S)
+    [deploy] = runs
+    assert deploy["state"] == "success" and deploy["run_type"] == "asset_triggered", deploy
+    gate = task_instances(deployment, deploy["dag_run_id"], DEPLOY_DAG_ID)["gate"]
+    model = deployment.api("GET", f"/dags/{DEPLOY_DAG_ID}/dagRuns/{deploy['dag_run_id']}/taskInstances/gate"
+                                  "/xcomEntries/return_value")["value"]
+    model = json.loads(model) if isinstance(model, str) else model
+    assert gate["state"] == "success" and model["dag_run"] == run_id and model["auc"] == summary["job"]["eval_auc"]
+
+
+def test_killing_the_deferred_guard_stops_the_job_and_leaves_no_process(deployment, diagnose):
+    """A user marks the deferred guard failed: the triggerer's ``on_kill`` stops the job, the
+    fine-tune watching beside it fails at once, the report fails the run."""
+    run_id = trigger(deployment, {**CONF, "inject": ""}, "kill_guard")
+    run, seen, tis = poll_until_done(deployment, run_id, until=lambda tis: tis["guard"]["state"] == "deferred"
+                                     and tis["fine_tune"]["state"] == "deferred")
+    assert run["state"] == "running", seen[-1]
+    assert deployment.job_processes(), "the job is not running"
+    deployment.api("PATCH", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{tis['guard']['task_id']}",
+                   json={"new_state": "failed"})
+    deadline = time.monotonic() + 120
+    while deployment.job_processes():
+        assert time.monotonic() < deadline, "job processes left running after the guard was killed"
+        time.sleep(POLL_S)
+    run, seen, tis = poll_until_done(deployment, run_id)
+    states = {t: (ti["state"], ti["try_number"]) for t, ti in tis.items()}
+    assert run["state"] == "failed" and states["guard"][0] == "failed", states
+    assert states["fine_tune"][0] == "failed" and states["report"][0] == "failed", states
+    assert deployment.job_processes() == []
