@@ -152,24 +152,24 @@ class HistoryStore:
         identity = JobIdentity.of(job)
         if not isinstance(run_key, str) or not 0 < len(run_key) <= ID_LENGTH:
             raise InvalidInputError("run_key", run_key, f"a run id of 1 to {ID_LENGTH} characters")
-        for attempt in range(2):
-            try:
-                with Session(self.engine) as session, session.begin():
-                    record = session.scalar(select(Job).where(*_is(identity)))
-                    if record is None:
-                        record = Job(dag_id=identity.dag_id, task_group=identity.task_group, name=identity.name)
-                        session.add(record)
-                        session.flush()
-                    run = session.scalar(select(Run).where(Run.job_id == record.id, Run.run_key == run_key))
-                    if run is None:
-                        run = Run(job_id=record.id, run_key=run_key)
-                        session.add(run)
-                        session.flush()
-                    return run.id
-            except IntegrityError:
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
+        try:
+            return self._open_run(identity, run_key)
+        except IntegrityError:  # another task inserted the job or the run first: read its row
+            return self._open_run(identity, run_key)
+
+    def _open_run(self, identity: JobIdentity, run_key: str) -> int:
+        with Session(self.engine) as session, session.begin():
+            record = session.scalar(select(Job).where(*_is(identity)))
+            if record is None:
+                record = Job(dag_id=identity.dag_id, task_group=identity.task_group, name=identity.name)
+                session.add(record)
+                session.flush()
+            run = session.scalar(select(Run).where(Run.job_id == record.id, Run.run_key == run_key))
+            if run is None:
+                run = Run(job_id=record.id, run_key=run_key)
+                session.add(run)
+                session.flush()
+            return run.id
 
     def finish_run(self, run_id: int, status: str, summary: dict[str, Any] | None = None) -> None:
         with Session(self.engine) as session, session.begin():

@@ -183,3 +183,19 @@ def test_documents_and_times_read_back_alike_on_every_backend(store):
         assert abs(moment - datetime.now(timezone.utc)) < timedelta(minutes=1)
     with pytest.raises(InvalidInputError, match="run_key="):
         store.start_run("ctr", "r" * 251)
+
+
+def test_tasks_that_open_one_run_at_once_share_it(store):
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    for attempt in range(3):  # a new job and run each time: the insert races
+        identity, start = JobIdentity("dag", f"g{attempt}", "ctr"), Barrier(4)
+
+        def open_run(_):
+            start.wait()
+            return store.start_run(identity, "manual__1")
+
+        with ThreadPoolExecutor(4) as pool:
+            assert len(set(pool.map(open_run, range(4)))) == 1
+    assert len(store.runs(run_key="manual__1")) == 3
