@@ -55,12 +55,14 @@ def _table(frame: Any) -> list[dict[str, Any]]:
     return clean(frame.to_dict("records"))
 
 
-def check_job(store: Any, job: str) -> str:
-    names = store.jobs()
-    if job not in names:
-        shown = ", ".join(repr(n) for n in names[:NAMES_IN_MESSAGE]) or "none recorded yet"
-        raise NotFound("job", job, f"one of the recorded jobs: {shown}")
-    return job
+def get_job(store: Any, job: int) -> Any:
+    """The ``JobIdentity`` of the store's job id ``job`` (``jobs()``'s ``id``)."""
+    identity = store.job(job)
+    if identity is None:
+        known = store.jobs()
+        shown = ", ".join(f"{j['id']} ({_identity(j)})" for j in known[:NAMES_IN_MESSAGE]) or "none recorded yet"
+        raise NotFound("job", job, f"the id of a recorded job: {shown}")
+    return identity
 
 
 def get_run(store: Any, run_id: int) -> dict[str, Any]:
@@ -70,11 +72,19 @@ def get_run(store: Any, run_id: int) -> dict[str, Any]:
     return run
 
 
+def _identity(row: dict[str, Any]) -> str:
+    """``dag_id/task_group/name`` of a job or run row (``JobIdentity``'s text)."""
+    from airflow_dlrover.history.identity import JobIdentity
+
+    return str(JobIdentity(row["dag_id"], row["task_group"], row["job"]))
+
+
 def _brief(run: dict[str, Any]) -> dict[str, Any]:
     """A run without its full report: the figures a list shows."""
     summary = run["summary"] or {}
     return clean({
-        "id": run["id"], "job": run["job"], "run_key": run["run_key"], "status": run["status"],
+        "id": run["id"], "job": run["job"], "dag_id": run["dag_id"], "task_group": run["task_group"],
+        "job_ref": run["job_ref"], "identity": _identity(run), "run_key": run["run_key"], "status": run["status"],
         "started": run["started"], "finished": run["finished"],
         "measured_throughput": summary.get("measured_throughput"),
         "predicted_throughput": summary.get("predicted_throughput"),
@@ -88,39 +98,43 @@ def jobs(store: Any) -> list[dict[str, Any]]:
     from airflow_dlrover.history.report import utilisation
 
     out = []
-    for name in store.jobs():
-        runs = store.runs(name)
+    for job in store.jobs():
+        identity = store.job(job["id"])
+        runs = store.runs(identity)
+        if not runs:
+            continue
         last = runs[-1]
         brief = _brief(last)
         plans = store.records(last["id"], "plan")
         brief["plan"] = _config(plans[-1]) if plans else None
         if brief["measured_throughput"] is None or brief["utilisation"] is None:  # still running
-            finetune = store.samples(name, run_id=last["id"], stage="finetune")
+            finetune = store.samples(identity, run_id=last["id"], stage="finetune")
             if not finetune.empty:
                 if brief["measured_throughput"] is None:
                     brief["measured_throughput"] = float(finetune["throughput"].median())
                 brief["utilisation"] = brief["utilisation"] or clean(utilisation(finetune))
-        out.append({"job": name, "runs": len(runs), "last_run": brief})
+        out.append({**job, "identity": _identity(job), "runs": len(runs), "last_run": brief})
     return out
 
 
-def runs(store: Any, job: str) -> list[dict[str, Any]]:
-    return [_brief(r) for r in store.runs(check_job(store, job))]
+def runs(store: Any, job: int) -> list[dict[str, Any]]:
+    return [_brief(r) for r in store.runs(get_job(store, job))]
 
 
 def run(store: Any, run_id: int) -> dict[str, Any]:
     """The run, its stored report (when finished) and how many of each record it holds."""
     row = get_run(store, run_id)
-    return clean({**row, "counts": {
+    return clean({**row, "identity": _identity(row), "counts": {
         "samples": len(store.samples_of_run(run_id)), "models": len(store.models_of_run(run_id)),
         **{f"{kind}s": len(store.records(run_id, kind)) for kind in ("plan", "decision", "event")},
     }})
 
 
-def runs_of_dag_run(store: Any, dag_id: str, run_key: str) -> list[dict[str, Any]]:
-    """The history runs an Airflow DAG run recorded (the job named after the DAG first)."""
-    found = store.runs(run_key=run_key)
-    return [_brief(r) for r in sorted(found, key=lambda r: r["job"] != dag_id)]
+def runs_of_dag_run(store: Any, dag_id: str, run_key: str, task_group: str | None = None) -> list[dict[str, Any]]:
+    """The history runs the Airflow DAG run (``dag_id``, ``run_key``) recorded, by task group
+    and job name; those of one task group when ``task_group`` is given ('' for the DAG's root)."""
+    found = [r for r in store.runs(run_key=run_key, dag_id=dag_id) if task_group in (None, r["task_group"])]
+    return [_brief(r) for r in sorted(found, key=lambda r: (r["task_group"], r["job"]))]
 
 
 def samples(store: Any, run_id: int, stage: str | None = None) -> list[dict[str, Any]]:
@@ -309,13 +323,15 @@ def instability(store: Any, run_id: int) -> list[dict[str, Any]]:
     return clean(rows)
 
 
-def what_if(store: Any, job: str, *, cpu: Any, memory: Any, gpu: Any = 0, max_nodes: Any = None,
+def what_if(store: Any, job: int, *, cpu: Any, memory: Any, gpu: Any = 0, max_nodes: Any = None,
             objective: str = "throughput", samples: Any = None, deadline: Any = None) -> dict[str, Any]:
-    """Plan ``job`` under another quota and objective with its latest model (the real planner)."""
+    """Plan ``job`` (the store's job id) under another quota and objective with its latest model
+    (the real planner)."""
     from airflow_dlrover.optimizer.planner import plan
     from airflow_dlrover.optimizer.types import Quota, parse_duration_s
 
-    model = store.latest_model(check_job(store, job))
+    identity = get_job(store, job)
+    model = store.latest_model(identity)
     if model is None:
         raise NotFound("job", job, "a job with a fitted model (its fit task has run)")
     quota = Quota.parse(cpu, memory, gpu if gpu not in (None, "") else 0, max_nodes if max_nodes != "" else None)
@@ -329,5 +345,6 @@ def what_if(store: Any, job: str, *, cpu: Any, memory: Any, gpu: Any = 0, max_no
     deadline_s = parse_duration_s(deadline, "deadline") if deadline not in (None, "") else None
     chosen = plan(model.throughput, model.memory, quota, objective, samples=samples, deadline_s=deadline_s,
                   batch_size=model.throughput.batch_size)
-    return clean({"job": job, "quota": quota.__dict__, "objective": objective, "samples": samples,
+    return clean({"job": identity.name, "dag_id": identity.dag_id, "task_group": identity.task_group,
+                  "identity": str(identity), "quota": quota.__dict__, "objective": objective, "samples": samples,
                   "deadline_s": deadline_s, "plan": chosen.to_dict(), "describe": chosen.config.describe()})
