@@ -6,6 +6,11 @@ the wheel), run in code — the way ``airflow db migrate`` runs Airflow's own.
 created (its tables, no version table) is stamped with revision ``BASELINE`` first, then upgraded.
 Processes that open one store at once take turns: a ``flock`` on a file beside a SQLite database,
 ``pg_advisory_xact_lock`` on PostgreSQL; each checks the revision again once it holds the lock.
+
+A schema change is a new ``versions/NNNN_what.py`` (``script.py.mako``'s shape: revision ``NNNN``,
+``down_revision`` the previous head, an upgrade and a downgrade; batch mode for SQLite's
+constraints) beside the change to the models; ``tests/history/test_migrations.py`` checks that the
+models match the head and that old stores keep their rows, on both backends.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from sqlalchemy import (JSON, BigInteger, DateTime, Engine, Float, ForeignKey, I
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from airflow_dlrover.history import migrate
 from airflow_dlrover.history.identity import ID_LENGTH, JobIdentity
 from airflow_dlrover.optimizer.job_model import JobModel
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, USAGE_COLUMNS, InvalidInputError
@@ -140,8 +141,6 @@ class HistoryStore:
     """
 
     def __init__(self, url: str | None = None):
-        from airflow_dlrover.history import migrate
-
         self.engine = open_engine(url)
         self.url = self.engine.url.render_as_string(hide_password=True)
         migrate.upgrade(self.engine)

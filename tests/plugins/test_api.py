@@ -208,6 +208,7 @@ def test_what_if_is_the_planner(synthetic_client, synthetic):
 
 @pytest.mark.parametrize(("path", "params", "status", "field", "allowed"), [
     ("/dlrover/api/runs/999", {}, 404, "run", "the id of a recorded run"),
+    ("/dlrover/api/runs/99999999999999999999", {}, 404, "run", "the id of a recorded run"),  # past any id
     ("/dlrover/api/jobs/999/runs", {}, 404, "job", "the id of a recorded job: 1 (ctr_daily//ctr)"),
     ("/dlrover/api/jobs/999/what-if", {"cpu": "8", "memory": "16Gi"}, 404, "job", "the id of a recorded job"),
     ("/dlrover/api/jobs/99999999999999999999/runs", {}, 404, "job", "the id of a recorded job"),
