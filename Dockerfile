@@ -11,8 +11,8 @@
 # dozen nvidia packages (several GB, see FIELD-NOTES). The default index below serves the CPU
 # wheel (2.13.0+cpu satisfies ==2.13.0); GPU workers need an image built with a CUDA index, or
 # their torch.cuda.is_available() is False and they train on the CPU despite their nvidia.com/gpu.
-# The package's dependencies include apache-airflow, so the image carries Airflow too although
-# the runtime never imports it.
+# The image installs the package with its runtime extra (torch). The package's own dependencies
+# include apache-airflow, so the image carries Airflow too although the runtime never imports it.
 FROM python:3.11-slim
 
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -25,8 +25,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /opt/airflow-dlrover
 COPY pyproject.toml README.md constraints.txt ./
 COPY airflow_dlrover ./airflow_dlrover
-# The package without extras, every version from the lock.
-RUN pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" -c constraints.txt . \
+# The package with the runtime extra, every version from the lock.
+RUN pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" -c constraints.txt ".[runtime]" \
     && groupadd --gid 1000 dlrover \
     && useradd --uid 1000 --gid 1000 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin dlrover
 

@@ -1,5 +1,6 @@
 # The two commands of the README: `make demo` (the main job) and `make test`.
-# Each creates .venv from the committed lock (constraints.txt) when it is missing or stale.
+# Each creates .venv from the committed lock (constraints.txt) when it is missing or stale, with the
+# runtime extra (torch: the demo's jobs run on the local launcher) and the test and simulator extras.
 # `make demo` runs the daily retrain DAG with `airflow dags test` on the embedded defaults:
 # AIRFLOW_HOME=./airflow-home (SQLite metadata DB and history store), the local launcher.
 PYTHON ?= python3
@@ -12,7 +13,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES ?= False
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,sim]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[runtime,test,sim]'
 	touch $@
 
 DEMO_HOME ?= $(CURDIR)/airflow-home

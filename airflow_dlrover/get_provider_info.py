@@ -49,6 +49,7 @@ def get_provider_info() -> dict:
         "sensors": [{"integration-name": "DLRover", "python-modules": ["airflow_dlrover.sensors.guard"]}],
         "triggers": [{"integration-name": "DLRover", "python-modules": ["airflow_dlrover.triggers.job"]}],
         "hooks": [{"integration-name": "DLRover", "python-modules": ["airflow_dlrover.hooks.dlrover"]}],
+        "extra-links": ["airflow_dlrover.links.DLRoverRunLink"],
         "connection-types": [
             {
                 "hook-class-name": "airflow_dlrover.hooks.dlrover.DLRoverHook",

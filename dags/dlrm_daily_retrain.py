@@ -1,7 +1,7 @@
 """Daily DLRM retraining with DLRover-RM: profile → fit → launch → (fine-tune ‖ guard) → report.
 
-Copy this DAG and change its params. Every task is one of the provider's operators; recovery is
-an Airflow retry of the ``guard`` task. This file imports no torch and no Kubernetes client.
+Copy this DAG and change its params. One task group (``DLRoverRetrainGroup``) builds the tasks;
+recovery is an Airflow retry of its ``guard`` task. This file imports no torch and no Kubernetes client.
 
 Params (Trigger DAG w/ config, or ``airflow dags test dlrm_daily_retrain -c '{...}'``):
   dataset      ``synthetic``, or a Parquet/CSV/TSV file, folder, glob or fsspec URL (``s3://...``)
@@ -14,8 +14,10 @@ Params (Trigger DAG w/ config, or ``airflow dags test dlrm_daily_retrain -c '{..
   objective    throughput | deadline | efficiency
   baseline     the configuration the job would run without the optimizer (for the report)
   inject       demo faults: ``kill-worker@30s``, ``oom-worker@20s`` (comma-separated; from the launch)
-  turn         the fine-tune and the guard hand their slot back this often; needed where tasks run
-               one at a time (``airflow dags test``); ``null`` under a scheduler with a triggerer
+
+The same file runs under ``airflow dags test`` and under a scheduler (with a triggerer when
+``[operators] default_deferrable`` is on). The report emits ``model_asset(JOB, dag_id=...)``: schedule
+a deploy DAG on it (``dags/deploy_on_new_model.py``).
 """
 
 from __future__ import annotations
@@ -24,10 +26,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
 
-from airflow_dlrover.operators import (
-    DLRoverFineTuneOperator, DLRoverFitOperator, DLRoverLaunchOperator, DLRoverProfileOperator, DLRoverReportOperator,
-)
-from airflow_dlrover.sensors import DLRoverInstabilitySensor
+from airflow_dlrover.groups import DLRoverRetrainGroup
 
 JOB = "dlrm_daily_retrain"
 JOB_ARGS = {"samples": "{{ params.samples }}", "data": "{{ params.dataset }}", "layout": "{{ params.layout }}",
@@ -41,7 +40,6 @@ with DAG(
     start_date=datetime(2026, 11, 1),
     catchup=False,
     max_active_runs=1,
-    render_template_as_native_obj=True,
     default_args={"retries": 1, "retry_delay": timedelta(seconds=2)},
     params={
         "dataset": Param("synthetic", type="string",
@@ -58,18 +56,9 @@ with DAG(
         "baseline": Param({"workers": 2, "ps": 2, "worker_cpu": 0.5, "ps_cpu": 0.5, "worker_memory_mb": 2048,
                            "ps_memory_mb": 2048, "worker_gpu": 0, "batch_size": 512}, type="object"),
         "inject": Param("", type="string", description="e.g. kill-worker@30s, oom-worker@20s"),
-        "turn": Param("20s", type=["string", "null"]),
     },
     tags=["dlrover", "dlrm"],
     doc_md=__doc__,
 ) as dag:
-    profile = DLRoverProfileOperator(task_id="profile", job=JOB, job_args=JOB_ARGS, quota=QUOTA)
-    fit = DLRoverFitOperator(task_id="fit", job=JOB)
-    launch = DLRoverLaunchOperator(task_id="launch", job=JOB, job_args=JOB_ARGS, quota=QUOTA,
-                                   objective="{{ params.objective }}", baseline="{{ params.baseline }}",
-                                   inject="{{ params.inject }}", retries=2)
-    fine_tune = DLRoverFineTuneOperator(task_id="fine_tune", job=JOB, quota=QUOTA, turn="{{ params.turn }}")
-    guard = DLRoverInstabilitySensor(task_id="guard", job=JOB, quota=QUOTA, turn="{{ params.turn }}", retries=4)
-    report = DLRoverReportOperator(task_id="report", job=JOB, trigger_rule="all_done")
-
-    profile >> fit >> launch >> [fine_tune, guard] >> report
+    DLRoverRetrainGroup(job=JOB, job_args=JOB_ARGS, quota=QUOTA, objective="{{ params.objective }}",
+                        baseline="{{ params.baseline }}", inject="{{ params.inject }}")

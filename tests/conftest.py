@@ -13,7 +13,8 @@ os.environ.setdefault("AIRFLOW_HOME", _HOME)
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 DAGS_FOLDER = Path(os.environ["AIRFLOW_HOME"]) / "dags"
 DAGS_FOLDER.mkdir(parents=True, exist_ok=True)
-shutil.copy(Path(__file__).parents[1] / "dags" / "dlrm_daily_retrain.py", DAGS_FOLDER)
+for dag_file in ("dlrm_daily_retrain.py", "deploy_on_new_model.py"):
+    shutil.copy(Path(__file__).parents[1] / "dags" / dag_file, DAGS_FOLDER)
 #: an example trainer's DAG runs beside its trainer (examples/<name>: dag.py and train.py)
 for example in ("ddp_dlrm", "ps_dlrm"):
     shutil.copytree(Path(__file__).parents[1] / "examples" / example, DAGS_FOLDER / example, dirs_exist_ok=True)
@@ -32,7 +33,7 @@ def airflow_db():
 #: The example DAG's small run with a killed worker (about a minute of training): tests/dags checks
 #: its recovery through a retry, tests/plugins draws it. One run per session serves both.
 KILLED_WORKER_CONF = {"samples": 2_400_000, "table_size": 5000, "quota_cpu": 1.5, "quota_memory": "4Gi",
-                      "turn": "10s", "inject": "kill-worker@4s"}
+                      "inject": "kill-worker@4s"}
 
 
 @pytest.fixture(scope="session")

@@ -66,7 +66,7 @@ class LocalLauncher(Launcher):
 
     def __init__(self, base_dir: str | Path, cgroups: CgroupManager | None = None, python: str = sys.executable):
         super().__init__()
-        self.base_dir = Path(base_dir)
+        self.base_dir = Path(base_dir).absolute()  # its nodes run in their own folders
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.cgroups = cgroups or CgroupManager()
         self.python = python

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import re
 import time
+from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from typing import Any, Sequence
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, conf
+from airflow.sdk.exceptions import AirflowRescheduleException
 
+from airflow_dlrover.links import DLRoverRunLink
 from airflow_dlrover.operators.job import duration_s, launcher_job_id, parse_quota, user_errors
+from airflow_dlrover.optimizer import constants as C
 
 
 class DLRoverBaseOperator(BaseOperator):
@@ -31,6 +35,7 @@ class DLRoverBaseOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("job", "quota", "kubernetes")
+    operator_extra_links = (DLRoverRunLink(),)
 
     def __init__(self, *, job: str, quota: dict[str, Any] | None = None, kubernetes: dict[str, Any] | None = None,
                  dlrover_conn_id: str = "dlrover_default", **kwargs: Any):
@@ -85,10 +90,9 @@ class DLRoverBaseOperator(BaseOperator):
             self.log.warning("task killed: stopping job %s", job_id)
             self.launcher.stop(job_id)
 
-    def turn_ends_at(self) -> float | None:
-        """When the task's turn ends (``turn``): it spans its re-deferrals, not each one."""
-        turn = getattr(self, "turn", None)
-        return time.time() + duration_s("turn", turn) if turn else None
+    def metric_tags(self) -> dict[str, str]:
+        """The tags of this job's metrics (``airflow_dlrover.metrics``)."""
+        return {"dag_id": self.dag_id, "job": str(self.job)}
 
     def trigger_kwargs(self) -> dict[str, Any]:
         settings = self.hook.settings
@@ -107,3 +111,92 @@ class DLRoverBaseOperator(BaseOperator):
         return Observation(time.time(), config, samples_done=status["samples_done"],
                            samples_total=status["samples_total"], restart_cost_s=self.launcher.restart_cost_s(job_id),
                            **fields)
+
+
+class Again:
+    """A watch event handled: wait for the next one, carrying the detectors' ``history``."""
+
+    def __init__(self, history: tuple = ()):
+        self.history = history
+
+
+class DLRoverWatchingOperator(DLRoverBaseOperator):
+    """A task that watches the running job until it ends (the fine-tune, the guard): from the
+    triggerer when ``deferrable``, else from its worker slot — the same watch
+    (``triggers.job.DLRoverJobTrigger``), the same handling of its events (``handle``).
+
+    :param window: measurement window (templated)
+    :param deferrable: watch from the triggerer; default ``[operators] default_deferrable``, as
+        Airflow's own deferrable operators do
+
+    Both modes end the task ``timeout`` after its first try started (a deadline kept across
+    re-deferrals and turns), hand the worker slot back when a sibling watching the same job waits
+    for one (``triggers.job.Turns``), and stop the job when the task is killed.
+    """
+
+    template_fields: Sequence[str] = (*DLRoverBaseOperator.template_fields, "window")
+    #: ``finetune`` or ``guard``: the trigger's purpose
+    purpose: str = ""
+
+    def __init__(self, *, window: str | float = f"{C.MEASUREMENT_WINDOW_S:g}s",
+                 deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+                 **kwargs: Any):
+        super().__init__(**kwargs)
+        self.window, self.deferrable = window, deferrable
+
+    def handle(self, context: Any, event: dict[str, Any]) -> Any:
+        """Act on one event of the watch; ``Again`` to wait for the next, else the task's result."""
+        raise NotImplementedError
+
+    def timeout_s(self) -> float:
+        raise NotImplementedError
+
+    def deadline(self, context: Any) -> float:
+        """``timeout`` after the first try of the task started (a turn reschedules it)."""
+        ti = context["ti"]
+        first = ti.get_first_reschedule_date(context) or getattr(ti, "start_date", None)
+        start = first.timestamp() if first else time.time()
+        return start + self.timeout_s()
+
+    def watch(self, context: Any, deadline: float, history: tuple = ()) -> Any:
+        """Wait for the job's events and handle them until the task ends."""
+        from airflow_dlrover.triggers.job import DLRoverJobTrigger
+
+        _, job_id = self.run_ids(context)
+        while True:
+            trigger = DLRoverJobTrigger(job_id, self.purpose, deadline=deadline, history=list(history),
+                                        **self.watch_kwargs(context))
+            if self.deferrable:
+                self.defer(trigger=trigger, method_name="execute_complete",
+                           timeout=timedelta(seconds=max(deadline - time.time(), 1.0)))
+            outcome = self.handle(context, trigger.wait(self.launcher))
+            if not isinstance(outcome, Again):
+                return outcome
+            history = outcome.history
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        outcome = self.handle(context, event)
+        if isinstance(outcome, Again):
+            return self.watch(context, event["deadline"], outcome.history)
+        return outcome
+
+    def watch_kwargs(self, context: Any) -> dict[str, Any]:
+        """The trigger's arguments besides the job, the purpose and the deadline."""
+        return {"window_s": duration_s("window", self.window), "dag_id": self.dag_id,
+                "run_id": context["run_id"], "siblings": self.sibling_watchers(), "job": str(self.job),
+                **self.trigger_kwargs()}
+
+    def sibling_watchers(self) -> list[str]:
+        """The other tasks watching the same job: watching tasks that share an upstream task
+        (the launch) with this one."""
+        if not self.has_dag():
+            return []
+        upstream = set(self.upstream_task_ids)
+        return sorted(t.task_id for t in self.dag.tasks
+                      if t.task_id != self.task_id and isinstance(t, DLRoverWatchingOperator)
+                      and upstream & set(t.upstream_task_ids))
+
+    @staticmethod
+    def hand_back() -> None:
+        """A sibling waits for this task's slot: reschedule (``triggers.job.Turns``)."""
+        raise AirflowRescheduleException(datetime.now(timezone.utc) + timedelta(seconds=C.TURN_RESCHEDULE_S))

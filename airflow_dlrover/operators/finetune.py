@@ -1,72 +1,77 @@
-"""``DLRoverFineTuneOperator``: fine-tune the running job (DLRover-RM §5), deferrable."""
+"""``DLRoverFineTuneOperator``: fine-tune the running job (DLRover-RM §5)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from typing import Any, Sequence
 
-from airflow.sdk.exceptions import AirflowRescheduleException
+from airflow.sdk import conf
+from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_dlrover.operators.base import DLRoverBaseOperator
-from airflow_dlrover.operators.job import duration_s, positive_int, user_errors
+from airflow_dlrover import metrics
+from airflow_dlrover.operators.base import Again, DLRoverWatchingOperator
+from airflow_dlrover.operators.job import positive_int, user_errors
 
 
-class DLRoverFineTuneOperator(DLRoverBaseOperator):
-    """Fine-tune while the job trains (deferrable): a trigger measures the job in windows; on
-    each batch of windows the operator hands them to the controller (``controller.step``: refit,
-    then keep or resize for the plan's objective and what is left of its deadline), carries out
-    its resize, records the decision with its reason, and defers again until the job completes.
+class DLRoverFineTuneOperator(DLRoverWatchingOperator):
+    """Fine-tune while the job trains: a watch measures the job in windows; on each batch of
+    windows the operator hands them to the controller (``controller.step``: refit, then keep or
+    resize for the plan's objective and what is left of its deadline), carries out its resize,
+    records the decision with its reason, and waits again until the job completes.
 
-    :param window: measurement window (templated)
     :param windows: windows per decision (templated)
-    :param turn: hand the worker slot back (reschedule) after this long; set it where tasks run
-        one at a time (``airflow dags test``) so that the instability guard gets its turns (templated)
+    :param timeout: stop fine-tuning (the task fails without retry; the job goes on, guarded) this
+        long after the first try started: seconds or a ``timedelta``; default ``[sensors]
+        default_timeout`` (7 days), as a sensor's
 
-    Shared arguments (``job``, ``quota``, ``kubernetes``, ``dlrover_conn_id``): ``DLRoverBaseOperator``.
+    Watching (``window``, ``deferrable``): ``DLRoverWatchingOperator``; shared arguments (``job``,
+    ``quota``, ``kubernetes``, ``dlrover_conn_id``): ``DLRoverBaseOperator``.
     """
 
-    template_fields: Sequence[str] = (*DLRoverBaseOperator.template_fields, "window", "windows", "turn")
+    template_fields: Sequence[str] = (*DLRoverWatchingOperator.template_fields, "windows")
     ui_color = "#fff4d6"
+    purpose = "finetune"
 
-    def __init__(self, *, window: str | float = "3s", windows: int | str = 3, turn: str | float | None = None,
-                 **kwargs: Any):
+    def __init__(self, *, windows: int | str = 3, timeout: timedelta | float | None = None, **kwargs: Any):
         super().__init__(**kwargs)
-        self.window, self.windows, self.turn = window, windows, turn
+        self.windows = windows
+        if timeout is None:
+            timeout = conf.getfloat("sensors", "default_timeout")
+        self.timeout = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
 
-    def execute(self, context: Any) -> None:
+    def timeout_s(self) -> float:
+        return self.timeout
+
+    def execute(self, context: Any) -> Any:
         from airflow_dlrover.optimizer.types import InvalidInputError
 
-        _, job_id = self.run_ids(context)
+        self.run_ids(context)
         self.parsed_quota()
         with user_errors():
             if positive_int("windows", self.windows) < 1:
                 raise InvalidInputError("windows", self.windows, "≥ 1")
-        self._defer(job_id, self.turn_ends_at())
+        return self.watch(context, self.deadline(context))
 
-    def _defer(self, job_id: str, turn_ends_at: float | None, started_at: float | None = None) -> None:
-        from airflow_dlrover.triggers.job import DLRoverJobTrigger
+    def watch_kwargs(self, context: Any) -> dict[str, Any]:
+        return {**super().watch_kwargs(context), "windows": positive_int("windows", self.windows)}
 
-        trigger = DLRoverJobTrigger(job_id, "finetune", window_s=duration_s("window", self.window),
-                                    windows=positive_int("windows", self.windows), turn_ends_at=turn_ends_at,
-                                    started_at=started_at, **self.trigger_kwargs())
-        self.defer(trigger=trigger, method_name="execute_complete")
-
-    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any] | None:
+    def handle(self, context: Any, event: dict[str, Any]) -> Any:
         run, job_id = self.run_ids(context)
         if event["kind"] == "windows":
             self._decide(run, job_id, event["rows"])
         elif event.get("rows"):  # windows measured before a turn, the end or a time-out: kept, not judged
             self._store_windows(run, event["rows"])
         if event["kind"] == "turn":
-            raise AirflowRescheduleException(datetime.now(timezone.utc) + timedelta(seconds=1))
+            self.hand_back()
         elif event["kind"] == "done":
             decisions = self.history.records(run, "decision")
             return {"job_id": job_id, "decisions": len(decisions),
                     "resizes": sum(d["action"] != "keep" for d in decisions)}
         elif event["kind"] == "timeout":
-            raise TimeoutError(f"job {job_id} did not finish while fine-tuning")
-        self._defer(job_id, event.get("turn_ends_at"), event.get("started_at"))
+            raise AirflowFailException(f"job {job_id} did not finish within the fine-tune's timeout of "
+                                       f"{self.timeout:g} s; the guard still watches it")
+        return Again()
 
     def _store_windows(self, run: int, rows: list[dict[str, Any]]) -> None:
         import pandas as pd
@@ -91,3 +96,5 @@ class DLRoverFineTuneOperator(DLRoverBaseOperator):
         self.history.add(run, "decision", decision_record(action, observation.config, measured,
                                                           observation.samples_done, resize))
         self.log.info("fine-tune: %s — %s", action.kind, action.describe())
+        if resize:
+            metrics.incr("resizes", self.metric_tags())

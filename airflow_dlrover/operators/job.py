@@ -74,18 +74,37 @@ def user_errors() -> Iterator[None]:
         raise AirflowFailException(str(err)) from None
 
 
+def rendered(field: str, value: Any, allowed: str = "a mapping") -> Any:
+    """A templated mapping as the template meant it. Without ``render_template_as_native_obj``
+    Jinja renders every value as text: a mapping as its ``repr`` (a Python literal) or, from a
+    param, as JSON text; ``None`` as ``"None"``. Such text becomes its value again
+    (``json.loads``, else ``ast.literal_eval``: literals only, nothing is executed)."""
+    import ast
+
+    from airflow_dlrover.optimizer.types import InvalidInputError
+
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text in ("", "None", "null"):
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            raise InvalidInputError(field, value, f"{allowed}, or its JSON text", str(err)) from None
+
+
 def _coerce(field: str, value: Any, kind: type) -> Any:
     from airflow_dlrover.optimizer.types import InvalidInputError
     if kind is str:
         if not isinstance(value, str):
             raise InvalidInputError(field, value, "a string")
         return value
-    if kind is dict:  # a layout: a mapping, or its JSON text (a templated field renders to a string)
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as err:
-                raise InvalidInputError(field, value, "a mapping or its JSON text", str(err)) from None
+    if kind is dict:  # a layout, a trainer: a mapping, or its text (a templated field renders to a string)
+        value = rendered(field, value)
         if not isinstance(value, dict):
             raise InvalidInputError(field, value, "a mapping (label, dense, sparse)")
         return value
@@ -110,9 +129,10 @@ def build_spec(job_id: str, job_args: dict[str, Any] | None):
     from airflow_dlrover.runtime.prepare import prepare
     from airflow_dlrover.runtime.spec import JobSpec
 
+    job_args = rendered("job_args", job_args)
     if not isinstance(job_args or {}, dict):
         raise InvalidInputError("job_args", job_args, "a mapping of " + ", ".join(JOB_ARGS))
-    args = dict(job_args or {})
+    args = {k: None if v in ("None", "") and JOB_ARGS.get(k) is not str else v for k, v in (job_args or {}).items()}
     unknown = sorted(set(args) - set(JOB_ARGS))
     if unknown:
         raise InvalidInputError(f"job_args.{unknown[0]}", args[unknown[0]], "one of the keys " + ", ".join(JOB_ARGS))
@@ -173,6 +193,7 @@ def parse_quota(quota: dict[str, Any] | None, default: Any):
     """``{"cpu": 2, "memory": "8Gi", "gpu": 0, "max_nodes": null}`` → ``Quota``; the connection's quota when None."""
     from airflow_dlrover.optimizer.types import InvalidInputError, Quota
 
+    quota = rendered("quota", quota)
     if quota in (None, "", {}):
         if default is None:
             raise InvalidInputError("quota", quota, "a mapping with cpu and memory, here or in the dlrover connection")
@@ -202,9 +223,12 @@ def parse_faults(inject: str | list[str] | None) -> list[dict[str, Any]]:
 
 
 def parse_configuration(field: str, value: Any):
-    """A configuration row (``baseline``): a mapping of the vocabulary's columns."""
+    """A configuration row (``baseline``): a mapping of the vocabulary's columns; None for none."""
     from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError
 
+    value = rendered(field, value)
+    if value is None:
+        return None
     if not isinstance(value, dict):
         raise InvalidInputError(field, value, "a mapping of " + ", ".join(CONFIG_COLUMNS))
     unknown = sorted(set(value) - set(CONFIG_COLUMNS))

@@ -54,8 +54,8 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
             faults = parse_faults(self.inject)
             objective = Objective.parse(self.objective)
             deadline_s = duration_s("deadline", self.deadline) if self.deadline else None
-            baseline = parse_configuration("baseline", self.baseline) if self.baseline else None
-            start_on = parse_configuration("start_on", self.start_on) if self.start_on else None
+            baseline = parse_configuration("baseline", self.baseline)
+            start_on = parse_configuration("start_on", self.start_on)
             if faults and spec.trainer:
                 raise InvalidInputError("inject", self.inject, "nothing with a trainer of your own: our runtime's "
                                         "master injects them into itself")

@@ -9,15 +9,25 @@ from airflow_dlrover.optimizer import constants as C
 
 
 class DLRoverReportOperator(DLRoverBaseOperator):
-    """Finish the run: account for every sample, evaluate the model, stop the job, and print and
-    store what the optimizer did — the chosen plan against the baseline, predicted and measured
-    throughput, utilisation, decisions and recoveries. Run it with ``trigger_rule="all_done"``: it
+    """Finish the run: account for every sample, read the held-out evaluation the job computed
+    itself (or its trainer reported: no torch here), stop the job, and print and store what the
+    optimizer did — the chosen plan against the baseline, predicted and measured throughput,
+    utilisation, decisions and recoveries. Run it with ``trigger_rule="all_done"``: it
     also stops the job of a failed run, and then fails.
 
-    Arguments: ``DLRoverBaseOperator``'s (the quota is not used).
+    :param model_asset: an Asset (``groups.model_asset``) to emit on success, its event's ``extra``
+        the exported model's URI, held-out AUC and log loss and the run; it joins ``outlets``
+
+    Shared arguments: ``DLRoverBaseOperator``'s (the quota is not used).
     """
 
     ui_color = "#eeeeee"
+
+    def __init__(self, *, model_asset: Any = None, **kwargs: Any):
+        if model_asset is not None:
+            kwargs["outlets"] = [*(kwargs.get("outlets") or []), model_asset]
+        super().__init__(**kwargs)
+        self.model_asset = model_asset
 
     def execute(self, context: Any) -> dict[str, Any]:
         import json
@@ -53,5 +63,15 @@ class DLRoverReportOperator(DLRoverBaseOperator):
         self.log.info("Full report: %s; history store: %s (job %r, run %d)", path, self.history.url, self.job, run)
         if report["status"] != "succeeded":
             raise AirflowFailException(f"job {job_id} did not complete: {report.get('error', status['state'])}")
+        if self.model_asset is not None:
+            context["outlet_events"][self.model_asset].extra = model_event(job, run, context["run_id"])
         return {key: report[key] for key in ("status", "jct_s", "profile_share", "measured_throughput",
                                               "predicted_throughput", "samples_lost", "recoveries", "resizes")}
+
+
+def model_event(job: dict[str, Any], run: int, dag_run: str) -> dict[str, Any]:
+    """The model Asset event's ``extra`` (``groups.model_asset``), from the finished job's summary:
+    our runtime's held-out evaluation, or what a trainer of the user's reported."""
+    return {"uri": job.get("export"), "auc": job.get("eval_auc", job.get("auc")),
+            "log_loss": job.get("eval_loss", job.get("loss")), "samples_trained": job.get("samples_trained"),
+            "dag_run": dag_run, "run": run}

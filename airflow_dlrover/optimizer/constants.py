@@ -251,6 +251,15 @@ STOP_GRACE_S = 5.0
 MASTER_CALL_TIMEOUT_S = 120.0
 #: ... and a watcher's poll of it this long, so that a down master does not stall the watch.
 MASTER_POLL_TIMEOUT_S = 5.0
+#: A task watching a job (fine-tune, guard) hands its worker slot back once a sibling watching
+#: the same job has waited this long for one (``triggers.job.Turns``): ``airflow dags test`` runs
+#: one task at a time, a deferred task's trigger inline, and a full pool holds a sibling back the
+#: same way. Under a scheduler with a triggerer a resumed sibling waits ~1–3 s. (ours)
+SIBLING_WAIT_S = 10.0
+#: ... and asks Airflow for its siblings' states this often (one API call each).
+SIBLING_CHECK_S = 2.0
+#: A task that hands its slot back is rescheduled this long later.
+TURN_RESCHEDULE_S = 1.0
 #: Seconds between the polls of a supervising loop (``dlrover-rm train``, profiling).
 SUPERVISOR_POLL_S = 0.25
 #: Seconds each probe is measured for. Our measurement (benchmarks/probe_window.py, one run,

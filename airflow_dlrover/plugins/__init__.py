@@ -15,9 +15,10 @@ from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
 
+from airflow_dlrover.links import PLUGIN_PREFIX as URL_PREFIX
+
 #: The entry point's target, as ``pyproject.toml`` declares it.
 ENTRY_POINT = "airflow_dlrover.plugins:DLRoverPlugin"
-URL_PREFIX = "/dlrover"
 
 
 @lru_cache(maxsize=1)

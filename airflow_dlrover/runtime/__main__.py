@@ -61,6 +61,9 @@ def _run(args: argparse.Namespace, spec: JobSpec, ready: Path) -> None:
 
         serve(spec, args.index, args.count, args.port, ready, host=args.host)
     else:
+        from airflow_dlrover.runtime.prepare import require_torch
+
+        require_torch()  # a node's image or Python without the extra: a user error, not a retried crash
         from airflow_dlrover.runtime.worker import Worker
 
         Worker(spec, args.name or f"worker-{args.index}", args.master, args.threads).run()

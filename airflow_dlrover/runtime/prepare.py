@@ -1,15 +1,20 @@
 """What a launch checks and fills in before any node starts (``Launcher.launch``): the dataset
 indexed and its files checked against the layout, the ``standardize`` columns measured, the
 export's destination writable, and the user's model imported, built and run on a small batch
-where the launcher runs the job's code."""
+where the launcher runs the job's code (and torch, the ``runtime`` extra, installed there)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from dataclasses import replace
 
 from airflow_dlrover.optimizer.types import InvalidInputError
 from airflow_dlrover.runtime.spec import JobSpec
+
+#: the extra (pyproject.toml) that installs what our runtime's workers import: torch
+RUNTIME_EXTRA = "runtime"
 
 
 def prepare(spec: JobSpec, *, runs_here: bool) -> JobSpec:
@@ -17,6 +22,8 @@ def prepare(spec: JobSpec, *, runs_here: bool) -> JobSpec:
     naming the file, the column and what is allowed. ``runs_here``: the job's nodes run on this
     machine (the local launcher), so its model module and export folder are checked here too; on
     Kubernetes they are the image's and the volume's, and the workers check them."""
+    if runs_here:
+        require_torch()
     if spec.data != "synthetic" and spec.dataset is None:
         from airflow_dlrover.runtime.datasets import TabularSource, scan, standardize_statistics
 
@@ -31,6 +38,21 @@ def prepare(spec: JobSpec, *, runs_here: bool) -> JobSpec:
 
         build_model(spec)
     return spec
+
+
+def require_torch() -> None:
+    """Raise ``InvalidInputError`` naming the extra to install where torch, which our runtime's
+    workers train with, is not installed in this Python (checked without importing it: ~3 s)."""
+    try:
+        found = importlib.util.find_spec("torch") is not None
+    except ImportError:  # a meta-path finder that refuses the name
+        found = False
+    if not found:
+        raise InvalidInputError(
+            "python", sys.executable,
+            f"a Python with the training runtime installed (pip install 'airflow-dlrover[{RUNTIME_EXTRA}]'), "
+            "or a trainer of your own (job_args.trainer; dlrover-rm run-trainer)",
+            "our runtime's workers train with torch, which is not installed there")
 
 
 def check_destination(url: str) -> None:

@@ -1,36 +1,42 @@
-"""``DLRoverJobTrigger``: watches a running job from the triggerer and fires when its task must act.
+"""``DLRoverJobTrigger``: watches a running job and fires when its task must act.
 
-One trigger, two purposes (the task that deferred to it):
+One watch, two purposes (the task that waits on it):
 
 - ``finetune`` — collects clean measurement windows (see ``launchers.watch``) and fires
   ``{"kind": "windows", "rows": [...]}`` after ``windows`` of them: the operator's observation;
 - ``guard`` — fires ``{"kind": "observation", "usage": [...], "history": [...]}`` when the
   controller has something to decide: at once when a node failed, was OOM-killed or vanished, and
   when ``controller.step`` on a window's per-node usage (with the detectors' ``history``, carried
-  across re-deferrals in the trigger's arguments) returns an action. The trigger decides nothing:
+  across re-deferrals in the trigger's arguments) returns an action. The watch decides nothing:
   the guard steps again on the same observation and carries out what the controller returns.
 
-Both fire ``{"kind": "done"}`` when the job finished, ``{"kind": "turn"}`` at ``turn_ends_at`` (epoch
-seconds: the task's turn spans its re-deferrals, so that a runner that executes one task at a
-time, as ``airflow dags test`` does, can interleave the fine-tune and the guard) and
-``{"kind": "timeout"}`` ``timeout_s`` after ``started_at`` (epoch seconds, set at the first
-deferral and carried through the re-deferrals, so that they do not restart it; a bound of our
-own: ``airflow dags test`` does not enforce the defer timeout). Launcher calls block, so they run
-in a thread; the trigger holds no state that a triggerer restart would lose — it serializes to its
-classpath and keyword arguments and starts a fresh window when re-created.
+Both fire ``{"kind": "done"}`` when the job finished, ``{"kind": "timeout"}`` at ``deadline``
+(epoch seconds: the task's ``timeout`` from its first try, so that re-deferrals do not restart
+it; Airflow enforces the same bound on each deferral, except under ``airflow dags test``) and
+``{"kind": "turn"}`` when a sibling task watching the same job has waited too long for a worker
+slot (:class:`Turns`). Each window also logs a progress line and sends the window's metrics.
+
+The same watch runs in the triggerer (deferrable tasks: :meth:`DLRoverJobTrigger.run`) and on
+the worker (:meth:`DLRoverJobTrigger.wait`). Launcher calls block, so the triggerer runs them in
+a thread; the trigger holds no state that a triggerer restart would lose — it serializes to its
+classpath and keyword arguments and starts a fresh window when re-created. A user who kills the
+deferred task (mark failed, clear) stops the job (:meth:`DLRoverJobTrigger.on_kill`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_dlrover import metrics
 from airflow_dlrover.optimizer import constants as C
 
 PURPOSES = ("finetune", "guard")
+#: Task states in which a sibling waits for a worker slot (``Turns``).
+WAITING_STATES = frozenset({"scheduled", "queued", "up_for_reschedule", "up_for_retry"})
 
 
 class DLRoverJobTrigger(BaseTrigger):
@@ -41,109 +47,216 @@ class DLRoverJobTrigger(BaseTrigger):
     :param launcher_options: the Kubernetes launcher's settings (``launchers.KUBERNETES_OPTIONS``)
     :param window_s: seconds per measurement window
     :param windows: clean windows per ``windows`` event (``finetune``)
-    :param turn_ends_at: fire ``turn`` at this time, epoch seconds (None: never)
     :param poll_s: seconds between polls
-    :param timeout_s: fire ``timeout`` this many seconds after ``started_at``
-    :param started_at: epoch seconds of the first deferral (None: now)
+    :param deadline: fire ``timeout`` at this time, epoch seconds (None: never)
     :param quota: the job's quota (``Quota.to_dict()``) the guard's controller heals within
     :param history: the detectors' rows so far (``guard``)
+    :param dag_id: the DAG of the task, for ``siblings`` and the metrics' tags
+    :param run_id: the DAG run of the task
+    :param siblings: task ids of the other tasks watching the job (``Turns``)
+    :param job: the job's name (the metrics' tag)
     """
 
     def __init__(self, job_id: str, purpose: str, launcher: str = "local", jobs_dir: str | None = None,
-                 launcher_options: dict[str, Any] | None = None, window_s: float = 3.0, windows: int = 3,
-                 turn_ends_at: float | None = None, poll_s: float = 0.5, timeout_s: float = 24 * 3600.0,
-                 started_at: float | None = None, quota: dict[str, Any] | None = None,
-                 history: list[dict[str, Any]] | None = None):
+                 launcher_options: dict[str, Any] | None = None, window_s: float = C.MEASUREMENT_WINDOW_S,
+                 windows: int = 3, poll_s: float = 0.5, deadline: float | None = None,
+                 quota: dict[str, Any] | None = None, history: list[dict[str, Any]] | None = None,
+                 dag_id: str = "", run_id: str = "", siblings: list[str] | None = None, job: str = ""):
         super().__init__()
         if purpose not in PURPOSES:
             raise ValueError(f"purpose={purpose!r} is invalid: allowed {', '.join(PURPOSES)}")
         self.job_id, self.purpose, self.launcher, self.jobs_dir = job_id, purpose, launcher, jobs_dir
         self.launcher_options = dict(launcher_options or {})
-        self.window_s, self.windows, self.turn_ends_at = float(window_s), int(windows), turn_ends_at
-        self.poll_s, self.timeout_s = float(poll_s), float(timeout_s)
-        self.started_at = time.time() if started_at is None else float(started_at)
+        self.window_s, self.windows, self.poll_s = float(window_s), int(windows), float(poll_s)
+        self.deadline = None if deadline is None else float(deadline)
         self.quota, self.history = quota, list(history or [])
+        self.dag_id, self.run_id, self.siblings, self.job = dag_id, run_id, list(siblings or []), job
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
             f"{type(self).__module__}.{type(self).__qualname__}",
             {"job_id": self.job_id, "purpose": self.purpose, "launcher": self.launcher, "jobs_dir": self.jobs_dir,
              "launcher_options": self.launcher_options, "window_s": self.window_s, "windows": self.windows,
-             "turn_ends_at": self.turn_ends_at, "poll_s": self.poll_s, "timeout_s": self.timeout_s,
-             "started_at": self.started_at, "quota": self.quota, "history": self.history},
+             "poll_s": self.poll_s, "deadline": self.deadline, "quota": self.quota, "history": self.history,
+             "dag_id": self.dag_id, "run_id": self.run_id, "siblings": self.siblings, "job": self.job},
         )
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
+    def _make_launcher(self) -> Any:
         from airflow_dlrover.launchers import make_launcher
 
-        launcher = await asyncio.to_thread(make_launcher, self.launcher, self.jobs_dir, self.launcher_options)
-        watch = await asyncio.to_thread(_Watch, launcher, self.job_id, self.history)
+        return make_launcher(self.launcher, self.jobs_dir, self.launcher_options)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from asgiref.sync import sync_to_async
+
+        launcher = await asyncio.to_thread(self._make_launcher)
+        watch = await asyncio.to_thread(JobWatch, launcher, self)
+        turns = Turns(self.siblings)
+        # The task SDK's calls go through the triggerer's comms, which sync_to_async bridges.
+        states = sync_to_async(lambda: task_states(self.dag_id, self.run_id, self.siblings))
         while True:
             if hasattr(launcher, "astatus"):  # Kubernetes: AsyncKubernetesHook, on this loop
                 statuses = await launcher.astatus(self.job_id)
             else:
                 statuses = await asyncio.to_thread(launcher.status, self.job_id)
-            event = await asyncio.to_thread(self._step, watch, statuses)
+            event = await asyncio.to_thread(watch.poll, statuses) or self._deadline_event(watch)
+            if event is None and turns.due(time.time()):
+                event = turns.event(await states(), time.time(), watch)
             if event is not None:
-                self.log.info("job %s: %s", self.job_id, event["kind"])
-                yield TriggerEvent({"job_id": self.job_id, "turn_ends_at": self.turn_ends_at,
-                                    "started_at": self.started_at, **event})
+                yield TriggerEvent(self._payload(event))
                 return
             await asyncio.sleep(self.poll_s)
 
-    def _step(self, watch: "_Watch", statuses: list[Any]) -> dict[str, Any] | None:
+    def wait(self, launcher: Any) -> dict[str, Any]:
+        """The same watch, blocking on this worker (a task that does not defer); the event."""
+        watch = JobWatch(launcher, self)
+        turns = Turns(self.siblings)
+        while True:
+            event = watch.poll(launcher.status(self.job_id)) or self._deadline_event(watch)
+            if event is None and turns.due(time.time()):
+                event = turns.event(task_states(self.dag_id, self.run_id, self.siblings), time.time(), watch)
+            if event is not None:
+                return self._payload(event)
+            time.sleep(self.poll_s)
+
+    def _deadline_event(self, watch: "JobWatch") -> dict[str, Any] | None:
+        if self.deadline is not None and time.time() >= self.deadline:
+            return {"kind": "timeout", "rows": watch.rows}
+        return None
+
+    def _payload(self, event: dict[str, Any]) -> dict[str, Any]:
+        self.log.info("job %s: %s", self.job_id, event["kind"])
+        return {"job_id": self.job_id, "deadline": self.deadline, **event}
+
+    async def on_kill(self) -> None:
+        """The user killed the deferred task: stop its job (no orphan process or pod), as the
+        task's own ``on_kill`` does on a worker."""
+        def stop() -> None:
+            launcher = self._make_launcher()
+            if launcher.exists(self.job_id):
+                self.log.warning("task killed: stopping job %s", self.job_id)
+                launcher.stop(self.job_id)
+
+        await asyncio.to_thread(stop)
+
+
+class JobWatch:
+    """What one watch of the job accumulates, and one poll of it (``poll``)."""
+
+    def __init__(self, launcher: Any, trigger: DLRoverJobTrigger):
+        from airflow_dlrover.launchers.watch import JobMeter
+
+        self.launcher, self.trigger, self.job_id = launcher, trigger, trigger.job_id
+        self.meter = JobMeter(launcher, self.job_id)
+        self.rows: list[dict[str, Any]] = []
+        self.history: list[dict[str, Any]] = list(trigger.history)
+        self.tags = {"dag_id": trigger.dag_id, "job": trigger.job}
+
+    def poll(self, statuses: list[Any]) -> dict[str, Any] | None:
         """One poll, given the job's node statuses; the event to fire, if any."""
+        purpose = self.trigger.purpose
         failed = any(s.failed for s in statuses)
-        if failed and self.purpose == "guard":
-            return {"kind": "observation", "usage": [], "history": watch.history}
+        if failed and purpose == "guard":
+            return {"kind": "observation", "usage": [], "history": self.history}
         try:
-            status = watch.launcher.progress(self.job_id, timeout=C.MASTER_POLL_TIMEOUT_S)
+            status = self.launcher.progress(self.job_id, timeout=C.MASTER_POLL_TIMEOUT_S)
         except ConnectionError:
             status = None  # the master is down: the guard sees it as a failed node
         ended = status is not None and (status["state"] == "done" or
                                         # the job's input is wrong: nothing to tune; the guard fails it
-                                        (status["state"] == "failed" and self.purpose == "finetune"))
+                                        (status["state"] == "failed" and purpose == "finetune"))
         if ended:
-            return {"kind": "done", "rows": watch.rows}
-        if status is not None:
-            watch.meter.observe(status, healthy=not failed)
-            if watch.meter.elapsed_s >= self.window_s:
-                row, usage = watch.meter.close(time.time())
-                if self.purpose == "finetune":
-                    watch.rows += [row] if row else []
-                    if len(watch.rows) >= self.windows:
-                        return {"kind": "windows", "rows": watch.rows}
-                elif self._controller_acts(watch, statuses, usage):
-                    return {"kind": "observation", "usage": usage, "history": watch.history}
-                else:
-                    watch.history = list(watch.state.node_history)
-        if self.turn_ends_at is not None and time.time() >= self.turn_ends_at:
-            return {"kind": "turn", "rows": watch.rows, "history": watch.history}
-        if time.time() - self.started_at >= self.timeout_s:
-            return {"kind": "timeout", "rows": watch.rows}
+            return {"kind": "done", "rows": self.rows}
+        if status is None:
+            return None
+        self.meter.observe(status, healthy=not failed)
+        if self.meter.elapsed_s < self.trigger.window_s:
+            return None
+        row, usage = self.meter.close(time.time())
+        self._report(status, row, usage)
+        if purpose == "finetune":
+            self.rows += [row] if row else []
+            return {"kind": "windows", "rows": self.rows} if len(self.rows) >= self.trigger.windows else None
+        if self._controller_acts(statuses, usage):
+            return {"kind": "observation", "usage": usage, "history": self.history}
         return None
 
-    def _controller_acts(self, watch: "_Watch", statuses: list[Any], usage: list[dict[str, Any]]) -> bool:
+    def _report(self, status: dict[str, Any], row: dict[str, Any] | None, usage: list[dict[str, Any]]) -> None:
+        """A progress line in the task's log and the window's metrics (only the fine-tune's, when a
+        guard watches the same job, so that each window is counted once)."""
+        done, total = status.get("samples_done") or 0, status.get("samples_total")
+        throughput = row["throughput"] if row else sum(r["throughput"] or 0 for r in usage if r["role"] == "worker")
+        line = progress_line(done, total, throughput)
+        self.trigger.log.info("job %s: %s", self.job_id, line)
+        if self.trigger.purpose == "finetune" or not self.trigger.siblings:
+            metrics.window(self.tags, throughput or None, done / total if total else None, usage)
+
+    def _controller_acts(self, statuses: list[Any], usage: list[dict[str, Any]]) -> bool:
         """Whether ``controller.step`` on this window's usage returns an action (it keeps the
-        detectors' history in ``watch.state`` when it does not)."""
+        detectors' history when it does not)."""
         from airflow_dlrover.optimizer.controller import ControllerState, Observation, step
         from airflow_dlrover.optimizer.types import Configuration, Quota
 
-        quota = Quota(**self.quota) if self.quota else None
-        config = Configuration(**watch.launcher.read_job(self.job_id)["config"])
-        watch.state, actions = step(ControllerState(quota, node_history=tuple(watch.history)),
-                                    Observation(time.time(), config, nodes=tuple(statuses), usage=tuple(usage)))
+        quota = Quota(**self.trigger.quota) if self.trigger.quota else None
+        config = Configuration(**self.launcher.read_job(self.job_id)["config"])
+        state, actions = step(ControllerState(quota, node_history=tuple(self.history)),
+                              Observation(time.time(), config, nodes=tuple(statuses), usage=tuple(usage)))
+        if not actions:
+            self.history = list(state.node_history)
         return bool(actions)
 
 
-class _Watch:
-    """What one ``run`` of the trigger accumulates."""
+def progress_line(done: int, total: int | None, throughput: float | None) -> str:
+    """``41,200 samples/s · 35.2 % (5,632,000 of 16,000,000) · ETA 4m12s`` (ETA = left ÷ rate)."""
+    parts = [f"{throughput:,.0f} samples/s" if throughput else "no rate yet"]
+    if total:
+        parts.append(f"{100 * done / total:.1f} % ({done:,} of {total:,})")
+        if throughput:
+            eta = max(total - done, 0) / throughput
+            parts.append(f"ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+    else:
+        parts.append(f"{done:,} samples")
+    return " · ".join(parts)
 
-    def __init__(self, launcher: Any, job_id: str, history: list[dict[str, Any]]):
-        from airflow_dlrover.launchers.watch import JobMeter
 
-        self.launcher = launcher
-        self.meter = JobMeter(launcher, job_id)
-        self.rows: list[dict[str, Any]] = []
-        self.history: list[dict[str, Any]] = list(history)
-        self.state: Any = None
+def task_states(dag_id: str, run_id: str, task_ids: list[str]) -> dict[str, str]:
+    """The states of ``task_ids`` in one DAG run, through the task SDK (a worker's or the
+    triggerer's supervisor); ``{}`` without one (outside Airflow)."""
+    if not task_ids:
+        return {}
+    from airflow.sdk.execution_time import task_runner
+
+    if getattr(task_runner, "SUPERVISOR_COMMS", None) is None:
+        return {}
+    found = task_runner.RuntimeTaskInstance.get_task_states(dag_id=dag_id, task_ids=task_ids, run_ids=[run_id])
+    return {task: str(state) for task, state in (found.get(run_id) or {}).items() if state is not None}
+
+
+class Turns:
+    """When a task watching a job hands its worker slot back, so that a sibling can run.
+
+    ``airflow dags test`` runs one task at a time and a deferred task's trigger inline, and a full
+    pool holds a task back the same way: the fine-tune and the guard must then take turns, or the
+    guard never sees a failure while the fine-tune holds the slot. A task hands its slot back
+    (``{"kind": "turn"}``: it reschedules) once a sibling has waited for one (``WAITING_STATES``)
+    for ``C.SIBLING_WAIT_S`` without a break. Under a scheduler with a triggerer no sibling waits
+    that long, and no turn is taken: no knob to set.
+    """
+
+    def __init__(self, siblings: list[str]):
+        self.siblings = list(siblings)
+        self.checked_at = 0.0
+        self.waiting_since: float | None = None
+
+    def due(self, now: float) -> bool:
+        return bool(self.siblings) and now - self.checked_at >= C.SIBLING_CHECK_S
+
+    def event(self, states: dict[str, str], now: float, watch: JobWatch) -> dict[str, Any] | None:
+        self.checked_at = now
+        if not any(states.get(task) in WAITING_STATES for task in self.siblings):
+            self.waiting_since = None
+            return None
+        self.waiting_since = self.waiting_since or now
+        if now - self.waiting_since < C.SIBLING_WAIT_S:
+            return None
+        return {"kind": "turn", "rows": watch.rows, "history": watch.history}

@@ -16,8 +16,15 @@ from airflow_dlrover.launchers.local import LocalLauncher
 
 DAG_FILE = Path(__file__).parents[2] / "dags" / "dlrm_daily_retrain.py"
 JOB = "dlrm_daily_retrain"
-#: small and quick: 1.5 cores → 5 cold probes; turns of 10 s interleave the fine-tune and the guard
-SMALL = {"samples": 1_200_000, "table_size": 5000, "quota_cpu": 1.5, "quota_memory": "4Gi", "turn": "10s"}
+#: small and quick: 1.5 cores → 5 cold probes
+SMALL = {"samples": 1_200_000, "table_size": 5000, "quota_cpu": 1.5, "quota_memory": "4Gi"}
+#: the task group's prefix of the task ids
+GROUP = f"{JOB}."
+
+
+def task_instances(dagrun):
+    """The run's task instances by their id within the group."""
+    return {ti.task_id.removeprefix(GROUP): ti for ti in dagrun.get_task_instances()}
 
 
 def test_dag_file_parses_without_torch_or_kubernetes():
@@ -34,14 +41,14 @@ def dag(airflow_db):
     bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
     assert bag.import_errors == {}
     dag = bag.get_dag(JOB)
-    assert sorted(dag.task_dict) == ["fine_tune", "fit", "guard", "launch", "profile", "report"]
-    assert dag.task_dict["report"].trigger_rule == "all_done"
+    assert sorted(dag.task_dict) == [GROUP + t for t in ("fine_tune", "fit", "guard", "launch", "profile", "report")]
+    assert dag.task_dict[GROUP + "report"].trigger_rule == "all_done"
     return dag
 
 
 def run(dag, **params):
     run = dag.test(run_conf={**SMALL, **params})
-    tis = {ti.task_id: ti for ti in run.get_task_instances()}
+    tis = task_instances(run)
     history = HistoryStore()
     record = history.runs(JOB)[-1]
     return run, tis, record, history
@@ -61,21 +68,21 @@ def test_cold_run_profiles_plans_trains_and_reports(dag):
     assert report["job"]["config"]["workers"] == plan["workers"]  # the job ran on the plan
     assert report["baseline"]["predicted_throughput"] > 0
     assert len(history.samples(JOB, run_id=record["id"], stage="profile")) == 5
-    assert not list(CgroupManager().groups(tis["launch"].xcom_pull(task_ids="launch")["job_id"]))
+    assert not list(CgroupManager().groups(tis["launch"].xcom_pull(task_ids=GROUP + "launch")["job_id"]))
 
 
 def test_warm_run_recovers_a_killed_worker_through_a_retry(dag, killed_worker_run):
     # kill-worker@4s, 2.4 M samples: long enough (~70 s) that the job still trains after the guard's
     # retry recovered the worker (the session's run: tests/plugins draws it too)
     dagrun, history = killed_worker_run, HistoryStore()
-    tis = {ti.task_id: ti for ti in dagrun.get_task_instances()}
+    tis = task_instances(dagrun)
     [record] = history.runs(JOB, run_key=dagrun.run_id)
     assert dagrun.state == "success", {t: ti.state for t, ti in tis.items()}
     report = record["summary"]
     # A warm start profiles nothing: the prior plans, the fine-tune refits from the job's windows.
     assert report["warm_start"] and report["probes"] == 0 and report["profile_s"] == 0
     assert history.samples(JOB, run_id=record["id"], stage="profile").empty
-    assert tis["fit"].xcom_pull(task_ids="fit")["samples"] == 0
+    assert tis["fit"].xcom_pull(task_ids=GROUP + "fit")["samples"] == 0
     assert tis["guard"].try_number >= 2
     assert report["samples_lost"] == 0 and report["job"]["samples_trained"] >= 2_400_000
     [failure] = report["failures"]

@@ -25,10 +25,10 @@ EXAMPLES = {
     # with the Airflow process); a start far below the plan, so that the resize pays at the
     # pessimistic end of a model fitted on three probes
     "ddp_dlrm": ("ddp_dlrm_daily_retrain", {
-        "samples": 12_000_000, "quota_cpu": 1.5, "quota_memory": "4Gi", "turn": "10s",
+        "samples": 12_000_000, "quota_cpu": 1.5, "quota_memory": "4Gi",
         "start_on": {"workers": 1, "ps": 0, "worker_cpu": 0.25, "ps_cpu": 0, "worker_memory_mb": 1024, "batch_size": 512}}),
     "ps_dlrm": ("ps_dlrm_daily_retrain", {
-        "samples": 500_000, "quota_cpu": 2.0, "quota_memory": "4Gi", "turn": "10s",
+        "samples": 500_000, "quota_cpu": 2.0, "quota_memory": "4Gi",
         "start_on": {"workers": 1, "ps": 1, "worker_cpu": 0.5, "ps_cpu": 0.25, "worker_memory_mb": 1024,
                      "ps_memory_mb": 1024, "batch_size": 512}}),
 }
@@ -76,7 +76,7 @@ def test_an_example_trainer_through_its_dag(bag, job):
     dagrun = bag.get_dag(dag_id).test(run_conf=conf)
     killer.join(timeout=5)
     history = HistoryStore()
-    tis = {ti.task_id: ti for ti in dagrun.get_task_instances()}
+    tis = {ti.task_id.removeprefix(f"{job}."): ti for ti in dagrun.get_task_instances()}
     [record] = history.runs(job, run_key=dagrun.run_id)
     assert dagrun.state == "success", {t: ti.state for t, ti in tis.items()}
     report = record["summary"]

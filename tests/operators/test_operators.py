@@ -28,6 +28,11 @@ JOB_ARGS = {"samples": 3_000_000, "table_size": 5000}
 
 class TI:
     try_number = 1
+    start_date = None
+
+    @staticmethod
+    def get_first_reschedule_date(context):
+        return None
 
 
 def context(run_id):
@@ -200,7 +205,8 @@ def test_fit_without_profile_samples_is_a_user_error(airflow_db):
 
 
 def test_trigger_serializes_to_its_classpath_and_kwargs():
-    trigger = DLRoverJobTrigger("job-1", "guard", jobs_dir="/tmp/jobs", window_s=2.0, turn_ends_at=1.8e9)
+    trigger = DLRoverJobTrigger("job-1", "guard", jobs_dir="/tmp/jobs", window_s=2.0, deadline=1.8e9,
+                                dag_id="d", run_id="r", siblings=["fine_tune"], job="j")
     classpath, kwargs = trigger.serialize()
     module, name = classpath.rsplit(".", 1)
     again = getattr(importlib.import_module(module), name)(**kwargs)
@@ -231,7 +237,8 @@ def test_operators_against_a_running_job(airflow_db):
         history = HistoryStore()
         assert [e["adopted"] for e in history.records(first["run"], "event") if e["event"] == "launched"] == [True, True]
 
-        finetune = DLRoverFineTuneOperator(task_id="fine_tune", job=job, quota=QUOTA, window="2s", windows=2)
+        finetune = DLRoverFineTuneOperator(task_id="fine_tune", job=job, quota=QUOTA, window="2s", windows=2,
+                                       deferrable=True)
         with pytest.raises(TaskDeferred) as deferred:
             finetune.execute(ctx)
         event = asyncio.run(_first_event(deferred.value.trigger))
@@ -242,12 +249,21 @@ def test_operators_against_a_running_job(airflow_db):
         [decision] = history.records(first["run"], "decision")
         assert decision["action"] in ("keep", "resize") and decision["reason"]
 
-        turn = DLRoverJobTrigger(job_id, "finetune", jobs_dir=deferred.value.trigger.jobs_dir, turn_ends_at=time.time())
-        assert asyncio.run(_first_event(turn))["kind"] == "turn"
-        with pytest.raises(AirflowRescheduleException):  # the turn is over: hand the slot back
-            finetune.execute_complete(ctx, {"kind": "turn", "rows": []})
+        late = DLRoverJobTrigger(job_id, "finetune", jobs_dir=deferred.value.trigger.jobs_dir, deadline=time.time())
+        timeout = asyncio.run(_first_event(late))
+        assert timeout["kind"] == "timeout"
+        with pytest.raises(AirflowFailException, match="timeout"):  # not retried: the guard goes on watching
+            finetune.execute_complete(ctx, timeout)
+        with pytest.raises(AirflowRescheduleException):  # a sibling waits for a slot: hand it back
+            finetune.execute_complete(ctx, {"kind": "turn", "rows": [], "deadline": None})
+        blocking = DLRoverFineTuneOperator(task_id="fine_tune", job=job, quota=QUOTA, window="2s", windows=2,
+                                           deferrable=False)
+        started = time.monotonic()
+        with pytest.raises(AirflowFailException, match="timeout"):  # the same watch, on the worker
+            blocking.watch(ctx, time.time() + 5)
+        assert 4 < time.monotonic() - started < 30
 
-        guard = DLRoverInstabilitySensor(task_id="guard", job=job, window="2s")
+        guard = DLRoverInstabilitySensor(task_id="guard", job=job, window="2s", deferrable=True)
         with pytest.raises(TaskDeferred) as deferred:
             guard.execute(ctx)
         launcher.kill_node(job_id, "worker-0")
@@ -259,14 +275,28 @@ def test_operators_against_a_running_job(airflow_db):
         [failed] = [e for e in history.records(first["run"], "event") if e["event"] == "node_failed"]
         assert [(n["name"], n["restarts"]) for n in failed["nodes"]] == [("worker-0", 0)] and failed["retryable"]
         TI.try_number = 2
-        with pytest.raises(TaskDeferred):  # the retry recovers, then watches again
+        with pytest.raises(TaskDeferred) as watching:  # the retry recovers, then watches again
             guard.execute(ctx)
         [recovered] = [e for e in history.records(first["run"], "event") if e["event"] == "recovered"]
         assert recovered["node"] == "worker-0" and recovered["try_number"] == 2
         assert {s.name: s.state for s in launcher.status(job_id)}["worker-0"] == "running"
+        pids = [node["pid"] for node in launcher.read_job(job_id)["nodes"].values() if node.get("pid")]
+        asyncio.run(watching.value.trigger.on_kill())  # the user killed the deferred guard: no orphans
+        assert all(n.state == "stopped" for n in launcher.status(job_id))
+        assert not [pid for pid in pids if _alive(pid)]
     finally:
         TI.try_number = 1
         launcher.stop(job_id)
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
 async def _first_event(trigger):

@@ -340,8 +340,9 @@ def test_the_json_of_a_run_recorded_by_the_example_dag(dlrover_client, recorded_
     assert failure["node"] == recovery["node"] == "worker-0"
     assert recovery["evidence"]["try_number"] == failure["evidence"]["try_number"] + 1
 
-    jobs = {j["identity"]: j for j in get(dlrover_client, "/dlrover/api/jobs").json()}
-    job = jobs["dlrm_daily_retrain//dlrm_daily_retrain"]
+    [job] = [j for j in get(dlrover_client, "/dlrover/api/jobs").json()
+             if (j["dag_id"], j["job"]) == ("dlrm_daily_retrain", "dlrm_daily_retrain")]
+    assert job["task_group"] == "dlrm_daily_retrain"  # DLRoverRetrainGroup's group is named after the job
     assert job["last_run"]["id"] == store.runs("dlrm_daily_retrain")[-1]["id"]
     what_if = get(dlrover_client, f"/dlrover/api/jobs/{job['id']}/what-if", cpu="1.5", memory="4Gi").json()
     model = store.latest_model("dlrm_daily_retrain")
