@@ -5,7 +5,8 @@
     dlrover-rm predict MODEL.json CONFIGS.csv
     dlrover-rm plan MODEL.json --cpu 64 --memory 256Gi [--objective throughput|deadline|efficiency]
     dlrover-rm demo
-    dlrover-rm report JOB [--run ID] [--history-url URL]
+    dlrover-rm report JOB [--dag-id DAG] [--task-group GROUP] [--run ID] [--history-url URL]
+    dlrover-rm db migrate [--to REV] [--history-url URL] | db downgrade --to REV [--history-url URL]
     dlrover-rm render --launcher kubernetes PLAN.json [--job-id ID] [--namespace NS] [--image IMG] [--samples N]
                    [--volume-claim PVC] [--data-volume-claim PVC]
 
@@ -170,11 +171,13 @@ def cmd_report(args: argparse.Namespace) -> None:
     from airflow_dlrover.history.store import HistoryStore
 
     store = HistoryStore(args.history_url)
-    runs = [r for r in store.runs(args.job) if r["summary"] and (args.run is None or r["id"] == args.run)]
+    identity = store.identity(args.job, dag_id=args.dag_id, task_group=args.task_group)
+    runs = [r for r in store.runs(identity) if r["summary"] and (args.run is None or r["id"] == args.run)] \
+        if identity else []
     if not runs:
         raise InvalidInputError("job", args.job, f"a job with a reported run in {store.url}")
     run = runs[-1]
-    print(f"{args.job}, run {run['id']} ({run['run_key']}): {run['status']}")
+    print(f"{identity} (dag_id/task_group/name), run {run['id']} ({run['run_key']}): {run['status']}")
     print("\n".join(format_report(run["summary"])))
     job_id = (run["summary"].get("job") or {}).get("job_id")
     print(f"\nhistory store: {store.url}")
@@ -182,6 +185,20 @@ def cmd_report(args: argparse.Namespace) -> None:
         from airflow_dlrover.launchers import default_jobs_dir
 
         print(f"job folder (logs, report.json, metrics.jsonl): {default_jobs_dir() / job_id}")
+
+
+def cmd_db(args: argparse.Namespace) -> None:
+    """``db migrate [--to REV]`` / ``db downgrade --to REV``: move the history store's schema."""
+    from airflow_dlrover.history import migrate
+    from airflow_dlrover.history.store import open_engine
+
+    downgrade = args.db_command == "downgrade"
+    to = migrate.check_revision("to", args.to, downgrade=downgrade)
+    engine = open_engine(args.history_url)
+    before, after = (migrate.downgrade if downgrade else migrate.upgrade)(engine, to)
+    url = engine.url.render_as_string(hide_password=True)
+    print(f"history store {url}: revision {before or 'none'} → {after or 'none (no tables)'} "
+          f"(newest: {migrate.head()})")
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -377,6 +394,9 @@ def _add_quota(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=None, help="batch per worker step (default: the model's)")
 
 
+HISTORY_URL_HELP = "SQLAlchemy URL of the history store (default: SQLite under AIRFLOW_HOME)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dlrover-rm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -457,10 +477,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("report", help="print the report of a job's last run from the history store")
-    p.add_argument("job")
+    p.add_argument("job", help="the job's name (add --dag-id / --task-group when several DAGs or groups use it)")
+    p.add_argument("--dag-id", help="the DAG of the job ('' for jobs recorded outside Airflow)")
+    p.add_argument("--task-group", help="the job's task group in its DAG ('' for the DAG's root)")
     p.add_argument("--run", type=int, help="a run id (default: the last reported run)")
-    p.add_argument("--history-url", help="SQLAlchemy URL (default: SQLite under AIRFLOW_HOME)")
+    p.add_argument("--history-url", help=HISTORY_URL_HELP)
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("db", help="the history store's schema (Alembic migrations)")
+    db = p.add_subparsers(dest="db_command", required=True)
+    q = db.add_parser("migrate", help="upgrade the schema (opening the store does it too)")
+    q.add_argument("--to", default="head", help="a revision (default: head, the newest)")
+    q.add_argument("--history-url", help=HISTORY_URL_HELP)
+    q.set_defaults(func=cmd_db)
+    q = db.add_parser("downgrade", help="downgrade the schema for an older airflow-dlrover "
+                      "(this one upgrades it again when it opens the store)")
+    q.add_argument("--to", required=True, help="a revision, or base (drops every table)")
+    q.add_argument("--history-url", help=HISTORY_URL_HELP)
+    q.set_defaults(func=cmd_db)
 
     p = sub.add_parser("render", help="print the Kubernetes manifests of a plan (multi-document YAML)")
     p.add_argument("plan", metavar="PLAN.json", help="a configuration row, e.g. the output of `dlrover-rm plan`")

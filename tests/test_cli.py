@@ -106,6 +106,33 @@ def test_user_mistakes_exit_2_with_a_clear_message(tmp_path, samples_csv, capsys
     assert err.startswith("error: ") and message in err
 
 
+def test_report_names_a_job_shared_by_two_dags_by_its_dag_and_group(tmp_path, capsys):
+    from airflow_dlrover.history.identity import JobIdentity
+    from airflow_dlrover.history.store import HistoryStore
+
+    url = f"sqlite:///{tmp_path / 'history.db'}"
+    store = HistoryStore(url)
+    for dag_id, group in (("dag_a", ""), ("dag_b", "nightly")):
+        run = store.start_run(JobIdentity(dag_id, group, "ctr"), "scheduled__2026-11-29")
+        store.finish_run(run, "succeeded", {"status": "succeeded", "run_seconds": 60.0, "jct_s": 50.0, "profile_s": 5.0,
+                                            "profile_share": 0.1, "probes": 3, "warm_start": False,
+                                            "plan": {"workers": 2, "ps": 1, "worker_cpu": 1.0, "ps_cpu": 1.0,
+                                                     "worker_memory_mb": 2048, "ps_memory_mb": 2048,
+                                                     "reason": dag_id},
+                                            "predicted_throughput": None, "baseline": None,
+                                            "measured_throughput": None, "utilisation": {}, "decisions": [],
+                                            "resizes": 0, "recoveries": [], "instability": [], "failures": [],
+                                            "job": None, "samples_lost": None})
+    assert main(["report", "ctr", "--history-url", url]) == 2
+    err = capsys.readouterr().err
+    assert "job='ctr' is invalid" in err and "dag_a//ctr, dag_b/nightly/ctr" in err
+    assert main(["report", "ctr", "--dag-id", "dag_b", "--history-url", url]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("dag_b/nightly/ctr (dag_id/task_group/name), run 2") and "reason: dag_b" in out
+    assert main(["report", "ctr", "--dag-id", "dag_b", "--task-group", "", "--history-url", url]) == 2
+    assert "a job with a reported run" in capsys.readouterr().err
+
+
 def test_demo_runs_the_bundled_pipeline(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out

@@ -22,10 +22,12 @@ from airflow_dlrover.optimizer.finetune import ResizeRecord
 from airflow_dlrover.optimizer.types import Configuration, EventKind, NodeStatus, Quota, Reason, RecordKind
 
 
-def controller_state(history: Any, job: str, run: int, quota: Quota | None,
+def controller_state(history: Any, job: Any, run: int, quota: Quota | None,
                      node_history: Iterable[dict[str, Any]] = ()) -> ControllerState:
-    """The state of run ``run`` of ``job`` (see the module docstring); ``node_history``: the
-    detectors' rows the guard carries between its deferrals."""
+    """The state of run ``run`` of ``job`` (a ``JobIdentity``, or the name of the run's job; see
+    the module docstring); ``node_history``: the detectors' rows the guard carries between its
+    deferrals."""
+    job = history.identity(job, run=run) or job
     plans = history.records(run, RecordKind.PLAN.value)
     planned = plans[-1] if plans else {}
     resizes = [d for d in history.records(run, RecordKind.DECISION.value) if d["action"] != "keep"]

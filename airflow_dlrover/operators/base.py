@@ -1,9 +1,10 @@
 """``DLRoverBaseOperator``: what every DLRover task shares — the job, the quota, the Kubernetes
 settings and the connection — with the cached hook, history store and launcher, and the run's ids.
 
-A job has a *name* (``job``, stable across days: the history store keys yesterday's model by it)
-and, per DAG run, a launcher *job id* derived from the name and the Airflow ``run_id``, so that
-every task of one run — and every retry — addresses the same running job.
+A job is its DAG's id, its task group's id and its *name* (``job``, stable across days: the history
+store keys yesterday's model by the three, ``history.identity``), and per DAG run it has a launcher
+*job id* derived from the three and the Airflow ``run_id``, so that every task of one run — and
+every retry — addresses the same running job, and no other DAG's.
 """
 
 from __future__ import annotations
@@ -64,15 +65,22 @@ class DLRoverBaseOperator(BaseOperator):
         with user_errors():
             return parse_quota(self.quota, self.hook.settings.quota)
 
-    def run_ids(self, context: Any) -> tuple[int, str]:
-        """(history run id, launcher job id) of this DAG run."""
+    def job_identity(self):
+        """This task's job: (the DAG's id, its task group's id or '' at the root, ``job``)."""
+        from airflow_dlrover.history.identity import JobIdentity, task_group_of
         from airflow_dlrover.optimizer.types import InvalidInputError
 
         if not self.job or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", str(self.job)):
             with user_errors():
                 raise InvalidInputError("job", self.job, "a name of letters, digits, '_', '.', '-'")
-        self._dlrover_job_id = launcher_job_id(self.job, context["run_id"])
-        return self.history.start_run(self.job, context["run_id"]), self._dlrover_job_id
+        with user_errors():
+            return JobIdentity(self.dag_id, task_group_of(self), str(self.job))
+
+    def run_ids(self, context: Any) -> tuple[int, str]:
+        """(history run id, launcher job id) of this DAG run's job (``job_identity``)."""
+        identity = self.job_identity()
+        self._dlrover_job_id = launcher_job_id(identity, context["run_id"])
+        return self.history.start_run(identity, context["run_id"]), self._dlrover_job_id
 
     def on_kill(self) -> None:
         """A killed task (marked failed, cleared, timed out) deletes its run's job: no orphan

@@ -13,6 +13,8 @@ from typing import Any, Iterator
 
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_dlrover.history.identity import JobIdentity
+
 # The optimizer (numpy, scipy, pandas) is imported inside the functions: a DAG file that imports
 # the operators must parse fast.
 
@@ -44,12 +46,21 @@ JOB_ARG_RULES: dict[str, tuple[Any, str]] = {
 QUOTA_FIELDS = ("cpu", "memory", "gpu", "max_nodes")
 
 
-def launcher_job_id(job: str, run_id: str) -> str:
-    """A DNS-1123-safe id, unique per (job, run): ``<job>-<run>``, hashed past 52 characters."""
-    slug = re.sub(r"[^a-z0-9]+", "-", f"{job}-{run_id}".lower()).strip("-")
+def launcher_job_id(job: JobIdentity, run_id: str) -> str:
+    """A DNS-1123-safe id, the same for every task and retry of one run of one job
+    (``job``): ``<name>-<run>``, then ``-<6 hex>`` of the DAG id and
+    task group when either is set (two DAGs' jobs of one name and run id never share an id), the
+    whole hashed past 52 characters (over all four parts)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{job.name}-{run_id}".lower()).strip("-")
+    if job.dag_id or job.task_group:
+        slug = f"{slug}-{_digest(job.dag_id, job.task_group)[:6]}"
     if len(slug) > 52:
-        slug = f"{slug[:43].rstrip('-')}-{hashlib.sha1(slug.encode()).hexdigest()[:8]}"
+        slug = f"{slug[:43].rstrip('-')}-{_digest(job.dag_id, job.task_group, job.name, run_id)[:8]}"
     return slug
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha1("\0".join(parts).encode()).hexdigest()
 
 
 @contextmanager

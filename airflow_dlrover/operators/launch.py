@@ -59,7 +59,7 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
             if faults and spec.trainer:
                 raise InvalidInputError("inject", self.inject, "nothing with a trainer of your own: our runtime's "
                                         "master injects them into itself")
-        model = self.history.latest_model(self.job)
+        model = self.history.latest_model(self.job_identity())
         if model is None:
             with user_errors():
                 raise InvalidInputError("model", self.job, "a fitted model: run the fit task first")

@@ -26,6 +26,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException
 
+from airflow_dlrover.history.identity import JobIdentity, task_group_of
 from airflow_dlrover.optimizer.types import InvalidInputError, Objective
 from airflow_dlrover.plugins import queries
 from airflow_dlrover.plugins.queries import NotFound
@@ -104,6 +105,8 @@ def readable_run(run: RunId, reader: Reader, store=Depends(get_store)) -> dict[s
 
 
 ReadableRun = Annotated[dict[str, Any], Depends(readable_run)]
+#: A job id as the routes take it (``/jobs`` lists them).
+JobId = Annotated[int, PathParam(ge=1, le=queries.MAX_ID, description="a job id (GET /dlrover/api/jobs lists them)")]
 
 
 def _error(status: int, err: NotFound | InvalidInputError) -> JSONResponse:
@@ -137,12 +140,13 @@ def api_router() -> APIRouter:
     def jobs(reader: Reader, store=Depends(get_store)) -> list[dict[str, Any]]:
         return queries.jobs(store, reader)
 
-    @api.get("/jobs/{job}/runs", summary="The runs of a job, oldest first", responses=errors)
-    def runs(job: str, reader: Reader, store=Depends(get_store)) -> list[dict[str, Any]]:
+    @api.get("/jobs/{job}/runs", summary="The runs of a job (its id in /jobs), oldest first", responses=errors)
+    def runs(job: JobId, reader: Reader, store=Depends(get_store)) -> list[dict[str, Any]]:
         return _call(queries.runs, store, job, reader)
 
-    @api.get("/jobs/{job}/what-if", summary="Plan the job under another quota and objective", responses=errors)
-    def what_if(job: str, reader: Reader, cpu: str = Query(..., description="cores, e.g. 8"),
+    @api.get("/jobs/{job}/what-if", summary="Plan the job (its id in /jobs) under another quota and objective",
+             responses=errors)
+    def what_if(job: JobId, reader: Reader, cpu: str = Query(..., description="cores, e.g. 8"),
                 memory: str = Query(..., description="e.g. 16Gi, 512Mi, 64GB"), gpu: str = "0",
                 max_nodes: str | None = None, objective: Objective = Objective.THROUGHPUT,
                 samples: str | None = Query(None, description="samples to train (deadline objective; PS growth)"),
@@ -151,7 +155,7 @@ def api_router() -> APIRouter:
         return _call(queries.what_if, store, job, reader, cpu=cpu, memory=memory, gpu=gpu, max_nodes=max_nodes,
                      objective=objective.value, samples=samples, deadline=deadline)
 
-    @api.get("/dag-runs/{dag_id}/{run_id}", summary="The history runs an Airflow DAG run recorded",
+    @api.get("/dag-runs/{dag_id}/{run_id}", summary="The history runs an Airflow DAG run (dag id and run id) recorded",
              responses=errors)
     def dag_run(dag_id: str, run_id: str, reader: Reader, store=Depends(get_store)) -> list[dict[str, Any]]:
         return _call(queries.runs_of_dag_run, store, dag_id, run_id, reader)
@@ -203,15 +207,19 @@ def api_router() -> APIRouter:
     return api
 
 
-def task_section(dag_id: str, task_id: str) -> str | None:
-    """The run-view section of a task: by its operator in the serialized DAG, else None."""
+def serialized_task(dag_id: str, task_id: str) -> Any:
+    """The task of the serialized DAG, None when it cannot be had."""
     try:
         from airflow.models.serialized_dag import SerializedDagModel
 
         dag = SerializedDagModel.get_dag(dag_id)
-        task = dag.get_task(task_id) if dag is not None else None
-    except Exception:  # an unknown DAG or task, or no metadata DB: the whole view
+        return dag.get_task(task_id) if dag is not None else None
+    except Exception:  # an unknown DAG or task, or no metadata DB
         return None
+
+
+def task_section(task: Any) -> str | None:
+    """The run-view section of a task, by its operator (None: the whole view)."""
     return SECTIONS.get(getattr(task, "task_type", None) or type(task).__name__) if task is not None else None
 
 
@@ -228,9 +236,9 @@ def views_router(templates: Jinja2Templates) -> APIRouter:
         return page(request, "jobs.html")
 
     @views.get("/jobs/{job}", response_class=HTMLResponse)
-    def job_runs(request: Request, job: str, reader: Reader, store=Depends(get_store)) -> HTMLResponse:
-        _call(queries.check_job, store, job, reader)
-        return page(request, "runs.html", job=job)
+    def job_runs(request: Request, job: JobId, reader: Reader, store=Depends(get_store)) -> HTMLResponse:
+        identity = _call(queries.get_job, store, job, reader)
+        return page(request, "runs.html", job=job, identity=identity)
 
     @views.get("/runs/{run}", response_class=HTMLResponse)
     def run_view(request: Request, row: ReadableRun, section: str | None = None) -> HTMLResponse:
@@ -239,25 +247,31 @@ def views_router(templates: Jinja2Templates) -> APIRouter:
     @views.get("/dag-runs/{dag_id}/{run_id}", response_class=HTMLResponse)
     def dag_run_view(request: Request, dag_id: str, run_id: str, reader: Reader,
                      store=Depends(get_store)) -> HTMLResponse:
-        return _dag_run_page(request, store, reader, dag_id, run_id)
+        return _dag_run_page(request, store, reader, dag_id, run_id, None)
 
     @views.get("/dag-runs/{dag_id}/{run_id}/tasks/{task_id}", response_class=HTMLResponse)
     def task_view(request: Request, dag_id: str, run_id: str, task_id: str, reader: Reader,
                   store=Depends(get_store)) -> HTMLResponse:
-        return _dag_run_page(request, store, reader, dag_id, run_id, task_id)
+        """The run of the task's job: the DAG's, in the task's group (any group when the DAG is unknown)."""
+        if not reader(dag_id):  # refused before the serialized DAG is read
+            raise _Failure(404, NotFound("dag_id", dag_id, "the id of a DAG you may read"))
+        task = serialized_task(dag_id, task_id)
+        group = task_group_of(task) if task is not None else None
+        return _dag_run_page(request, store, reader, dag_id, run_id, task_section(task), group)
 
     def _dag_run_page(request: Request, store: Any, reader: DagReader, dag_id: str, run_id: str,
-                      task_id: str | None = None) -> HTMLResponse:
-        found = _call(queries.runs_of_dag_run, store, dag_id, run_id, reader)
-        section = task_section(dag_id, task_id) if task_id is not None else None
-        if len(found) == 1 or (found and found[0]["job"] == dag_id):
+                      section: str | None, task_group: str | None = None) -> HTMLResponse:
+        found = _call(queries.runs_of_dag_run, store, dag_id, run_id, reader, task_group)
+        if len(found) == 1:
             return page(request, "run.html", run=store.run(found[0]["id"]), section=section)
         return page(request, "dag_run.html", dag_id=dag_id, run_id=run_id, found=found)
 
     @views.get("/what-if", response_class=HTMLResponse)
-    def what_if_view(request: Request, reader: Reader, job: str | None = None,
+    def what_if_view(request: Request, reader: Reader, job: int | None = Query(None, ge=1, le=queries.MAX_ID),
                      store=Depends(get_store)) -> HTMLResponse:
-        return page(request, "what_if.html", jobs=queries.job_names(store, reader, whole=True), job=job)
+        jobs = [{**j, "identity": str(JobIdentity(j["dag_id"], j["task_group"], j["job"]))}
+                for j in store.jobs() if reader(j["dag_id"])]
+        return page(request, "what_if.html", jobs=jobs, job=job)
 
     return views
 

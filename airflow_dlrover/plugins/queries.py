@@ -69,33 +69,19 @@ def _table(frame: Any) -> list[dict[str, Any]]:
 
 def dag_of(run: dict[str, Any]) -> str:
     """The DAG whose task recorded a run: its ``dag_id`` ('' when it ran outside any DAG, e.g. from
-    ``dlrover-rm``, or was recorded before runs carried their DAG)."""
+    ``dlrover-rm``)."""
     return run.get("dag_id") or ""
 
 
-def readable_runs(store: Any, may_read: MayRead, job: str | None = None, *,
-                  run_key: str | None = None) -> list[dict[str, Any]]:
-    """``store.runs(job, run_key=...)`` less the runs of DAGs the user may not read."""
-    return [r for r in store.runs(job, run_key=run_key) if may_read(dag_of(r))]
-
-
-def job_names(store: Any, may_read: MayRead, *, whole: bool = False) -> list[str]:
-    """The jobs with a run the user may read, alphabetically; ``whole``: only those all of whose
-    runs they may read (a job name shared by DAGs they may and may not read is left out)."""
-    runs = store.runs()
-    names = {r["job"] for r in runs if may_read(dag_of(r))}
-    if whole:
-        names -= {r["job"] for r in runs if not may_read(dag_of(r))}
-    return sorted(names)
-
-
-def check_job(store: Any, job: str, may_read: MayRead, *, whole: bool = False) -> str:
-    """``job`` if it is among :func:`job_names`; else it is unknown to the user."""
-    names = job_names(store, may_read, whole=whole)
-    if job not in names:
-        shown = ", ".join(repr(n) for n in names[:NAMES_IN_MESSAGE]) or "none recorded yet"
-        raise NotFound("job", job, f"one of the recorded jobs: {shown}")
-    return job
+def get_job(store: Any, job: int, may_read: MayRead) -> Any:
+    """The ``JobIdentity`` of the store's job id ``job`` (``jobs()``'s ``id``); a job of a DAG the
+    user may not read is unknown to them, as one that does not exist."""
+    identity = store.job(job)
+    if identity is None or not may_read(identity.dag_id):
+        known = [j for j in store.jobs() if may_read(j["dag_id"])]
+        shown = ", ".join(f"{j['id']} ({_identity(j)})" for j in known[:NAMES_IN_MESSAGE]) or "none recorded yet"
+        raise NotFound("job", job, f"the id of a recorded job: {shown}")
+    return identity
 
 
 def _unknown_run(run_id: int) -> NotFound:
@@ -118,11 +104,19 @@ def readable_run(store: Any, run_id: int, may_read: MayRead) -> dict[str, Any]:
     return run
 
 
+def _identity(row: dict[str, Any]) -> str:
+    """``dag_id/task_group/name`` of a job or run row (``JobIdentity``'s text)."""
+    from airflow_dlrover.history.identity import JobIdentity
+
+    return str(JobIdentity(row["dag_id"], row["task_group"], row["job"]))
+
+
 def _brief(run: dict[str, Any]) -> dict[str, Any]:
     """A run without its full report: the figures a list shows."""
     summary = run["summary"] or {}
     return clean({
-        "id": run["id"], "job": run["job"], "run_key": run["run_key"], "status": run["status"],
+        "id": run["id"], "job": run["job"], "dag_id": run["dag_id"], "task_group": run["task_group"],
+        "job_ref": run["job_ref"], "identity": _identity(run), "run_key": run["run_key"], "status": run["status"],
         "started": run["started"], "finished": run["finished"],
         "measured_throughput": summary.get("measured_throughput"),
         "predicted_throughput": summary.get("predicted_throughput"),
@@ -136,45 +130,49 @@ def jobs(store: Any, may_read: MayRead) -> list[dict[str, Any]]:
     read): plan, throughput, utilisation, status; and the DAG of that run."""
     from airflow_dlrover.history.report import utilisation
 
-    by_job: dict[str, list[dict[str, Any]]] = {}
-    for r in readable_runs(store, may_read):
-        by_job.setdefault(r["job"], []).append(r)
     out = []
-    for name, runs in sorted(by_job.items()):
+    for job in store.jobs():
+        if not may_read(job["dag_id"]):
+            continue
+        runs = store.runs(store.job(job["id"]))
+        if not runs:
+            continue
         last = runs[-1]
         brief = _brief(last)
         plans = store.records(last["id"], "plan")
         brief["plan"] = _config(plans[-1]) if plans else None
         if brief["measured_throughput"] is None or brief["utilisation"] is None:  # still running
-            finetune = store.samples(name, run_id=last["id"], stage="finetune")
+            finetune = store.samples(identity, run_id=last["id"], stage="finetune")
             if not finetune.empty:
                 if brief["measured_throughput"] is None:
                     brief["measured_throughput"] = float(finetune["throughput"].median())
                 brief["utilisation"] = brief["utilisation"] or clean(utilisation(finetune))
-        out.append({"job": name, "dag_id": dag_of(last), "runs": len(runs), "last_run": brief})
+        out.append({**job, "identity": _identity(job), "runs": len(runs), "last_run": brief})
     return out
 
 
-def runs(store: Any, job: str, may_read: MayRead) -> list[dict[str, Any]]:
-    return [_brief(r) for r in readable_runs(store, may_read, check_job(store, job, may_read))]
+def runs(store: Any, job: int, may_read: MayRead) -> list[dict[str, Any]]:
+    return [_brief(r) for r in store.runs(get_job(store, job, may_read))]
 
 
 def run(store: Any, run_id: int) -> dict[str, Any]:
     """The run, its stored report (when finished) and how many of each record it holds."""
     row = get_run(store, run_id)
-    return clean({**row, "counts": {
+    return clean({**row, "identity": _identity(row), "counts": {
         "samples": len(store.samples_of_run(run_id)), "models": len(store.models_of_run(run_id)),
         **{f"{kind}s": len(store.records(run_id, kind)) for kind in ("plan", "decision", "event")},
     }})
 
 
-def runs_of_dag_run(store: Any, dag_id: str, run_key: str, may_read: MayRead) -> list[dict[str, Any]]:
-    """The history runs an Airflow DAG run recorded (the job named after the DAG first); a DAG the
-    user may not read is unknown to them."""
+def runs_of_dag_run(store: Any, dag_id: str, run_key: str, may_read: MayRead,
+                    task_group: str | None = None) -> list[dict[str, Any]]:
+    """The history runs the Airflow DAG run (``dag_id``, ``run_key``) recorded, by task group
+    and job name; those of one task group when ``task_group`` is given ('' for the DAG's root). A
+    DAG the user may not read is unknown to them."""
     if not may_read(dag_id):
         raise NotFound("dag_id", dag_id, "the id of a DAG you may read")
-    found = readable_runs(store, may_read, run_key=run_key)
-    return [_brief(r) for r in sorted(found, key=lambda r: r["job"] != dag_id)]
+    found = [r for r in store.runs(run_key=run_key, dag_id=dag_id) if task_group in (None, r["task_group"])]
+    return [_brief(r) for r in sorted(found, key=lambda r: (r["task_group"], r["job"]))]
 
 
 def samples(store: Any, run_id: int, stage: str | None = None) -> list[dict[str, Any]]:
@@ -363,18 +361,16 @@ def instability(store: Any, run_id: int) -> list[dict[str, Any]]:
     return clean(rows)
 
 
-def what_if(store: Any, job: str, may_read: MayRead, *, cpu: Any, memory: Any, gpu: Any = 0,
+def what_if(store: Any, job: int, may_read: MayRead, *, cpu: Any, memory: Any, gpu: Any = 0,
             max_nodes: Any = None, objective: str = "throughput", samples: Any = None,
             deadline: Any = None) -> dict[str, Any]:
-    """Plan ``job`` under another quota and objective with its latest model (the real planner).
-
-    That model is the newest of all the job's runs: a job is planned only for a user who may read
-    every one of them (``job_names(whole=True)``).
-    """
+    """Plan ``job`` (the store's job id) under another quota and objective with its latest model
+    (the real planner)."""
     from airflow_dlrover.optimizer.planner import plan
     from airflow_dlrover.optimizer.types import Quota, parse_duration_s
 
-    model = store.latest_model(check_job(store, job, may_read, whole=True))
+    identity = get_job(store, job, may_read)
+    model = store.latest_model(identity)
     if model is None:
         raise NotFound("job", job, "a job with a fitted model (its fit task has run)")
     quota = Quota.parse(cpu, memory, gpu if gpu not in (None, "") else 0, max_nodes if max_nodes != "" else None)
@@ -388,5 +384,6 @@ def what_if(store: Any, job: str, may_read: MayRead, *, cpu: Any, memory: Any, g
     deadline_s = parse_duration_s(deadline, "deadline") if deadline not in (None, "") else None
     chosen = plan(model.throughput, model.memory, quota, objective, samples=samples, deadline_s=deadline_s,
                   batch_size=model.throughput.batch_size)
-    return clean({"job": job, "quota": quota.__dict__, "objective": objective, "samples": samples,
+    return clean({"job": identity.name, "dag_id": identity.dag_id, "task_group": identity.task_group,
+                  "identity": str(identity), "quota": quota.__dict__, "objective": objective, "samples": samples,
                   "deadline_s": deadline_s, "plan": chosen.to_dict(), "describe": chosen.config.describe()})

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_dlrover.history.identity import JobIdentity
 from airflow_dlrover.history.store import HistoryStore
 from airflow_dlrover.launchers.cgroups import CgroupManager
 from airflow_dlrover.launchers.local import LocalLauncher
@@ -58,7 +59,7 @@ def kill_a_worker_after_the_resize(job: str, seen: dict, deadline_s: float = 400
             resized = any(d["action"] == "resize" for d in history.records(run["id"], "decision"))
             if launched_at is not None and (resized or time.monotonic() - launched_at > 60):
                 time.sleep(4.0)
-                job_id = launcher_job_id(job, run["run_key"])
+                job_id = launcher_job_id(JobIdentity(run["dag_id"], run["task_group"], job), run["run_key"])
                 seen.update(job_id=job_id, after_resize=resized, at=time.time())
                 launcher.kill_node(job_id, "worker-0")
                 return

@@ -1,15 +1,22 @@
+"""The history store on SQLite and PostgreSQL (``conftest.py``: the ``store`` of each backend)."""
+
+import math
+from datetime import datetime, timedelta, timezone
+
 import numpy as np
 import pandas as pd
 import pytest
 
-from airflow_dlrover.history.store import SAMPLE_COLUMNS, HistoryStore
+from airflow_dlrover.history.identity import JobIdentity
+from airflow_dlrover.history.store import MAX_ID, SAMPLE_COLUMNS
 from airflow_dlrover.optimizer.job_model import fit_job_model
+from airflow_dlrover.optimizer.types import InvalidInputError
+from airflow_dlrover.operators.job import launcher_job_id
 from synthetic import model_samples
 
-
-@pytest.fixture()
-def store(tmp_path):
-    return HistoryStore(f"sqlite:///{tmp_path / 'history.db'}")
+CTR_A = JobIdentity("dag_a", "", "ctr")
+CTR_B = JobIdentity("dag_b", "", "ctr")
+CTR_B_GROUP = JobIdentity("dag_b", "nightly", "ctr")
 
 
 def test_runs_are_keyed_by_job_and_reopened_on_retry(store):
@@ -83,7 +90,7 @@ def test_jobs_runs_by_key_and_models_of_a_run(store):
     first = store.start_run("ctr", "manual__1")
     store.start_run("video", "manual__1")
     store.start_run("ctr", "manual__2")
-    assert store.jobs() == ["ctr", "video"]
+    assert [(j["dag_id"], j["task_group"], j["job"]) for j in store.jobs()] == [("", "", "ctr"), ("", "", "video")]
     assert [(r["job"], r["run_key"]) for r in store.runs(run_key="manual__1")] == [("ctr", "manual__1"), ("video", "manual__1")]
     assert store.run(first)["job"] == "ctr" and store.run(first)["started"].tzinfo is not None
     assert store.run(999) is None
@@ -93,3 +100,102 @@ def test_jobs_runs_by_key_and_models_of_a_run(store):
     [a, b] = store.models_of_run(first)
     assert a["id"] < b["id"] and a["document"] == fitted.to_dict()
     assert store.models_of_run(store.start_run("ctr", "manual__2")) == []
+
+
+def test_the_same_name_in_two_dags_is_two_jobs(store):
+    a, b = store.start_run(CTR_A, "scheduled__2026-11-29"), store.start_run(CTR_B, "scheduled__2026-11-29")
+    assert a != b and store.start_run(CTR_A, "scheduled__2026-11-29") == a
+    assert store.start_run(CTR_B_GROUP, "scheduled__2026-11-29") not in (a, b)  # another group of the same DAG
+    assert launcher_job_id(CTR_A, "scheduled__2026-11-29") != launcher_job_id(CTR_B, "scheduled__2026-11-29")
+    assert launcher_job_id(CTR_B, "scheduled__2026-11-29") != launcher_job_id(CTR_B_GROUP, "scheduled__2026-11-29")
+    assert store.run(a)["dag_id"] == "dag_a" and store.run(b)["dag_id"] == "dag_b"
+    assert [r["id"] for r in store.runs(run_key="scheduled__2026-11-29", dag_id="dag_a")] == [a]
+    # priors, samples and models never cross DAGs
+    model = fit_job_model(model_samples(), leave_one_out=False)
+    store.save_model(a, model)
+    store.add_samples(a, model_samples(seed=2))
+    today = store.start_run(CTR_B, "scheduled__2026-11-30")
+    assert store.prior_model(CTR_B, before_run=today) is None and store.latest_model(CTR_B) is None
+    assert store.samples(CTR_B).empty and len(store.samples(CTR_A)) == len(model_samples(seed=2))
+    assert store.prior_model(CTR_A).throughput.params == model.throughput.params
+    # a name with a run is the run's job: what the operators' lookups pass
+    assert store.prior_model("ctr", before_run=today) is None
+    assert store.prior_model("ctr", before_run=store.start_run(CTR_A, "scheduled__2026-11-30")) is not None
+
+
+def test_a_shared_name_alone_is_refused_with_the_candidates(store):
+    store.start_run(CTR_A, "r1")
+    store.start_run(CTR_B, "r1")
+    store.start_run(CTR_B_GROUP, "r1")
+    for lookup in (lambda: store.runs("ctr"), lambda: store.latest_model("ctr"), lambda: store.samples("ctr"),
+                   lambda: store.prior_model("ctr"), lambda: store.identity("ctr", dag_id="dag_b")):
+        with pytest.raises(InvalidInputError) as refused:
+            lookup()
+        assert refused.value.field == "job" and refused.value.value == "ctr"
+        assert "dag_b//ctr" in str(refused.value) and "dag_b/nightly/ctr" in str(refused.value)
+    assert store.identity("ctr", dag_id="dag_a") == CTR_A
+    assert store.identity("ctr", dag_id="dag_b", task_group="nightly") == CTR_B_GROUP
+    assert store.identity("ctr", dag_id="dag_c") is None and store.identity("nope") is None
+    assert store.runs("nope") == [] and store.latest_model("nope") is None
+    [job] = [j for j in store.jobs() if j["dag_id"] == "dag_a"]
+    assert store.job(job["id"]) == CTR_A and store.job(10**6) is None
+
+
+def test_identities_are_checked():
+    with pytest.raises(InvalidInputError, match="name='' is invalid"):
+        JobIdentity("dag", "", "")
+    with pytest.raises(InvalidInputError, match="dag_id=.* at most 250 characters"):
+        JobIdentity("d" * 251, "", "ctr")
+    assert str(JobIdentity("", "", "ctr")) == "//ctr" and JobIdentity.of("ctr") == JobIdentity("", "", "ctr")
+
+
+def test_launcher_job_ids_are_dns_labels_and_deterministic():
+    long = JobIdentity("a_dag_with_a_long_name_" * 4, "group", "dlrm_daily_retrain")
+    for identity in (CTR_A, long, JobIdentity("", "", "ctr")):
+        job_id = launcher_job_id(identity, "scheduled__2026-11-30T00:00:00+00:00")
+        assert len(job_id) <= 52 and job_id == job_id.lower() and job_id[0].isalnum() and job_id[-1].isalnum()
+        assert job_id == launcher_job_id(identity, "scheduled__2026-11-30T00:00:00+00:00")
+    assert launcher_job_id(JobIdentity("", "", "ctr"), "manual__1") == "ctr-manual-1"
+    # past 52 characters the hash covers all four parts
+    assert launcher_job_id(long, "scheduled__2026-11-30") != launcher_job_id(
+        JobIdentity("another_dag_with_a_long_name" * 3, "group", "dlrm_daily_retrain"), "scheduled__2026-11-30")
+
+
+def test_ids_beyond_any_row_find_nothing(store):
+    run = store.start_run("ctr", "r1")
+    for missing in (run + 1, 2**31, MAX_ID, MAX_ID + 1, 2**70, -1, 0):
+        assert store.run(missing) is None and store.records(missing, "plan") == [] and store.job(missing) is None
+        assert store.samples_of_run(missing).empty and store.models_of_run(missing) == []
+        assert store.samples("ctr", run_id=missing).empty
+
+
+def test_documents_and_times_read_back_alike_on_every_backend(store):
+    run = store.start_run("ctr", "r1")
+    document = {"x": 1.5, "nan": math.nan, "inf": [math.inf, -math.inf], "nested": {"s": "é", "n": None, "i": 2**40}}
+    store.add(run, "event", document)
+    assert store.records(run, "event") == [{"x": 1.5, "nan": None, "inf": [None, None],
+                                            "nested": {"s": "é", "n": None, "i": 2**40}}]
+    store.finish_run(run, "succeeded", {"share": math.nan})
+    row = store.run(run)
+    assert row["summary"] == {"share": None}
+    for moment in (row["started"], row["finished"]):
+        assert moment.tzinfo is not None and moment.utcoffset() == timedelta(0)
+        assert abs(moment - datetime.now(timezone.utc)) < timedelta(minutes=1)
+    with pytest.raises(InvalidInputError, match="run_key="):
+        store.start_run("ctr", "r" * 251)
+
+
+def test_tasks_that_open_one_run_at_once_share_it(store):
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    for attempt in range(3):  # a new job and run each time: the insert races
+        identity, start = JobIdentity("dag", f"g{attempt}", "ctr"), Barrier(4)
+
+        def open_run(_):
+            start.wait()
+            return store.start_run(identity, "manual__1")
+
+        with ThreadPoolExecutor(4) as pool:
+            assert len(set(pool.map(open_run, range(4)))) == 1
+    assert len(store.runs(run_key="manual__1")) == 3

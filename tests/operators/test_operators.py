@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowRescheduleException, TaskDeferred
 
+from airflow_dlrover.history.identity import JobIdentity
 from airflow_dlrover.history.store import HistoryStore
 from airflow_dlrover.operators import (
     DLRoverFineTuneOperator, DLRoverFitOperator, DLRoverLaunchOperator, DLRoverProfileOperator,
@@ -93,9 +94,29 @@ def test_job_args_faults_and_ids():
     with pytest.raises(InvalidInputError, match="inject='kill-ps@3s'"):
         parse_faults("kill-ps@3s")
     assert parse_quota(None, Quota(4, 8192)) == Quota(4, 8192)
-    long = launcher_job_id("dlrm_daily_retrain", "scheduled__2026-11-30T00:00:00+00:00")
+    daily = JobIdentity("dlrm_daily_retrain", "", "dlrm_daily_retrain")
+    long = launcher_job_id(daily, "scheduled__2026-11-30T00:00:00+00:00")
     assert len(long) <= 52 and long.startswith("dlrm-daily-retrain-scheduled-2026") and long == long.lower()
-    assert launcher_job_id("j", "manual__1") != launcher_job_id("j", "manual__2")
+    j = JobIdentity("dag", "", "j")
+    assert launcher_job_id(j, "manual__1") != launcher_job_id(j, "manual__2")
+
+
+def test_two_dags_with_one_job_name_get_their_own_runs_and_job_ids():
+    from airflow.sdk import DAG, TaskGroup
+
+    tasks = []
+    for dag_id in ("retrain_a", "retrain_b"):
+        with DAG(dag_id, schedule=None):
+            tasks.append(DLRoverFitOperator(task_id="fit", job="shared"))
+            with TaskGroup("nightly"):
+                tasks.append(DLRoverFitOperator(task_id="fit", job="shared"))
+    assert [t.job_identity() for t in tasks] == [
+        JobIdentity(d, g, "shared") for d in ("retrain_a", "retrain_b") for g in ("", "nightly")]
+    ids = [t.run_ids(context("scheduled__2026-11-29")) for t in tasks]
+    assert len({run for run, _ in ids}) == len({job_id for _, job_id in ids}) == 4
+    assert tasks[3].run_ids(context("scheduled__2026-11-29")) == ids[3]  # a retry, or the next task of the run
+    runs = HistoryStore().runs(run_key="scheduled__2026-11-29", dag_id="retrain_b")
+    assert [(r["task_group"], r["id"]) for r in runs] == [("", ids[2][0]), ("nightly", ids[3][0])]
 
 
 #: A trainer that keeps the contract (docs/trainers.md) and whose speed is a known function of its

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from airflow_dlrover.history.control import action_event, decision_record, failure_record
+from airflow_dlrover.history.identity import JobIdentity
 from airflow_dlrover.history.store import HistoryStore
 from airflow_dlrover.optimizer.controller import Fail, Heal, Keep, Relaunch, Resize
 from airflow_dlrover.optimizer.job_model import fit_job_model
@@ -21,40 +22,14 @@ QUOTA = Quota(cpu=16, memory_mb=64 * 1024)
 T0 = 1_800_000_000.0
 
 
-class DagStore(HistoryStore):
-    """The history store whose run rows carry the DAG that recorded them (``dag_id``, '' outside any
-    DAG), the key the UI authorises on (``queries.dag_of``). The store of issue 18's identity
-    records it itself; this one keeps it beside the store until then (run id → DAG id)."""
-
-    def __init__(self, url: str):
-        super().__init__(url)
-        self.dag_ids: dict[int, str] = {}
-
-    def start_run(self, job: str, run_key: str, dag_id: str = "") -> int:  # type: ignore[override]
-        run = super().start_run(job, run_key)
-        if self.dag_ids.setdefault(run, dag_id) != dag_id:  # today's store keys a run by (job, run key) only
-            raise ValueError(f"run {run} of {job!r} {run_key!r} is {self.dag_ids[run]!r}'s, not {dag_id!r}'s")
-        return run
-
-    def _with_dag(self, row: dict[str, Any]) -> dict[str, Any]:
-        return {**row, "dag_id": self.dag_ids.get(row["id"], "")}
-
-    def run(self, run_id: int) -> dict[str, Any] | None:
-        row = super().run(run_id)
-        return self._with_dag(row) if row else None
-
-    def runs(self, job: str | None = None, *, run_key: str | None = None) -> list[dict[str, Any]]:
-        return [self._with_dag(r) for r in super().runs(job, run_key=run_key)]
-
-
 def hot_evidence() -> dict[str, Any]:
     return {"node": "ps-0", "utilisation": 0.97, "cpu_used": 1.94, "cpu_limit": 2.0, "skew": 2.0, "value": 3.0}
 
 
-def record_run(store: DagStore, job: str, run_key: str, dag_id: str = "", seed: int = 3):
+def record_run(store: HistoryStore, job: str, run_key: str, dag_id: str = "", seed: int = 3):
     """A finished run: profile samples, a model, a plan, training windows with usage, a keep and a
     resize decision, a failure, its recovery, a healed hot PS. Returns (run id, model, plan)."""
-    run = store.start_run(job, run_key, dag_id)
+    run = store.start_run(JobIdentity(dag_id, "", job), run_key)
     profile = model_samples(noise=0.03, seed=seed).assign(timestamp=lambda t: T0 + 5.0 * np.arange(len(t)))
     store.add_samples(run, profile, stage="profile")
     model = fit_job_model(profile)

@@ -5,24 +5,28 @@ from __future__ import annotations
 
 import math
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from airflow_dlrover.history.identity import JobIdentity
 from airflow_dlrover.history.store import HistoryStore
 from airflow_dlrover.optimizer.planner import plan
 from airflow_dlrover.optimizer.types import Quota
 from airflow_dlrover.plugins.app import get_store
 from airflow_dlrover.plugins.queries import MAX_ID
-from history_data import T0, DagStore, hot_evidence, record_run
-from ui_settings import DAG_A
+from history_data import T0, hot_evidence, record_run
+from ui_settings import DAG_A, DAG_B
+
+DAG_X, DAG_Y = DAG_A, DAG_B
 
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory, ui_dags):
     """A finished run of the DAG ``DAG_A`` in a store of its own (``history_data.record_run``)."""
-    store = DagStore(f"sqlite:///{tmp_path_factory.mktemp('ui') / 'history.db'}")
+    store = HistoryStore(f"sqlite:///{tmp_path_factory.mktemp('ui') / 'history.db'}")
     run, model, chosen = record_run(store, "ctr", "scheduled__2026-11-29", DAG_A)
     return store, run, model, chosen
 
@@ -36,7 +40,7 @@ def synthetic_client(dlrover_client, synthetic):
 
 def data_routes(app) -> list[str]:
     """Every GET route under /api, with its path parameters filled in."""
-    fill = {"job": "ctr", "run": "1", "dag_id": DAG_A, "run_id": "r"}
+    fill = {"job": "1", "run": "1", "dag_id": DAG_A, "run_id": "r"}
     return ["/dlrover" + re.sub(r"\{(\w+)\}", lambda m: fill[m.group(1)], route.path)
             for route in app.routes if getattr(route, "path", "").startswith("/api")]
 
@@ -69,12 +73,14 @@ def test_pages_redirect_to_the_login_and_openapi_is_public(synthetic_client):
 def test_jobs_and_runs(synthetic_client, synthetic):
     store, run, _, chosen = synthetic
     [job] = get(synthetic_client, "/dlrover/api/jobs").json()
-    assert job["job"] == "ctr" and job["runs"] == 1
+    assert (job["job"], job["dag_id"], job["task_group"], job["identity"]) == ("ctr", "ctr_daily", "", "ctr_daily//ctr")
+    assert job["runs"] == 1 and store.job(job["id"]) == CTR
     last = job["last_run"]
     assert last["id"] == run and last["status"] == "succeeded" and last["measured_throughput"] == 1050.0
     assert last["plan"]["workers"] == chosen.config.workers and last["recoveries"] == 1
-    [row] = get(synthetic_client, "/dlrover/api/jobs/ctr/runs").json()
+    [row] = get(synthetic_client, f"/dlrover/api/jobs/{job['id']}/runs").json()
     assert row["run_key"] == "scheduled__2026-11-29" and row["started"].endswith("+00:00")
+    assert (row["dag_id"], row["task_group"], row["job_ref"]) == ("ctr_daily", "", job["id"])
     detail = get(synthetic_client, f"/dlrover/api/runs/{run}").json()
     assert detail["counts"] == {"samples": len(store.samples_of_run(run)), "models": 2, "plans": 1, "decisions": 2,
                                 "events": 4}
@@ -142,7 +148,7 @@ def test_timeline_totals_per_role_and_marks(synthetic_client, synthetic):
 
 
 def test_what_if_is_the_planner(synthetic_client, synthetic):
-    answer = get(synthetic_client, "/dlrover/api/jobs/ctr/what-if", cpu="32", memory="128Gi", objective="efficiency")
+    answer = get(synthetic_client, "/dlrover/api/jobs/1/what-if", cpu="32", memory="128Gi", objective="efficiency")
     assert answer.status_code == 200, answer.text
     body = answer.json()
     model = synthetic[0].latest_model("ctr")
@@ -151,23 +157,26 @@ def test_what_if_is_the_planner(synthetic_client, synthetic):
     assert body["plan"]["workers"] == expected.config.workers and body["plan"]["ps"] == expected.config.ps
     assert body["plan"]["predicted_throughput"] == pytest.approx(expected.predicted_throughput)
     assert body["plan"]["cores"] <= 32 and body["quota"]["memory_mb"] == 128 * 1024
-    deadline = get(synthetic_client, "/dlrover/api/jobs/ctr/what-if", cpu="32", memory="128Gi",
+    assert body["identity"] == "ctr_daily//ctr"
+    deadline = get(synthetic_client, "/dlrover/api/jobs/1/what-if", cpu="32", memory="128Gi",
                    objective="deadline", samples="1e7", deadline="3h").json()
     assert deadline["deadline_s"] == 3 * 3600 and deadline["plan"]["objective"] == "deadline"
 
 
 @pytest.mark.parametrize(("path", "params", "status", "field", "allowed"), [
     ("/dlrover/api/runs/999", {}, 404, "run", "the id of a recorded run"),
-    ("/dlrover/api/jobs/nope/runs", {}, 404, "job", "one of the recorded jobs: 'ctr'"),
-    ("/dlrover/api/jobs/nope/what-if", {"cpu": "8", "memory": "16Gi"}, 404, "job", "one of the recorded jobs"),
-    ("/dlrover/api/jobs/ctr/what-if", {"cpu": "eight", "memory": "16Gi"}, 422, "cpu", "a number"),
-    ("/dlrover/api/jobs/ctr/what-if", {"cpu": "-2", "memory": "16Gi"}, 422, "cpu", "a number > 0"),
-    ("/dlrover/api/jobs/ctr/what-if", {"cpu": "8", "memory": "12XB"}, 422, "memory", "a quantity like 512Mi"),
-    ("/dlrover/api/jobs/ctr/what-if", {"cpu": "0.6", "memory": "16Gi"}, 422, "cpu", "a quota of at least cpu=1"),
-    ("/dlrover/api/jobs/ctr/what-if", {"cpu": "8", "memory": "16Gi", "max_nodes": "1"}, 422, "max_nodes", "≥ 2"),
-    ("/dlrover/api/jobs/ctr/what-if", {"cpu": "8", "memory": "16Gi", "objective": "deadline", "samples": "1e9",
+    ("/dlrover/api/runs/99999999999999999999", {}, 404, "run", "the id of a recorded run"),  # past any id
+    ("/dlrover/api/jobs/999/runs", {}, 404, "job", "the id of a recorded job: 1 (ctr_daily//ctr)"),
+    ("/dlrover/api/jobs/999/what-if", {"cpu": "8", "memory": "16Gi"}, 404, "job", "the id of a recorded job"),
+    ("/dlrover/api/jobs/99999999999999999999/runs", {}, 404, "job", "the id of a recorded job"),
+    ("/dlrover/api/jobs/1/what-if", {"cpu": "eight", "memory": "16Gi"}, 422, "cpu", "a number"),
+    ("/dlrover/api/jobs/1/what-if", {"cpu": "-2", "memory": "16Gi"}, 422, "cpu", "a number > 0"),
+    ("/dlrover/api/jobs/1/what-if", {"cpu": "8", "memory": "12XB"}, 422, "memory", "a quantity like 512Mi"),
+    ("/dlrover/api/jobs/1/what-if", {"cpu": "0.6", "memory": "16Gi"}, 422, "cpu", "a quota of at least cpu=1"),
+    ("/dlrover/api/jobs/1/what-if", {"cpu": "8", "memory": "16Gi", "max_nodes": "1"}, 422, "max_nodes", "≥ 2"),
+    ("/dlrover/api/jobs/1/what-if", {"cpu": "8", "memory": "16Gi", "objective": "deadline", "samples": "1e9",
                                        "deadline": "1s"}, 422, "deadline", "≥"),
-    ("/dlrover/api/jobs/ctr/what-if", {"cpu": "8", "memory": "16Gi", "deadline": "soon"}, 422, "deadline",
+    ("/dlrover/api/jobs/1/what-if", {"cpu": "8", "memory": "16Gi", "deadline": "soon"}, 422, "deadline",
      "a duration like"),
     ("/dlrover/api/runs/1/curves", {"model": "5"}, 422, "model", "an index into the run's 2 models"),
 ])
@@ -181,13 +190,14 @@ def test_bad_input_names_the_field_the_value_and_what_is_allowed(synthetic_clien
 
 def test_fastapi_validation_names_the_field_too(synthetic_client):
     for path, params, name in (("/dlrover/api/runs/abc", {}, "run"),
-                               ("/dlrover/api/jobs/ctr/what-if", {"cpu": "8", "memory": "1Gi", "objective": "fast"},
+                               ("/dlrover/api/jobs/1/what-if", {"cpu": "8", "memory": "1Gi", "objective": "fast"},
                                 "objective"),
+                               ("/dlrover/api/jobs/ctr/runs", {}, "job"),
                                ("/dlrover/api/runs/1/samples", {"stage": "train"}, "stage")):
         answer = get(synthetic_client, path, **params)
         assert answer.status_code == 422
         [error] = answer.json()["detail"]
-        assert error["loc"][-1] == name and error["input"] in ("abc", "fast", "train")
+        assert error["loc"][-1] == name and error["input"] in ("abc", "fast", "train", "ctr")
 
 
 @pytest.mark.parametrize("run", [0, -1, MAX_ID + 1, 2**63, 2**64])
@@ -215,6 +225,48 @@ def test_the_dag_run_view_resolves_the_airflow_run(synthetic_client, synthetic):
     assert page.status_code == 200 and f'data-run="{run}"' in page.text
     none = get(synthetic_client, f"/dlrover/dag-runs/{DAG_A}/manual__1")
     assert none.status_code == 200 and 'id="none-recorded"' in none.text
+
+
+@pytest.fixture()
+def two_dags(dlrover_client, tmp_path, ui_dags):
+    """Two DAGs whose jobs share a name and a run id, one with the job in a task group as well."""
+    store = HistoryStore(f"sqlite:///{tmp_path / 'history.db'}")
+    runs = {identity: store.start_run(identity, "scheduled__2026-11-29") for identity in (
+        JobIdentity(DAG_X, "", "ctr"), JobIdentity(DAG_Y, "", "ctr"), JobIdentity(DAG_Y, "nightly", "ctr"))}
+    dlrover_client.app_state.dependency_overrides[get_store] = lambda: store
+    yield dlrover_client, store, runs
+    dlrover_client.app_state.dependency_overrides.clear()
+
+
+def test_a_dag_run_never_shows_another_dags_run_of_the_same_job_and_run_id(two_dags):
+    client, store, runs = two_dags
+    x, y, y_nightly = runs.values()
+    [found] = get(client, f"/dlrover/api/dag-runs/{DAG_X}/scheduled__2026-11-29").json()
+    assert found["id"] == x
+    assert [r["id"] for r in get(client, f"/dlrover/api/dag-runs/{DAG_Y}/scheduled__2026-11-29").json()] == [y, y_nightly]
+    assert f'data-run="{x}"' in get(client, f"/dlrover/dag-runs/{DAG_X}/scheduled__2026-11-29").text
+    listed = get(client, f"/dlrover/dag-runs/{DAG_Y}/scheduled__2026-11-29").text  # two jobs: a list of both
+    assert f'/runs/{y}"' in listed and f'/runs/{y_nightly}"' in listed and f'/runs/{x}"' not in listed
+    # every job has its own page and its own runs
+    jobs = get(client, "/dlrover/api/jobs").json()
+    assert [j["identity"] for j in jobs] == [f"{DAG_X}//ctr", f"{DAG_Y}//ctr", f"{DAG_Y}/nightly/ctr"]
+    for job, run in zip(jobs, runs.values()):
+        assert [r["id"] for r in get(client, f"/dlrover/api/jobs/{job['id']}/runs").json()] == [run]
+        assert "Runs of ctr" in get(client, f"/dlrover/jobs/{job['id']}").text
+
+
+def test_a_task_opens_the_run_of_its_own_group(two_dags, monkeypatch):
+    from airflow_dlrover.plugins import app
+
+    client, store, runs = two_dags
+    x, y, y_nightly = runs.values()
+    groups = {"guard": None, "nightly.guard": "nightly"}
+    monkeypatch.setattr(app, "serialized_task", lambda dag_id, task_id: SimpleNamespace(
+        task_type="DLRoverInstabilitySensor", task_group=SimpleNamespace(group_id=groups[task_id])))
+    page = get(client, f"/dlrover/dag-runs/{DAG_Y}/scheduled__2026-11-29/tasks/nightly.guard").text
+    assert f'data-run="{y_nightly}"' in page and 'data-section="instability"' in page
+    assert f'data-run="{y}"' in get(client, f"/dlrover/dag-runs/{DAG_Y}/scheduled__2026-11-29/tasks/guard").text
+    assert f'data-run="{x}"' in get(client, f"/dlrover/dag-runs/{DAG_X}/scheduled__2026-11-29/tasks/guard").text
 
 
 # --------------------------------------------------------------------------------------------
@@ -261,10 +313,11 @@ def test_the_json_of_a_run_recorded_by_the_example_dag(dlrover_client, recorded_
     assert failure["node"] == recovery["node"] == "worker-0"
     assert recovery["evidence"]["try_number"] == failure["evidence"]["try_number"] + 1
 
-    jobs = {j["job"]: j for j in get(dlrover_client, "/dlrover/api/jobs").json()}
-    last = jobs["dlrm_daily_retrain"]["last_run"]
-    assert last["id"] == store.runs("dlrm_daily_retrain")[-1]["id"]
-    what_if = get(dlrover_client, "/dlrover/api/jobs/dlrm_daily_retrain/what-if", cpu="1.5", memory="4Gi").json()
+    [job] = [j for j in get(dlrover_client, "/dlrover/api/jobs").json()
+             if (j["dag_id"], j["job"]) == ("dlrm_daily_retrain", "dlrm_daily_retrain")]
+    assert job["task_group"] == "dlrm_daily_retrain"  # DLRoverRetrainGroup's group is named after the job
+    assert job["last_run"]["id"] == store.runs("dlrm_daily_retrain")[-1]["id"]
+    what_if = get(dlrover_client, f"/dlrover/api/jobs/{job['id']}/what-if", cpu="1.5", memory="4Gi").json()
     model = store.latest_model("dlrm_daily_retrain")
     expected = plan(model.throughput, model.memory, Quota(cpu=1.5, memory_mb=4096), batch_size=model.throughput.batch_size)
     assert what_if["plan"]["predicted_throughput"] == pytest.approx(expected.predicted_throughput)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from airflow_dlrover.plugins.app import get_store
-from history_data import DagStore, record_run
+from airflow_dlrover.history.store import HistoryStore
+from history_data import record_run
 from ui_settings import DAG_A, DAG_B, TEAM_A, TEAM_B, USER
 
 #: user → (role, team): alice reads DAG_A, bob DAG_B, carol (no role) nothing, admin everything.
@@ -26,7 +27,7 @@ RUNS = {"ctr_a": [("scheduled__1", DAG_A)], "ctr_b": [("scheduled__1", DAG_B)],
 @pytest.fixture(scope="module")
 def history(tmp_path_factory, ui_dags):
     """The runs of :data:`RUNS` (ids by (job, DAG)) in a store of their own."""
-    store = DagStore(f"sqlite:///{tmp_path_factory.mktemp('auth') / 'history.db'}")
+    store = HistoryStore(f"sqlite:///{tmp_path_factory.mktemp('auth') / 'history.db'}")
     ids = {}
     for seed, (job, runs) in enumerate(RUNS.items()):
         for run_key, dag_id in runs:

@@ -165,7 +165,7 @@ def test_the_airflow_ui_shows_the_view_on_the_dag_run_and_task_pages(server, bro
     assert browser.evaluate(f"{frame}.contentDocument.body.dataset.run") == str(recorded_run["id"])
     screenshot(browser, "ui-airflow-dag-run-tab.png")
 
-    [guard] = [t for t in recorded_run["tasks"] if t.rsplit(".", 1)[-1] == "guard"]  # in the DAG's task group
+    [guard] = [t for t in recorded_run["tasks"] if t.rsplit(".", 1)[-1] == "guard"]  # in the job's task group
     browser.open(f"{server['base']}/dags/{dag}/runs/{quoted}/tasks/{guard}/plugin/dlrover-task")
     assert browser.wait_for(rendered, timeout_s=90) == "true"
     body = f"{frame}.contentDocument.body"
@@ -178,10 +178,10 @@ def test_the_job_list_and_the_what_if_form(server, browser, recorded_run):
     assert browser.wait_for("document.body && document.body.dataset.rendered") == "true"
     cells = browser.evaluate("[...document.querySelectorAll('#jobs tbody tr')].map((r) => r.innerText)")
     # the job's row shows its last run's status (other tests of the session may have run it since)
-    [job] = [j for j in api(server, "/jobs") if j["job"] == recorded_run["dag_id"]]
+    [job] = [j for j in api(server, "/jobs") if (j["dag_id"], j["job"]) == (recorded_run["dag_id"], recorded_run["dag_id"])]
     assert any(recorded_run["dag_id"] in cell and job["last_run"]["status"] in cell for cell in cells)
 
-    browser.open(f"{server['base']}/dlrover/what-if?job={recorded_run['dag_id']}")
+    browser.open(f"{server['base']}/dlrover/what-if?job={job['id']}")
     assert browser.wait_for("document.body && document.body.dataset.rendered") == "true"
     submit = """(() => { const f = document.getElementById('what-if-form');
       f.elements.cpu.value = '%s'; f.elements.memory.value = '%s'; f.elements.objective.value = 'efficiency';
@@ -189,7 +189,7 @@ def test_the_job_list_and_the_what_if_form(server, browser, recorded_run):
     browser.evaluate(submit % ("6", "12Gi"))
     assert browser.wait_for("['done', 'error'].includes(document.body.dataset.whatIf) && document.body.dataset.whatIf") == "done"
     [chart] = browser.evaluate(CANVASES)
-    expected = api(server, f"/jobs/{recorded_run['dag_id']}/what-if?cpu=6&memory=12Gi&objective=efficiency")["plan"]
+    expected = api(server, f"/jobs/{job['id']}/what-if?cpu=6&memory=12Gi&objective=efficiency")["plan"]
     assert chart["series"]["Pareto front"] == len(expected["pareto_front"]) and chart["inked"] > 1000
     text = browser.evaluate("document.getElementById('what-if-plan').innerText")
     assert f"{expected['workers']} worker" in text and "samples/s" in text

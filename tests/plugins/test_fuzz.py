@@ -22,7 +22,8 @@ from schemathesis.specs.openapi.checks import (
 
 from airflow_dlrover.plugins import URL_PREFIX
 from airflow_dlrover.plugins.app import get_store
-from history_data import DagStore, record_run
+from airflow_dlrover.history.store import HistoryStore
+from history_data import record_run
 from ui_settings import DAG_A
 
 #: Generated requests per operation: 13 operations, about 1,000 requests, ~40 s on two shared cores.
@@ -38,7 +39,7 @@ PLANNABLE = {"cpu": "16", "memory": "64Gi"}
 def fuzzed(dlrover_client, tmp_path_factory, ui_dags):
     """The app over a store with a run of ``DAG_A`` and one outside any DAG; the path parameters
     that name them."""
-    store = DagStore(f"sqlite:///{tmp_path_factory.mktemp('fuzz') / 'history.db'}")
+    store = HistoryStore(f"sqlite:///{tmp_path_factory.mktemp('fuzz') / 'history.db'}")
     run_key = "scheduled__2026-11-29"
     runs = [record_run(store, "ctr", run_key, DAG_A)[0], record_run(store, "cli", "cli__1", "", seed=5)[0]]
     dlrover_client.app_state.dependency_overrides[get_store] = lambda: store

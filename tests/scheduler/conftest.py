@@ -92,6 +92,8 @@ class Deployment:
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+            # no @daily run of the example DAG beside the test's own (this also stops asset-triggered
+            # runs: the test turns it on once it has paused the example DAG)
             "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
         }
         self.client = httpx.Client(base_url=f"{self.base}/api/v2", timeout=60)
@@ -111,6 +113,20 @@ class Deployment:
             with (self.logs / f"{name}.log").open("w") as out:
                 self.processes[name] = subprocess.Popen(self.airflow(name), stdout=out, stderr=subprocess.STDOUT,
                                                         env=self.env, start_new_session=True)
+
+    def restart(self, name: str, **env: str) -> None:
+        """Stop one component's process group and start it again with ``env`` over the settings."""
+        process = self.processes[name]
+        _signal_group(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            _signal_group(process.pid, signal.SIGKILL)
+            process.wait()
+        self.env.update(env)
+        with (self.logs / f"{name}.log").open("a") as out:
+            self.processes[name] = subprocess.Popen(self.airflow(name), stdout=out, stderr=subprocess.STDOUT,
+                                                    env=self.env, start_new_session=True)
 
     def dead(self) -> list[str]:
         return [f"{name} (exit {p.returncode})" for name, p in self.processes.items() if p.poll() is not None]

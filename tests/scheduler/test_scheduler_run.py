@@ -56,6 +56,27 @@ def poll_until_done(deployment, run_id: str, until=None) -> tuple[dict, list[tup
         time.sleep(POLL_S)
 
 
+def test_killing_the_deferred_guard_stops_the_job_and_leaves_no_process(deployment, diagnose):
+    """A user marks the deferred guard failed: the triggerer's ``on_kill`` stops the job, the
+    fine-tune watching beside it fails at once, the report fails the run."""
+    run_id = trigger(deployment, {**CONF, "samples": 40_000_000, "inject": ""}, "kill_guard")  # still training when killed
+    run, seen, tis = poll_until_done(deployment, run_id, until=lambda tis: tis["guard"]["state"] == "deferred"
+                                     and tis["fine_tune"]["state"] == "deferred")
+    assert run["state"] == "running", seen[-1]
+    assert deployment.job_processes(), "the job is not running"
+    deployment.api("PATCH", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{tis['guard']['task_id']}",
+                   json={"new_state": "failed"})
+    deadline = time.monotonic() + 120
+    while deployment.job_processes():
+        assert time.monotonic() < deadline, "job processes left running after the guard was killed"
+        time.sleep(POLL_S)
+    run, seen, tis = poll_until_done(deployment, run_id)
+    states = {t: (ti["state"], ti["try_number"]) for t, ti in tis.items()}
+    assert run["state"] == "failed" and states["guard"][0] == "failed", states
+    assert states["fine_tune"][0] == "failed" and states["report"][0] == "failed", states
+    assert deployment.job_processes() == []
+
+
 def test_the_example_dag_runs_under_a_scheduler_and_recovers_by_a_retry(deployment, diagnose):
     started = time.monotonic()
     run_id = trigger(deployment, CONF, "scheduler_tier")
@@ -95,7 +116,10 @@ def test_the_example_dag_runs_under_a_scheduler_and_recovers_by_a_retry(deployme
     # the trigger has already resumed fails the try): counted, not asserted.
     print(f"tries failed by Airflow's stale-success race: {scheduler_log.count('task-state-changed-externally')}")
 
-    # The report emitted the model's Asset: the deploy DAG scheduled on it ran, on this run's model.
+    # The report emitted the model's Asset: the deploy DAG scheduled on it runs, on this run's model
+    # (asset-triggered runs need the scheduler's schedules: on, with the example DAG paused).
+    deployment.api("PATCH", f"/dags/{DAG_ID}", json={"is_paused": True})
+    deployment.restart("scheduler", AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE="True")
     deadline = time.monotonic() + 300
     while not (runs := deployment.api("GET", f"/dags/{DEPLOY_DAG_ID}/dagRuns")["dag_runs"]) or \
             runs[-1]["state"] not in DONE:
@@ -108,24 +132,3 @@ def test_the_example_dag_runs_under_a_scheduler_and_recovers_by_a_retry(deployme
                                   "/xcomEntries/return_value")["value"]
     model = json.loads(model) if isinstance(model, str) else model
     assert gate["state"] == "success" and model["dag_run"] == run_id and model["auc"] == summary["job"]["eval_auc"]
-
-
-def test_killing_the_deferred_guard_stops_the_job_and_leaves_no_process(deployment, diagnose):
-    """A user marks the deferred guard failed: the triggerer's ``on_kill`` stops the job, the
-    fine-tune watching beside it fails at once, the report fails the run."""
-    run_id = trigger(deployment, {**CONF, "inject": ""}, "kill_guard")
-    run, seen, tis = poll_until_done(deployment, run_id, until=lambda tis: tis["guard"]["state"] == "deferred"
-                                     and tis["fine_tune"]["state"] == "deferred")
-    assert run["state"] == "running", seen[-1]
-    assert deployment.job_processes(), "the job is not running"
-    deployment.api("PATCH", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{tis['guard']['task_id']}",
-                   json={"new_state": "failed"})
-    deadline = time.monotonic() + 120
-    while deployment.job_processes():
-        assert time.monotonic() < deadline, "job processes left running after the guard was killed"
-        time.sleep(POLL_S)
-    run, seen, tis = poll_until_done(deployment, run_id)
-    states = {t: (ti["state"], ti["try_number"]) for t, ti in tis.items()}
-    assert run["state"] == "failed" and states["guard"][0] == "failed", states
-    assert states["fine_tune"][0] == "failed" and states["report"][0] == "failed", states
-    assert deployment.job_processes() == []

@@ -108,7 +108,8 @@
       const r = job.last_run, u = r.utilisation || {};
       const plan = r.plan ? `${shape(r.plan)} (${num(r.plan.worker_memory_mb)} / ${num(r.plan.ps_memory_mb)} MB)` : "—";
       row(tbody, [
-        el("a", { href: `${base()}/jobs/${encodeURIComponent(job.job)}` }, job.job),
+        el("span", {}, el("a", { href: `${base()}/jobs/${job.id}` }, job.job),
+          el("div", { class: "muted" }, [job.dag_id || "no DAG", job.task_group].filter(Boolean).join(" / "))),
         { attrs: { class: "num" }, value: String(job.runs) },
         el("a", { href: `${base()}/runs/${r.id}` }, `run ${r.id} · ${r.run_key}`),
         el("span", { class: `status-${r.status}` }, r.status),
@@ -125,7 +126,7 @@
 
   async function runsPage() {
     const job = document.body.dataset.job;
-    const runs = await api(`/jobs/${encodeURIComponent(job)}/runs`);
+    const runs = await api(`/jobs/${job}/runs`);
     const tbody = $("runs").querySelector("tbody");
     for (const r of runs) {
       row(tbody, [
