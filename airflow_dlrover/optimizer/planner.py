@@ -166,10 +166,11 @@ class Configurations:
 
     @classmethod
     def of(cls, rng: SearchRange, shape: np.ndarray, workers: np.ndarray, ps: np.ndarray) -> "Configurations":
-        lw, lp, g = (a[shape] for a in rng.shapes())
+        shapes = rng.shapes()
+        lw, lp, g = (a[shape] for a in shapes)
         cores = workers * lw + ps * lp
         # (w, p, s) in one integer: shapes are numbered in (λw, λp, g) order of ascending values
-        rest = (workers.astype(np.int64) * (rng.max_ps + 1) + ps) * len(lw) + shape if len(shape) else shape
+        rest = (workers.astype(np.int64) * (rng.max_ps + 1) + ps) * len(shapes[0]) + shape
         order = np.lexsort((rest, cores))
         return cls(rng, shape[order], workers[order], ps[order], lw[order], lp[order], g[order], cores[order])
 
