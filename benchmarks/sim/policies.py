@@ -103,7 +103,7 @@ def is_allreduce(job: JobRun) -> bool:
     return job.spec.family.user.ps == 0
 
 
-@lru_cache(maxsize=8)
+@lru_cache(maxsize=4)
 def planner_configurations(cpu: float, allreduce: bool) -> Configurations:
     """Every configuration the planner searches under ``cpu`` cores (``planner.search_range``: every
     node size, no GPU), in its order."""
@@ -137,7 +137,7 @@ class OraclePolicy(Policy):
 
     name = "oracle"
     #: Families' truths over their quota's configurations kept (the runs of a family on one day share it).
-    KEPT_TRUTHS = 32
+    KEPT_TRUTHS = 8
 
     def __init__(self, objective: str = "efficiency"):
         self.objective = objective
