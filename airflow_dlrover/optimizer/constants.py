@@ -86,9 +86,12 @@ GRID_GPU_VALUES = (1, 2, 4, 8)
 #: rounding must never prune the box that holds the optimum. (ours: rounding is ~1e-15, and a box
 #: kept for nothing is only split again)
 PLAN_BOUND_SLACK = 1e-9
-#: The planner evaluates every configuration of a box of at most this many rather than halving it
-#: again: one vectorised evaluation costs less than the rounds that would split it. (ours)
-PLAN_EXPAND_BOX = 64
+#: A box of at most this many configurations is split into its rows (one worker count each, whose
+#: bound is exact), and a row of at most ``PLAN_EXPAND_ROW`` PS counts into its configurations,
+#: rather than halved again: the vectorised evaluations cost less than the rounds that would split
+#: them. (ours, measured with benchmarks/planner_scale.py's random quotas)
+PLAN_ROWS_BOX = 256
+PLAN_EXPAND_ROW = 16
 
 #: Efficiency objective (knee rule): keep adding cores while an extra core still buys at least
 #: this fraction of the throughput per core of the most efficient configuration. (ours; the

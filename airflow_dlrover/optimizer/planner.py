@@ -19,28 +19,29 @@ Structure. For one node shape s = (λw, λp, g), with u = w^-q, v = p^-q and φ_
 
 with every coefficient ≥ 0. Hence (1) X never falls as p grows (v falls), and (2) at a fixed p,
 Y = A·u + F/u + const in u (A = a_s + b_s·v, F = f_s·v²) is convex, least at u* = √(F/A): the best
-worker/PS ratio w*/p = (A·p^-q / (f_s·p^-2q))^(1/2q) / p … that the contention term sets. So over
-w ∈ [w1, w2] the largest X is at an integer next to w* = u*^(-1/q) clipped to [w1, w2] (at w2 when
-F = 0, at w1 when A = 0), and over a box [w1, w2] × [p1, p2] of one shape the throughput is at most
-X̄ = X(ŵ, p2), ŵ that integer, while every configuration in it costs at least c̲ = w1·λw + p1·λp
-cores and the least memory of its rows and columns.
+worker/PS ratio w*/p = (A/f_s)^(1/2q) that the contention term sets. So over w ∈ [w1, w2] the
+largest X is at an integer next to w* clipped to [w1, w2] (at w2 when F = 0, at w1 when A = 0), and
+over a box [w1, w2] × [p1, p2] of one shape X is at most X̄ = X(ŵ, p2), ŵ that integer, while every
+configuration in it costs at least c̲ = w1·λw + p1·λp cores (and the least memory at w ≥ w1, p ≥ p1).
 
-Search (PS jobs). Branch and bound over such boxes, one per shape to start, halved at the
-geometric mean of their longer side (in ratio) down to single configurations. A box is dropped when
-it can hold no configuration the plan depends on:
+Search (PS jobs): branch and bound over such boxes, one per shape to start. A box is halved at the
+geometric mean of each side of more than one value; one of at most ``PLAN_ROWS_BOX``
+configurations is split into its rows (one w each: an exact bound), and a row of at most
+``PLAN_EXPAND_ROW`` is evaluated whole. A box is dropped when it can hold nothing the plan depends on:
 
-* a point of the Pareto front needs X > F(c−), the best throughput of a feasible configuration
-  with fewer cores; a box with X̄ ≤ F_K(c̲−) holds none, F_K ≤ F being the same over the
-  configurations evaluated so far (each box's best guess (ŵ, the most PS that fit), every single
-  configuration reached);
+* a point of the Pareto front needs X > F(c−), the best throughput of a feasible configuration of
+  fewer cores; a box with X̄ ≤ F_K(c̲−) holds none, F_K ≤ F being the same over the configurations
+  evaluated so far (each box's guess: ŵ with the most PS that fit; every configuration evaluated).
+  A box that can hold no point of the front but past the fewest cores of a known configuration at
+  least as fast as X̄ keeps only the cheaper part;
 * the plan and its ``PLAN_ALTERNATIVES`` alternatives are the k + 1 first configurations by score,
-  ties by fewer cores then grid order: a box cannot hold one when it ranks after the (k+1)-th
-  evaluated so far at best — throughput: X̄ against that X (and c̲ against its cores on a tie);
-  deadline: X̄ below samples/deadline, or its least cost (c̲·price + least memory·price) / X̄
-  against the (k+1)-th least cost; efficiency: the knee and its alternatives are on the front.
+  ties to fewer cores then grid order: a box cannot hold one when even at best it ranks after the
+  (k+1)-th evaluated so far — throughput: X̄ against its X (c̲ against its cores on a tie);
+  deadline: X̄ below samples/deadline, or the least cost (c̲·price + least memory·price) · samples / X̄
+  against its cost; efficiency: the knee and its alternatives are points of the front.
 
 The configurations left are chosen from by the exhaustive search's own rules (:func:`pareto_front`,
-:func:`knee`, the objectives), which depend on nothing else: so the plan, its alternatives, its
+:func:`knee`, the objectives), which look at nothing else: so the plan, its alternatives, its
 front and its knee are the exhaustive search's (``plan(..., exhaustive=True)``; compared on random
 models and quotas in tests/optimizer/test_planner_search.py, timed by benchmarks/planner_scale.py).
 Bounds and configurations are evaluated by the one formula above, so that ties compare exactly;
@@ -559,28 +560,22 @@ class _Known:
     """Configurations evaluated so far (feasible, not excluded), kept for the pruning rules: their
     Pareto front (F_K), the k + 1 best by X and, for a deadline, the k + 1 cheapest on time."""
 
-    def __init__(self, k: int, needed: float | None, cost: _Cost | None, budget: float):
-        self.needed, self.cost = needed, cost
-        self.front_cores, self.front_x = np.zeros(0), np.zeros(0)
-        # F_K(c−) by core step: below[i] = the best X known at fewer than i steps of cores.
+    def __init__(self, objective: str, k: int, needed: float | None, cost: _Cost | None, budget: float):
+        self.objective, self.needed, self.cost = objective, needed, cost
+        # F_K by core step: below[i] = the best X known at fewer than i steps of cores (non-decreasing).
         self.below = np.full(int(budget / _CORE_STEP) + 2, -np.inf)
         self.fastest = _Best(k + 1)
         self.cheapest = _Best(k + 1)
 
     def add(self, key, cores, x, money) -> None:
-        new = x > self.best_below(cores)
+        at = np.minimum(_steps(cores) + 1, len(self.below) - 1)
+        new = x > self.below[at]  # beats what is known at its own cores or fewer
         if new.any():
-            order = np.argsort(cores[new], kind="stable")
-            c, t = cores[new][order], x[new][order]
-            at = np.searchsorted(self.front_cores, c, side="left")
-            c, t = np.insert(self.front_cores, at, c), np.insert(self.front_x, at, t)
-            on = t > np.r_[-np.inf, np.maximum.accumulate(t)[:-1]]  # x strictly grows along the front
-            self.front_cores, self.front_x = c[on], t[on]
-            self.below[:] = -np.inf
-            self.below[_steps(self.front_cores) + 1] = self.front_x
+            np.maximum.at(self.below, at[new], x[new])
             np.maximum.accumulate(self.below, out=self.below)
-        self.fastest.add(key, -x, cores)
-        if self.cost is not None:
+        if self.objective == "throughput":
+            self.fastest.add(key, -x, cores)
+        elif self.objective == "deadline":
             on_time = x >= self.needed
             self.cheapest.add(key[on_time], money[on_time], cores[on_time])
 
@@ -591,16 +586,16 @@ class _Known:
     def cores_reaching(self, x: np.ndarray) -> np.ndarray:
         """The fewest cores of a known configuration with at least ``x`` (inf: none): a configuration
         of more cores and at most ``x`` is not on the front."""
-        at = np.searchsorted(self.front_x, x, side="left")
-        return np.r_[self.front_cores, np.inf][at]
+        at = np.searchsorted(self.below, x, side="left")  # below[at] ≥ x: a known one of at − 1 steps
+        return np.where(at < len(self.below), (at - 1) * _CORE_STEP, np.inf)
 
-    def wanted(self, objective: str, x_best, least_cores, least_money=None) -> tuple[np.ndarray, np.ndarray]:
+    def wanted(self, x_best, least_cores, least_money=None) -> tuple[np.ndarray, np.ndarray]:
         """Whether a box (or a configuration) with at most ``x_best`` and at least ``least_cores``
         (and ``least_money``) can hold a point of the front, and one of the objective's k + 1 best."""
         front = x_best > self.best_below(least_cores)
-        if objective == "throughput":
+        if self.objective == "throughput":
             best = self.fastest.reachable(-x_best, least_cores)
-        elif objective == "deadline":
+        elif self.objective == "deadline":
             best = (x_best >= self.needed) & self.cheapest.reachable(least_money, least_cores)
         else:
             best = np.zeros(len(front), dtype=bool)
@@ -612,9 +607,9 @@ def _halve(s, lo, hi, *others):
     others' bounds (``others``: pairs of arrays) are copied."""
     cut = hi > lo
     mid = np.clip(np.floor(np.sqrt(lo * hi)).astype(np.int64), lo, hi - 1)
-    idx = np.r_[np.arange(len(s)), np.flatnonzero(cut)]
-    new_lo = np.r_[lo, mid[cut] + 1]
-    new_hi = np.r_[np.where(cut, mid, hi), hi[cut]]
+    idx = np.concatenate([np.arange(len(s)), np.flatnonzero(cut)])
+    new_lo = np.concatenate([lo, mid[cut] + 1])
+    new_hi = np.concatenate([np.where(cut, mid, hi), hi[cut]])
     return (s[idx], new_lo, new_hi, *(a[idx] for a in others))
 
 
@@ -640,20 +635,24 @@ def _branch_and_bound(sep: _Separable, rng: SearchRange, quota: Quota, mem: _Nod
         least_mem = np.where(fits, mem.total, np.inf)
         least_mem = np.minimum.accumulate(np.minimum.accumulate(least_mem[::-1], axis=0)[:, ::-1], axis=1)[::-1, ::-1]
 
-    known = _Known(C.PLAN_ALTERNATIVES, needed, cost, budget)
+    known = _Known(objective, C.PLAN_ALTERNATIVES, needed, cost, budget)
     found: list[tuple[np.ndarray, ...]] = []
+
+    ranked = objective != "efficiency"  # the k + 1 best by score count each configuration once: by its key
 
     def evaluate(s, w, p):
         """(key, cores, x, money) of configurations that fit (memory, cores, nodes, GPUs: by construction)."""
-        key = _keys(rng, s, w, p)
+        key = _keys(rng, s, w, p) if ranked or len(excluded) else None
         x = sep.throughput(sep.inverse_q(s, w, p))
         cores = w * lw_s[s] + p * lp_s[s]
         money = cost(cores, mem.total[w, p], x) if cost is not None else None
         return key, cores, x, money
 
     def learn(key, cores, x, money):
-        mine = ~np.isin(key, excluded)
-        known.add(key[mine], cores[mine], x[mine], money[mine] if money is not None else None)
+        if len(excluded):
+            mine = ~np.isin(key, excluded)
+            key, cores, x, money = key[mine], cores[mine], x[mine], money[mine] if money is not None else None
+        known.add(key, cores, x, money)
 
     s = np.arange(len(lw_s))
     cap = np.full(len(s), budget)  # the most cores a configuration of the box may have and still matter
@@ -674,16 +673,13 @@ def _branch_and_bound(sep: _Separable, rng: SearchRange, quota: Quota, mem: _Nod
             break
         lw, lp = lw_s[s], lp_s[s]
 
-        # Small boxes: every configuration, evaluated.
-        size = (w2 - w1 + 1) * (p2 - p1 + 1)
-        small = size <= C.PLAN_EXPAND_BOX
+        # Short rows (one w): every configuration, evaluated.
+        small = (w1 == w2) & (p2 - p1 < C.PLAN_EXPAND_ROW)
         if small.any():
-            n = size[small]
+            n = (p2 - p1 + 1)[small]
             box = np.repeat(np.flatnonzero(small), n)
-            offset = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
-            rows = (p2 - p1 + 1)[box]
-            ew, ep, es = w1[box] + offset // rows, p1[box] + offset % rows, s[box]
-            fit = fits[ew, ep] & (ew * lw_s[es] + ep * lp_s[es] <= cap[box]) & (ew + ep <= nodes)
+            ew, ep, es = w1[box], p1[box] + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n), s[box]
+            fit = fits[ew, ep] & (ew * lw_s[es] + ep * lp_s[es] <= cap[box])
             points = (es[fit], ew[fit], ep[fit])
             point = evaluate(*points)
             learn(*point)
@@ -718,24 +714,40 @@ def _branch_and_bound(sep: _Separable, rng: SearchRange, quota: Quota, mem: _Nod
 
         if small.any():
             key, cores, x, money = point
-            wanted = np.logical_or(*known.wanted(objective, x, cores, money))
+            wanted = np.logical_or(*known.wanted(x, cores, money))
             found.append(tuple(a[wanted] for a in points))
         least_money = cost(least_cores, least_mem[w1, p1], x_bound) if cost is not None else None
-        front, best = known.wanted(objective, x_bound, least_cores, least_money)
+        front, best = known.wanted(x_bound, least_cores, least_money)
         # A box that can hold none of the best holds front points only below the cores of a known
         # configuration as fast as its bound: it keeps those.
         cap = np.where(best, cap, np.minimum(cap, known.cores_reaching(x_bound) + _CORES_EPS))
         split = front | best
         s, w1, w2, p1, p2, cap = (a[split] for a in (s, w1, w2, p1, p2, cap))
-        s, w1, w2, p1, p2, cap = _halve(s, w1, w2, p1, p2, cap)  # each side of more than one value, at its geometric mean
-        s, p1, p2, w1, w2, cap = _halve(s, p1, p2, w1, w2, cap)
+        # A small box becomes its rows (each bounded exactly, at its own w); a larger one is halved
+        # along each side of more than one value, at its geometric mean.
+        rows = (w2 > w1) & ((w2 - w1 + 1) * (p2 - p1 + 1) <= C.PLAN_ROWS_BOX)
+        if rows.any():
+            n = (w2 - w1 + 1)[rows]
+            box = np.repeat(np.flatnonzero(rows), n)
+            row_w = w1[box] + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+            keep = ~rows
+            s, w1, w2, p1, p2, cap = (np.concatenate([a[keep], b]) for a, b in (
+                (s, s[box]), (w1, row_w), (w2, row_w), (p1, p1[box]), (p2, p2[box]), (cap, cap[box])))
+            halve = np.arange(len(s)) < int(keep.sum())
+        else:
+            halve = np.ones(len(s), dtype=bool)
+        whole = ~halve
+        parts = _halve(s[halve], w1[halve], w2[halve], p1[halve], p2[halve], cap[halve])
+        parts = _halve(parts[0], parts[3], parts[4], parts[1], parts[2], parts[5])  # (s, p1, p2, w1, w2, cap)
+        s, w1, w2, p1, p2, cap = (np.concatenate([a[whole], b]) for a, b in (
+            (s, parts[0]), (w1, parts[3]), (w2, parts[4]), (p1, parts[1]), (p2, parts[2]), (cap, parts[5])))
 
     if not found:
         return Configurations.of(rng, *(np.zeros(0, np.int64),) * 3)
     s, w, p = (np.concatenate(a) for a in zip(*found))
     # What the final known set still wants (it knows more than when each was found: fewer candidates).
     _, cores, x, money = evaluate(s, w, p)
-    wanted = np.logical_or(*known.wanted(objective, x, cores, money))
+    wanted = np.logical_or(*known.wanted(x, cores, money))
     return Configurations.of(rng, s[wanted], w[wanted], p[wanted])
 
 
@@ -750,37 +762,39 @@ def pareto_front(cores: np.ndarray, x: np.ndarray) -> np.ndarray:
     count whose best throughput beats every smaller one's, at its first point that reaches it."""
     if not len(cores):
         return np.zeros(0, dtype=int)
-    opens_group = np.r_[True, np.diff(cores) > 0]
+    opens_group = np.concatenate([[True], np.diff(cores) > 0])
     starts = np.flatnonzero(opens_group)
     group = np.cumsum(opens_group) - 1
     group_max = np.maximum.reduceat(x, starts)
-    previous_best = np.r_[-np.inf, np.maximum.accumulate(group_max)[:-1]]
+    previous_best = np.concatenate([[-np.inf], np.maximum.accumulate(group_max)[:-1]])
     front_group = group_max > previous_best
     at_max = np.flatnonzero((x == group_max[group]) & front_group[group])
-    first = np.r_[True, np.diff(group[at_max]) > 0]
+    first = np.concatenate([[True], np.diff(group[at_max]) > 0])
     return at_max[first]
 
 
 def knee(front: np.ndarray, x: np.ndarray, cores: np.ndarray) -> int:
     """Largest upper-hull vertex whose marginal throughput per core ≥ fraction × best average."""
     c, t = cores[front], x[front]
-    hull: list[int] = []
-    for i in range(len(front)):  # monotone chain, upper hull (points already sorted by cores)
-        while len(hull) >= 2:
-            a, b = hull[-2], hull[-1]
-            if (c[b] - c[a]) * (t[i] - t[a]) - (t[b] - t[a]) * (c[i] - c[a]) >= 0:
-                hull.pop()
-            else:
-                break
-        hull.append(i)
+    hull = _upper_hull(c, t)
     best_per_core = float(np.max(t / c))
-    chosen = hull[0]
-    for a, b in zip(hull, hull[1:]):
-        if (t[b] - t[a]) / (c[b] - c[a]) >= C.KNEE_MARGINAL_FRACTION * best_per_core:
-            chosen = b
-        else:
+    a, b = hull[:-1], hull[1:]
+    pays = (t[b] - t[a]) / (c[b] - c[a]) >= C.KNEE_MARGINAL_FRACTION * best_per_core
+    return int(front[hull[len(pays) if pays.all() else int(np.argmin(pays))]])
+
+
+def _upper_hull(c: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Indices of the strict upper hull's vertices of points sorted by c (Andrew's monotone chain,
+    in parallel): a point on or below the segment between its neighbours is none, so every such
+    point goes at once, until none is left; what remains is concave through every vertex."""
+    hull = np.arange(len(c))
+    while len(hull) > 2:
+        a, m, b = hull[:-2], hull[1:-1], hull[2:]
+        under = (c[m] - c[a]) * (t[b] - t[a]) - (t[m] - t[a]) * (c[b] - c[a]) >= 0
+        if not under.any():
             break
-    return int(front[chosen])
+        hull = hull[np.concatenate([[True], ~under, [True]])]
+    return hull
 
 
 def _alternatives(score: np.ndarray | None, front: np.ndarray, best: int) -> list[int]:
@@ -789,8 +803,8 @@ def _alternatives(score: np.ndarray | None, front: np.ndarray, best: int) -> lis
     k = C.PLAN_ALTERNATIVES
     if score is None:
         position = int(np.flatnonzero(front == best)[0]) if best in front else 0
-        near = sorted(range(len(front)), key=lambda i: abs(i - position))
-        return [int(front[i]) for i in near if front[i] != best][:k]
+        near = front[np.argsort(np.abs(np.arange(len(front)) - position), kind="stable")]
+        return [int(i) for i in near[: k + 1] if i != best][:k]
     top = np.flatnonzero(np.isfinite(score))
     if len(top) > k + 1:  # every point at least as good as the (k+1)-th, then the k + 1 first of them
         kth = np.partition(score[top], len(top) - (k + 1))[len(top) - (k + 1)]
