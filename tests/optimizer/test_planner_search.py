@@ -216,3 +216,27 @@ def test_the_structured_search_evaluates_a_small_part_of_the_range():
     found = planner._branch_and_bound(sep, search, quota, nodes, np.zeros(0, np.int64), "efficiency", None, None)
     assert isinstance(found, Configurations)
     assert 0 < len(found) < 0.01 * search.size
+
+
+def _monotone_chain(c, t):
+    """Andrew's monotone chain (the upper hull, collinear points dropped), one point at a time."""
+    hull: list[int] = []
+    for i in range(len(c)):
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            if (c[b] - c[a]) * (t[i] - t[a]) - (t[b] - t[a]) * (c[i] - c[a]) >= 0:
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    return hull
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 60), st.integers(1, 400)), min_size=1, max_size=80))
+def test_the_knees_hull_is_the_monotone_chains(points):
+    """The parallel upper hull (every point under its neighbours' segment at once) keeps the vertices
+    Andrew's sequential chain keeps, collinear and integer (tie-prone) points included."""
+    c = np.asarray(sorted({p for p, _ in points}), dtype=float) / 2
+    t = np.cumsum(np.asarray([v for _, v in points][: len(c)], dtype=float))  # a front: both grow
+    assert planner._upper_hull(c, t).tolist() == _monotone_chain(c, t)
