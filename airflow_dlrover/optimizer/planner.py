@@ -635,7 +635,8 @@ def _branch_and_bound(sep: _Separable, rng: SearchRange, quota: Quota, mem: _Nod
         least_mem = np.where(fits, mem.total, np.inf)
         least_mem = np.minimum.accumulate(np.minimum.accumulate(least_mem[::-1], axis=0)[:, ::-1], axis=1)[::-1, ::-1]
 
-    known = _Known(objective, C.PLAN_ALTERNATIVES, needed, cost, budget)
+    most_cores = min(budget, W * lw_s.max() + P * lp_s.max())  # (a quota may have more cores than the range can use)
+    known = _Known(objective, C.PLAN_ALTERNATIVES, needed, cost, most_cores)
     found: list[tuple[np.ndarray, ...]] = []
 
     ranked = objective != "efficiency"  # the k + 1 best by score count each configuration once: by its key
