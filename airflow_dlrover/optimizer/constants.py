@@ -89,8 +89,9 @@ PLAN_BOUND_SLACK = 1e-9
 #: A box of at most this many configurations is split into its rows (one worker count each, whose
 #: bound is exact), and a row of at most ``PLAN_EXPAND_ROW`` PS counts into its configurations,
 #: rather than halved again: the vectorised evaluations cost less than the rounds that would split
-#: them. (ours, measured with benchmarks/planner_scale.py's random quotas)
-PLAN_ROWS_BOX = 256
+#: them. (ours: on benchmarks/planner_scale.py's random quotas, 64–128 and 16 took 17–19 ms a plan,
+#: 16–32 or 1,024 rows 22–24 ms, 8 or 32 a row no better)
+PLAN_ROWS_BOX = 128
 PLAN_EXPAND_ROW = 16
 
 #: Efficiency objective (knee rule): keep adding cores while an extra core still buys at least

@@ -27,7 +27,8 @@ configuration in it costs at least c̲ = w1·λw + p1·λp cores (and the least 
 Search (PS jobs): branch and bound over such boxes, one per shape to start. A box is halved at the
 geometric mean of each side of more than one value; one of at most ``PLAN_ROWS_BOX``
 configurations is split into its rows (one w each: an exact bound), and a row of at most
-``PLAN_EXPAND_ROW`` is evaluated whole. A box is dropped when it can hold nothing the plan depends on:
+``PLAN_EXPAND_ROW`` that survives its bound is evaluated whole. A box is dropped when it can hold
+nothing the plan depends on:
 
 * a point of the Pareto front needs X > F(c−), the best throughput of a feasible configuration of
   fewer cores; a box with X̄ ≤ F_K(c̲−) holds none, F_K ≤ F being the same over the configurations
@@ -674,19 +675,6 @@ def _branch_and_bound(sep: _Separable, rng: SearchRange, quota: Quota, mem: _Nod
             break
         lw, lp = lw_s[s], lp_s[s]
 
-        # Short rows (one w): every configuration, evaluated.
-        small = (w1 == w2) & (p2 - p1 < C.PLAN_EXPAND_ROW)
-        if small.any():
-            n = (p2 - p1 + 1)[small]
-            box = np.repeat(np.flatnonzero(small), n)
-            ew, ep, es = w1[box], p1[box] + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n), s[box]
-            fit = fits[ew, ep] & (ew * lw_s[es] + ep * lp_s[es] <= cap[box])
-            points = (es[fit], ew[fit], ep[fit])
-            point = evaluate(*points)
-            learn(*point)
-        big = ~small
-        s, w1, w2, p1, p2, lw, lp, cap = (a[big] for a in (s, w1, w2, p1, p2, lw, lp, cap))
-
         # The bound: at p2, the best w of [w1, w2] (module docstring).
         v2 = sep.v[p2]
         A = sep.a[s] + sep.b[s] * v2
@@ -713,10 +701,6 @@ def _branch_and_bound(sep: _Separable, rng: SearchRange, quota: Quota, mem: _Nod
         real = p_guess >= 1
         learn(*evaluate(s[real], w_hat[real], p_guess[real].astype(np.int64)))
 
-        if small.any():
-            key, cores, x, money = point
-            wanted = np.logical_or(*known.wanted(x, cores, money))
-            found.append(tuple(a[wanted] for a in points))
         least_money = cost(least_cores, least_mem[w1, p1], x_bound) if cost is not None else None
         front, best = known.wanted(x_bound, least_cores, least_money)
         # A box that can hold none of the best holds front points only below the cores of a known
@@ -724,6 +708,20 @@ def _branch_and_bound(sep: _Separable, rng: SearchRange, quota: Quota, mem: _Nod
         cap = np.where(best, cap, np.minimum(cap, known.cores_reaching(x_bound) + _CORES_EPS))
         split = front | best
         s, w1, w2, p1, p2, cap = (a[split] for a in (s, w1, w2, p1, p2, cap))
+
+        # Short rows (one w) that may still matter: every configuration, evaluated.
+        small = (w1 == w2) & (p2 - p1 < C.PLAN_EXPAND_ROW)
+        if small.any():
+            n = (p2 - p1 + 1)[small]
+            box = np.repeat(np.flatnonzero(small), n)
+            ew, ep, es = w1[box], p1[box] + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n), s[box]
+            fit = fits[ew, ep] & (ew * lw_s[es] + ep * lp_s[es] <= cap[box])
+            points = (es[fit], ew[fit], ep[fit])
+            key, cores, x, money = point = evaluate(*points)
+            learn(*point)
+            wanted = np.logical_or(*known.wanted(x, cores, money))
+            found.append(tuple(a[wanted] for a in points))
+            s, w1, w2, p1, p2, cap = (a[~small] for a in (s, w1, w2, p1, p2, cap))
         # A small box becomes its rows (each bounded exactly, at its own w); a larger one is halved
         # along each side of more than one value, at its geometric mean.
         rows = (w2 > w1) & ((w2 - w1 + 1) * (p2 - p1 + 1) <= C.PLAN_ROWS_BOX)
