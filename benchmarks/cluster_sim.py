@@ -2,6 +2,7 @@
 
     python benchmarks/cluster_sim.py [--jobs 1000] [--days 7] [--seeds 1 2 3] [--scenarios congested uncongested]
                                      [--policies user,dlrover,ours,oracle] [--objective efficiency]
+                                     [--large-fraction 0.05]
                                      [--processes 2] [--out benchmarks/out/cluster]
 
 Scenarios: ``congested`` is the default cluster (8,000 cores, 40,000 GiB for 1,000 jobs a day:
@@ -10,7 +11,9 @@ and seed it runs ``benchmarks/simulate.py``'s engine (one trace, every policy) a
 seed's table with 95 % bootstrap intervals over jobs; then, for the cold jobs (day 1: no history)
 and the warm ones (days 2…), the mean over seeds with a 95 % t-interval across seeds, and the
 targets of the issue checked against those means (``oracle`` is the knee reference, ``bound`` the
-per-job run-time lower bound of :mod:`sim.bound`). The dlrover policy needs its venv (``make
+per-job run-time lower bound of :mod:`sim.bound`). A share ``--large-fraction`` of the families are
+large PS jobs (hundreds of workers, more than 64 PS at best: ``sim.workload._large_truth``); each
+seed's table for them alone follows its table. The dlrover policy needs its venv (``make
 dlrover-venv``; ``--setup-dlrover`` creates it). Nothing here is asserted: it prints what it measures.
 """
 
@@ -27,7 +30,7 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sim.run import SUMMARY_COLUMNS, by_days, format_table, simulate, write_outputs  # noqa: E402
+from sim.run import SUMMARY_COLUMNS, by_days, format_table, of_truth, simulate, write_outputs  # noqa: E402
 from sim.workload import SimConfig  # noqa: E402
 
 #: Cluster sizes of the scenarios, per 1,000 jobs a day (scaled with --jobs, never below the
@@ -86,17 +89,22 @@ def main() -> None:
     parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
     parser.add_argument("--policies", default="user,dlrover,ours,oracle")
     parser.add_argument("--objective", default="efficiency", choices=("efficiency", "throughput"))
+    parser.add_argument("--large-fraction", type=float, default=0.05,
+                        help="share of the families that are large PS jobs (default 0.05)")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--setup-dlrover", action="store_true")
     parser.add_argument("--out", default="benchmarks/out/cluster")
     args = parser.parse_args()
     policies = args.policies.split(",")
+    if not 0.0 <= args.large_fraction <= 1.0:
+        parser.error(f"--large-fraction={args.large_fraction}: a fraction in [0, 1]")
 
     tables = []
     for scenario in args.scenarios:
         cpu, memory = (max(v * args.jobs / 1000, floor) for v, floor in zip(SCENARIOS[scenario], FLOOR))
         for seed in args.seeds:
-            cfg = SimConfig(jobs=args.jobs, days=args.days, seed=seed, cluster_cpu=cpu, cluster_memory_mb=memory)
+            cfg = SimConfig(jobs=args.jobs, days=args.days, seed=seed, cluster_cpu=cpu, cluster_memory_mb=memory,
+                            large_fraction=args.large_fraction)
             start = time.perf_counter()
             summary, cis, runs = simulate(cfg, policies, objective=args.objective, setup_dlrover=args.setup_dlrover,
                                           processes=args.processes)
@@ -104,6 +112,10 @@ def main() -> None:
             print(f"\n== {scenario}, seed {seed}: {args.jobs} jobs a day × {args.days} days in {seconds:.1f} s "
                   f"({', '.join(f'{r.name} {r.seconds:.1f} s' for r in runs)})")
             print(format_table(summary, cis))
+            large = of_truth(runs, "large", seed=seed)
+            if large is not None:
+                print(f"large families ({int((runs[0].jobs['truth'] == 'large').sum())} jobs):")
+                print(format_table(*large))
             days = by_days(runs, seed=seed)
             write_outputs(Path(args.out) / scenario / f"seed{seed}", summary, cis, runs, cfg, days)
             for label, (table, _) in (days or {"all": (summary, None)}).items():

@@ -23,7 +23,7 @@ from airflow_dlrover.optimizer.types import InvalidInputError, parse_memory_mb
 
 def run(args: argparse.Namespace) -> None:
     from sim.dlrover_bridge import DLRoverUnavailable
-    from sim.run import by_days, format_table, simulate, write_outputs
+    from sim.run import by_days, format_table, of_truth, simulate, write_outputs
     from sim.workload import SimConfig
 
     if args.jobs < 1:
@@ -38,7 +38,10 @@ def run(args: argparse.Namespace) -> None:
         kwargs["cluster_memory_mb"] = parse_memory_mb(args.cluster_memory, "cluster_memory")
     if not 0.0 <= args.allreduce_fraction <= 1.0:
         raise InvalidInputError("allreduce-fraction", args.allreduce_fraction, "a fraction in [0, 1]")
-    cfg = SimConfig(jobs=args.jobs, days=args.days, seed=args.seed, allreduce_fraction=args.allreduce_fraction, **kwargs)
+    if not 0.0 <= args.large_fraction <= 1.0:
+        raise InvalidInputError("large-fraction", args.large_fraction, "a fraction in [0, 1]")
+    cfg = SimConfig(jobs=args.jobs, days=args.days, seed=args.seed, allreduce_fraction=args.allreduce_fraction,
+                    large_fraction=args.large_fraction, **kwargs)
     if args.no_instability:
         cfg = cfg.without_instability()
     start = time.perf_counter()
@@ -57,6 +60,10 @@ def run(args: argparse.Namespace) -> None:
     for label, (table, intervals) in days.items():
         print(f"\n{label} jobs ({'day 1: no history' if label == 'cold' else f'days 2–{cfg.days}: history from earlier days'})")
         print(format_table(table, intervals))
+    large = of_truth(runs, "large", seed=cfg.seed)
+    if large is not None:
+        print(f"\nlarge families ({int((runs[0].jobs['truth'] == 'large').sum())} jobs: hundreds of workers, more than 64 PS at best)")
+        print(format_table(*large))
     paths = write_outputs(Path(args.out), summary, cis, runs, cfg, days)
     print("wrote " + ", ".join(str(p) for p in paths))
 
@@ -74,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster-memory", default=None, help="memory of the cluster quota (default 40000Gi)")
     p.add_argument("--allreduce-fraction", type=float, default=0.0,
                    help="share of the job families that train data-parallel without PS (default 0)")
+    p.add_argument("--large-fraction", type=float, default=0.0,
+                   help="share of the job families that are large PS jobs: hundreds of workers, > 64 PS (default 0)")
     p.add_argument("--no-instability", action="store_true", help="no failures, hot PS, stragglers, under-sized users")
     p.add_argument("--processes", type=int, default=2, help="policies simulated in parallel (default 2)")
     p.add_argument("--dlrover-venv", default=None, help="venv with dlrover==0.6.1 (default $AIRFLOW_DLROVER_DLROVER_VENV or ./.venv-dlrover)")

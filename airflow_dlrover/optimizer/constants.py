@@ -72,12 +72,27 @@ MEMORY_GRANULARITY_MB = 64
 # Planner
 # --------------------------------------------------------------------------------------------
 
-#: The search grid (issue #2): w ≤ 128, p ≤ 64, CPU per node from these values, in cores.
-GRID_MAX_WORKERS = 128
-GRID_MAX_PS = 64
+#: The planner's search range (``planner.search_range``): as many workers and PS as the quota's
+#: cores allow at the smallest node size, up to these: the production DLRM jobs DLRover-RM
+#: optimises run with hundreds of workers, and a PS-heavy job with tables of hundreds of GB needs
+#: hundreds of PS (issue 20). CPU per node from ``GRID_CPU_VALUES``, in cores.
+PLAN_MAX_WORKERS = 1024
+PLAN_MAX_PS = 256
 GRID_CPU_VALUES = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 #: GPUs per worker searched when the quota has GPUs.
 GRID_GPU_VALUES = (1, 2, 4, 8)
+#: Relative slack on the planner's bound of a box of configurations where its continuous
+#: relaxation (the best worker/PS ratio between two integers) stands in for the integers: float
+#: rounding must never prune the box that holds the optimum. (ours: rounding is ~1e-15, and a box
+#: kept for nothing is only split again)
+PLAN_BOUND_SLACK = 1e-9
+#: A box of at most this many configurations is split into its rows (one worker count each, whose
+#: bound is exact), and a row of at most ``PLAN_EXPAND_ROW`` PS counts into its configurations,
+#: rather than halved again: the vectorised evaluations cost less than the rounds that would split
+#: them. (ours: on benchmarks/planner_scale.py's random quotas, 64–128 and 16 took 17–19 ms a plan,
+#: 16–32 or 1,024 rows 22–24 ms, 8 or 32 a row no better)
+PLAN_ROWS_BOX = 128
+PLAN_EXPAND_ROW = 16
 
 #: Efficiency objective (knee rule): keep adding cores while an extra core still buys at least
 #: this fraction of the throughput per core of the most efficient configuration. (ours; the

@@ -1,19 +1,57 @@
-"""Pre-tune planner: exact search of the configuration grid under a quota (DLRover-RM §5).
+"""Pre-tune planner: the best configuration under a quota (DLRover-RM §5), the exhaustive search's
+answer without enumerating every configuration.
 
-The grid is every (w, p, λw, λp[, g]) with w ≤ ``GRID_MAX_WORKERS``, p ≤ ``GRID_MAX_PS`` and λ in
-``GRID_CPU_VALUES`` (401,408 points). It is built once per (batch, GPU values), sorted by total
-cores, so that everything a quota of C cores allows is a prefix of it; the model's throughput is
-one matrix-vector product over that prefix. Memory per node comes from the memory model plus its
-margin (``memory.memory_request_mb``); for a job of known size the PS tables include the rows the
-remaining samples will add.
+Search range (:func:`search_range`): w workers and p PS (p = 0 for an all-reduce job), as many as
+the quota's cores (and nodes) allow at the smallest node size, at most ``PLAN_MAX_WORKERS`` and
+``PLAN_MAX_PS``; CPU per node λw, λp from ``GRID_CPU_VALUES`` up to ``NODE_CPU_TRUST_MULTIPLE`` ×
+the largest the model was fitted on (``FitReport.largest_node_cpu``); GPUs per worker g from
+``GRID_GPU_VALUES`` when the quota has GPUs and the model knows them (``gpu_compute`` identified).
+Up to 1,024 × 256 × 7² × 5 ≈ 64 M configurations: too many to enumerate in a plan's time (issue 20).
 
-Node sizes are searched up to ``NODE_CPU_TRUST_MULTIPLE`` × the largest the model was fitted on
-(``FitReport.largest_node_cpu``).
+Structure. For one node shape s = (λw, λp, g), with u = w^-q, v = p^-q and φ_k = θ_k^q, the model
+(``model.py``; p = 0: v = 0) is
 
-The grid is of the model's kind of job (``ThroughputModel.allreduce``): for a PS job p ≥ 1 as
-above; for an all-reduce job p = 0 and λp = 0 only (w × λw[× g]: 896 points), its memory the
-workers' alone (each with the tables the remaining samples add: ``MemoryModel.worker_peak_mb``).
-A grid keeps only its kind's feature columns (``model.kind_columns``).
+    Y = (1/X)^q = (a_s + b_s·v)·u + f_s·v²/u + e_s·v + c_s + r(w)
+    a_s = φ_overhead·B^-q + φ_worker_compute·λw^-q  (on GPU: + φ_gpu_compute·g^-q instead),
+    b_s = φ_ps_latency·min(λp, 1)^-q,   e_s = φ_ps_service·λp^-q + φ_network,
+    f_s = φ_contention·λp^-q,   c_s = φ_ps_request·(λp·B)^-q + φ_io,
+    r(w) = φ_allreduce·(2(w−1)/(w²·B))^q + φ_allreduce_latency·(2(w−1)/(w·B))^q
+
+with every coefficient ≥ 0. Hence (1) X never falls as p grows (v falls), and (2) at a fixed p,
+Y = A·u + F/u + const in u (A = a_s + b_s·v, F = f_s·v²) is convex, least at u* = √(F/A): the best
+worker/PS ratio w*/p = (A/f_s)^(1/2q) that the contention term sets. So over w ∈ [w1, w2] the
+largest X is at an integer next to w* clipped to [w1, w2] (at w2 when F = 0, at w1 when A = 0), and
+over a box [w1, w2] × [p1, p2] of one shape X is at most X̄ = X(ŵ, p2), ŵ that integer, while every
+configuration in it costs at least c̲ = w1·λw + p1·λp cores (and the least memory at w ≥ w1, p ≥ p1).
+
+Search (PS jobs): branch and bound over such boxes, one per shape to start. A box is halved at the
+geometric mean of each side of more than one value; one of at most ``PLAN_ROWS_BOX``
+configurations is split into its rows (one w each: an exact bound), and a row of at most
+``PLAN_EXPAND_ROW`` that survives its bound is evaluated whole. A box is dropped when it can hold
+nothing the plan depends on:
+
+* a point of the Pareto front needs X > F(c−), the best throughput of a feasible configuration of
+  fewer cores; a box with X̄ ≤ F_K(c̲−) holds none, F_K ≤ F being the same over the configurations
+  evaluated so far (each box's guess: ŵ with the most PS that fit; every configuration evaluated).
+  A box that can hold no point of the front but past the fewest cores of a known configuration at
+  least as fast as X̄ keeps only the cheaper part;
+* the plan and its ``PLAN_ALTERNATIVES`` alternatives are the k + 1 first configurations by score,
+  ties to fewer cores then grid order: a box cannot hold one when even at best it ranks after the
+  (k+1)-th evaluated so far — throughput: X̄ against its X (c̲ against its cores on a tie);
+  deadline: X̄ below samples/deadline, or the least cost (c̲·price + least memory·price) · samples / X̄
+  against its cost; efficiency: the knee and its alternatives are points of the front.
+
+The configurations left are chosen from by the exhaustive search's own rules (:func:`pareto_front`,
+:func:`knee`, the objectives), which look at nothing else: so the plan, its alternatives, its
+front and its knee are the exhaustive search's (``plan(..., exhaustive=True)``; compared on random
+models and quotas in tests/optimizer/test_planner_search.py, timed by benchmarks/planner_scale.py).
+Bounds and configurations are evaluated by the one formula above, so that ties compare exactly;
+where X̄ rests on the continuous w* of a box of several w, it is raised by ``PLAN_BOUND_SLACK``.
+Memory, nodes and GPUs bound the boxes too (a box keeps the rows and columns where something fits).
+An all-reduce job's range is one-dimensional (w × λw × g: at most 36 k configurations): enumerated.
+
+Memory per node is :func:`node_memory`'s: the memory model plus its margin
+(``memory.memory_request_mb``), for a job of known size with the rows the remaining samples add.
 
 Objectives:
 
@@ -27,8 +65,8 @@ Objectives:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import lru_cache
+import math
+from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
@@ -46,72 +84,197 @@ from airflow_dlrover.optimizer.types import (
     check_kind,
 )
 
+_CORES_EPS = 1e-9  # a configuration of exactly the quota's cores fits it
+#: Every node size is a multiple of this many cores (so is every configuration's total).
+_CORE_STEP = 0.5
+assert all(float(v / _CORE_STEP).is_integer() for v in C.GRID_CPU_VALUES)
+
+
+def _steps(cores: np.ndarray) -> np.ndarray:
+    """A configuration's total cores in ``_CORE_STEP``\ s (exact)."""
+    return np.rint(np.asarray(cores) / _CORE_STEP).astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# The search range and its configurations
+# ---------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
-class SearchGrid:
-    """Every candidate configuration, sorted by total cores (read-only arrays)."""
+class SearchRange:
+    """1 ≤ w ≤ ``max_workers``, 1 ≤ p ≤ ``max_ps`` (p = 0 for ``allreduce``), CPU per node and GPUs
+    per worker from these values (ascending). A node shape s is (λw, λp, g), numbered in that order."""
 
+    max_workers: int
+    max_ps: int
+    worker_cpu: tuple[float, ...]
+    ps_cpu: tuple[float, ...]
+    worker_gpu: tuple[int, ...] = (0,)
+    allreduce: bool = False
+
+    def shapes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(λw, λp, g) of each node shape, in shape order."""
+        lw, lp, g = np.meshgrid(np.asarray(self.worker_cpu, float), np.asarray(self.ps_cpu, float),
+                                np.asarray(self.worker_gpu), indexing="ij")
+        return lw.ravel(), lp.ravel(), g.ravel()
+
+    @property
+    def size(self) -> int:
+        """Configurations in the range (before the quota's cores cut it)."""
+        return self.max_workers * max(self.max_ps, 1) * len(self.worker_cpu) * len(self.ps_cpu) * len(self.worker_gpu)
+
+
+def search_range(cpu: float, *, allreduce: bool = False, gpu_values: tuple[int, ...] = (0,),
+                 largest_node_cpu: dict[str, float] | None = None, max_nodes: int | None = None) -> SearchRange:
+    """The range a plan under ``cpu`` cores (and ``max_nodes``) searches; see the module docstring.
+    ``largest_node_cpu``: the model's (``FitReport.largest_node_cpu``); None searches every size."""
+
+    def trusted(role: str) -> tuple[float, ...]:
+        if largest_node_cpu is None:
+            return tuple(C.GRID_CPU_VALUES)
+        values = tuple(v for v in C.GRID_CPU_VALUES if v <= C.NODE_CPU_TRUST_MULTIPLE * largest_node_cpu[role] + 1e-9)
+        if not values:
+            raise InvalidInputError(
+                f"model.largest_node_cpu.{role}", largest_node_cpu[role],
+                f"at least {min(C.GRID_CPU_VALUES) / C.NODE_CPU_TRUST_MULTIPLE:g} cores: the planner's smallest node "
+                f"({min(C.GRID_CPU_VALUES):g}) within {C.NODE_CPU_TRUST_MULTIPLE:g}× the largest the model was fitted on",
+            )
+        return values
+
+    worker_cpu = trusted("worker_cpu")
+    ps_cpu = (0.0,) if allreduce else trusted("ps_cpu")
+    budget = float(cpu) + _CORES_EPS
+    workers = min(C.PLAN_MAX_WORKERS, math.floor((budget - min(ps_cpu)) / min(worker_cpu)))
+    ps = 0 if allreduce else min(C.PLAN_MAX_PS, math.floor((budget - min(worker_cpu)) / min(ps_cpu)))
+    if max_nodes is not None:
+        workers = min(workers, max_nodes - (0 if allreduce else 1))
+        ps = min(ps, max_nodes - 1) if not allreduce else 0
+    return SearchRange(max(workers, 0), max(ps, 0), worker_cpu, ps_cpu, tuple(gpu_values), allreduce)
+
+
+@dataclass(frozen=True)
+class Configurations:
+    """Configurations of one range, sorted by total cores, then (w, p, λw, λp, g): the order in which
+    the planner breaks ties (fewer cores first). ``shape``: each one's node shape (``SearchRange.shapes``)."""
+
+    range: SearchRange
+    shape: np.ndarray
     workers: np.ndarray
     ps: np.ndarray
     worker_cpu: np.ndarray
     ps_cpu: np.ndarray
     worker_gpu: np.ndarray
     cores: np.ndarray
-    feats: np.ndarray  # the design rows' columns of the grid's kind of job only: ``columns``
-    columns: np.ndarray  # indices in ``model.PARAMETERS`` of the columns of ``feats``
-    group_starts: np.ndarray  # first index of each distinct ``cores`` value
-    group_of: np.ndarray  # the group (index into ``group_starts``) of each point
-    _powers: dict = field(default_factory=dict, compare=False, repr=False)
 
-    def feats_pow(self, q: float) -> np.ndarray:
-        """feats**q, computed once per sharpness q (the model's q-norm works on it)."""
-        if q not in self._powers:
-            self._powers[q] = self.feats**q
-            self._powers[q].flags.writeable = False
-        return self._powers[q]
+    @classmethod
+    def of(cls, rng: SearchRange, shape: np.ndarray, workers: np.ndarray, ps: np.ndarray) -> "Configurations":
+        shapes = rng.shapes()
+        lw, lp, g = (a[shape] for a in shapes)
+        cores = workers * lw + ps * lp
+        # (w, p, s) in one integer: shapes are numbered in (λw, λp, g) order of ascending values
+        rest = (workers.astype(np.int64) * (rng.max_ps + 1) + ps) * len(shapes[0]) + shape
+        order = np.lexsort((rest, cores))
+        return cls(rng, shape[order], workers[order], ps[order], lw[order], lp[order], g[order], cores[order])
+
+    def take(self, index: np.ndarray) -> "Configurations":
+        return Configurations(self.range, *(a[index] for a in (self.shape, self.workers, self.ps, self.worker_cpu,
+                                                                 self.ps_cpu, self.worker_gpu, self.cores)))
 
     def __len__(self) -> int:
         return len(self.cores)
 
-    def prefix(self, cpu: float) -> int:
-        """Number of grid points with at most ``cpu`` cores."""
-        return int(np.searchsorted(self.cores, cpu + 1e-9, side="right"))
+
+def configurations(rng: SearchRange, cpu: float) -> Configurations:
+    """Every configuration of ``rng`` with at most ``cpu`` cores (the exhaustive search's set)."""
+    lw_s, lp_s, _ = rng.shapes()
+    budget = float(cpu) + _CORES_EPS
+    shapes, workers, ps = [], [], []
+    w = np.arange(1, rng.max_workers + 1)
+    for s, (lw, lp) in enumerate(zip(lw_s, lp_s)):
+        if rng.allreduce:
+            fits = w[w * lw <= budget]
+            shapes.append(np.full(len(fits), s))
+            workers.append(fits)
+            ps.append(np.zeros(len(fits), dtype=int))
+            continue
+        most = np.minimum(rng.max_ps, np.floor((budget - w * lw) / lp)).astype(int)
+        ws, most = w[most >= 1], most[most >= 1]
+        total = int(most.sum())
+        shapes.append(np.full(total, s))
+        workers.append(np.repeat(ws, most))
+        ps.append(np.arange(total) - np.repeat(np.cumsum(most) - most, most) + 1)
+    cat = (np.concatenate(a) if a else np.zeros(0, dtype=int) for a in (shapes, workers, ps))
+    return Configurations.of(rng, *cat)
 
 
-@lru_cache(maxsize=16)
-def search_grid(
-    batch_size: int,
-    gpu_values: tuple[int, ...] = (0,),
-    max_workers: int = C.GRID_MAX_WORKERS,
-    max_ps: int = C.GRID_MAX_PS,
-    cpu_values: tuple[float, ...] = C.GRID_CPU_VALUES,
-    allreduce: bool = False,
-) -> SearchGrid:
-    """The grid of a PS job (p ≥ 1) or of an all-reduce job (``allreduce``: p = 0, λp = 0)."""
-    ps_values, ps_cpu_values = (np.array([0]), (0.0,)) if allreduce else (np.arange(1, max_ps + 1), cpu_values)
-    w, p, lw, lp, g = (
-        a.ravel()
-        for a in np.meshgrid(
-            np.arange(1, max_workers + 1), ps_values, cpu_values, ps_cpu_values, gpu_values,
-            indexing="ij",
-        )
-    )
-    cores = w * lw + p * lp
-    order = np.argsort(cores, kind="stable")
-    arrays = [a[order] for a in (w, p, lw, lp, g, cores)]
-    for a in arrays:
-        a.flags.writeable = False
-    w, p, lw, lp, g, cores = arrays
-    columns = kind_columns(allreduce)
-    feats = features(w, p, lw, lp, g, batch_size, columns)
-    for a in (feats, columns):
-        a.flags.writeable = False
-    opens_group = np.r_[True, np.diff(cores) > 0]
-    starts = np.flatnonzero(opens_group)
-    group_of = np.cumsum(opens_group) - 1
-    for a in (starts, group_of):
-        a.flags.writeable = False
-    return SearchGrid(w, p, lw, lp, g, cores, feats, columns, starts, group_of)
+# ---------------------------------------------------------------------------------------------
+# The model in separable form (one evaluation for the search, its bounds and the exhaustive one)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Separable:
+    """The coefficients of the module docstring's Y for each node shape of a range, and u = w^-q,
+    v = p^-q, r(w) by index (u[w], v[p], r[w]; v[0] = 0: no PS)."""
+
+    q: float
+    a: np.ndarray
+    b: np.ndarray
+    e: np.ndarray
+    f: np.ndarray
+    c: np.ndarray
+    u: np.ndarray
+    v: np.ndarray
+    r: np.ndarray
+
+    @classmethod
+    def of(cls, model: ThroughputModel, rng: SearchRange, batch: int) -> "_Separable":
+        q, B = float(model.sharpness), float(batch)
+        phi = {name: value**q for name, value in model.params.items()}
+        lw, lp, g = rng.shapes()
+        has_ps = lp > 0
+        lp_ = np.where(has_ps, lp, 1.0)
+        with np.errstate(divide="ignore"):
+            a = phi["overhead"] * B**-q + np.where(g > 0, phi["gpu_compute"] * np.maximum(g, 1.0) ** -q,
+                                                    phi["worker_compute"] * lw**-q)
+            b = np.where(has_ps, phi["ps_latency"] * np.minimum(lp_, 1.0) ** -q, 0.0)
+            e = np.where(has_ps, phi["ps_service"] * lp_**-q + phi["network"], 0.0)
+            f = np.where(has_ps, phi["contention"] * lp_**-q, 0.0)
+            c = np.where(has_ps, phi["ps_request"] * (lp_ * B) ** -q, 0.0) + phi["io"]
+        w = np.arange(0, rng.max_workers + 1, dtype=float)
+        p = np.arange(0, rng.max_ps + 1, dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            u = np.where(w > 0, w ** -q, np.nan)
+            v = np.where(p > 0, p ** -q, 0.0)
+            ring = 2.0 * (w - 1.0)
+            r = np.where(w > 0, phi["allreduce"] * (ring / (w * w * B)) ** q
+                         + phi["allreduce_latency"] * (ring / (w * B)) ** q, np.nan)
+        return cls(q, a, b, e, f, c, u, v, r)
+
+    def inverse_q(self, s: np.ndarray, w: np.ndarray, p: np.ndarray) -> np.ndarray:
+        """Y = (1/X)^q of each configuration (shape s, w workers, p PS)."""
+        v = self.v[p]
+        return _y(self.a[s] + self.b[s] * v, self.f[s] * v * v, self.u[w], self.e[s] * v, self.c[s], self.r[w])
+
+    def throughput(self, y: np.ndarray) -> np.ndarray:
+        return np.maximum(y, 1e-300) ** (-1.0 / self.q)
+
+
+def _y(A, F, u, ev, c, r):
+    """Y = A·u + F/u + e·v + c + r, always in this order (bounds and points then round alike)."""
+    return A * u + F / u + ev + c + r
+
+
+def predicted_throughput(model: ThroughputModel, configs: Configurations, batch: int) -> np.ndarray:
+    """The model's throughput of each configuration as the planner evaluates it (the separable
+    form; equal to ``ThroughputModel.predict`` up to rounding)."""
+    sep = _Separable.of(model, configs.range, batch)
+    return sep.throughput(sep.inverse_q(configs.shape, configs.workers, configs.ps))
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory
+# ---------------------------------------------------------------------------------------------
 
 
 def minimum_requirement(memory: MemoryModel | None, batch_size: int, allreduce: bool = False,
@@ -134,28 +297,56 @@ def node_memory(memory: MemoryModel | None, quota: Quota, w: np.ndarray, p: np.n
     A size given explicitly is used as it is; else the memory model's request (PS: its tables
     for ``samples`` over p); without a model, the node gets an equal share of what the quota's
     memory leaves after the explicit sizes, in ``MEMORY_GRANULARITY_MB`` steps:
-    ``(M − w·m_w − p·m_p) / (w' + p')`` over the w', p' nodes without a size."""
-    worker = np.full(len(w), float(worker_memory_mb)) if worker_memory_mb else None
+    ``(M − w·m_w − p·m_p) / (w' + p')`` over the w', p' nodes without a size. ``w`` and ``p``
+    broadcast (e.g. a column of workers against a row of PS)."""
+    shape = np.broadcast_shapes(np.shape(w), np.shape(p))
+    worker = np.full(shape, float(worker_memory_mb)) if worker_memory_mb else None
     ps = np.where(p > 0, float(ps_memory_mb), 0.0) if ps_memory_mb else None
     sources = ["as given"] if worker_memory_mb or ps_memory_mb else []
     if memory is not None:
         if worker is None or ps is None:
             sources.append("the memory model")
         if worker is None:
-            worker = np.full(len(w), float(memory.worker_request_mb(batch, samples or 0.0)))
+            worker = np.full(shape, float(memory.worker_request_mb(batch, samples or 0.0)))
         if ps is None:
-            ps = np.zeros(len(w)) if memory.allreduce else \
-                memory.ps_request_mb(np.arange(1, C.GRID_MAX_PS + 1), samples or 0.0)[np.maximum(p, 1) - 1] * (p > 0)
+            most = max(int(np.max(p, initial=0)), 1)
+            ps = np.zeros(shape) if memory.allreduce else np.broadcast_to(
+                memory.ps_request_mb(np.arange(1, most + 1), samples or 0.0)[np.maximum(p, 1) - 1] * (p > 0), shape)
         return worker, ps, "" if sources == ["the memory model"] else "; ".join(sources)
     if worker is None or ps is None:
         granule = C.MEMORY_GRANULARITY_MB
         left = quota.memory_mb - (w * worker if worker is not None else 0.0) - (p * ps if ps is not None else 0.0)
         sharing = (w if worker is None else 0) + (p if ps is None else 0)
-        share = np.floor(np.maximum(left, 0.0) / np.maximum(sharing, 1) / granule) * granule
+        share = np.broadcast_to(np.floor(np.maximum(left, 0.0) / np.maximum(sharing, 1) / granule) * granule, shape)
         worker = share if worker is None else worker
         ps = np.where(p > 0, share, 0.0) if ps is None else ps
         sources.append("an equal share of the quota's memory (no memory model)")
     return worker, ps, "; ".join(sources)
+
+
+@dataclass(frozen=True)
+class _NodeMemory:
+    """:func:`node_memory` of every (w, p) of a range, by index [w, p] (row 0 unused; column 0: p = 0)."""
+
+    worker: np.ndarray
+    ps: np.ndarray
+    total: np.ndarray
+    fits: np.ndarray  # within the quota's memory, and each node holds a process
+    source: str
+
+    @classmethod
+    def of(cls, rng: SearchRange, quota: Quota, memory, batch, samples, worker_memory_mb, ps_memory_mb) -> "_NodeMemory":
+        w, p = np.arange(rng.max_workers + 1)[:, None], np.arange(rng.max_ps + 1)[None, :]
+        worker, ps, source = node_memory(memory, quota, w, p, batch, samples, worker_memory_mb, ps_memory_mb)
+        total = w * worker + p * ps
+        fits = (total <= quota.memory_mb) & (worker >= C.MEMORY_GRANULARITY_MB) \
+            & ((p == 0) | (ps >= C.MEMORY_GRANULARITY_MB)) & (w > 0) & ((p > 0) | rng.allreduce)
+        return cls(*np.broadcast_arrays(worker, ps), total, fits, source)
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan
+# ---------------------------------------------------------------------------------------------
 
 
 def plan(
@@ -170,6 +361,7 @@ def plan(
     exclude: Iterable[Configuration] = (),
     worker_memory_mb: float | None = None,
     ps_memory_mb: float | None = None,
+    exhaustive: bool = False,
 ) -> Plan:
     """Choose the configuration for ``objective`` under ``quota``; see the module docstring.
 
@@ -177,7 +369,8 @@ def plan(
     ``exclude`` removes configurations (e.g. ones a fine-tune revert rejected). Memory per node
     is :func:`node_memory`'s: ``worker_memory_mb`` / ``ps_memory_mb`` when given, else the memory
     model's, else (``memory`` None: a model fitted on throughput only) an equal share of the
-    quota; the plan's reason says which.
+    quota; the plan's reason says which. ``exhaustive``: evaluate every configuration of the range
+    (the reference the structured search answers alike; seconds past a few thousand cores).
     Raises :class:`InfeasibleQuotaError` when nothing fits, naming what the smallest job needs.
     """
     objective = Objective.parse(objective).value
@@ -202,66 +395,62 @@ def plan(
     batch = int(batch_size or model.batch_size)
     use_gpu = quota.gpu > 0 and "gpu_compute" in model.identified
     gpu_values = (0,) + tuple(g for g in C.GRID_GPU_VALUES if g <= quota.gpu) if use_gpu else (0,)
-    grid = search_grid(batch, gpu_values, allreduce=allreduce)
-
-    n = grid.prefix(quota.cpu)
-    minimum = minimum_requirement(memory, batch, allreduce, worker_memory_mb, ps_memory_mb)
-    if n == 0:
-        raise InfeasibleQuotaError("cpu", quota.cpu, minimum)
-    w, p, g, cores = grid.workers[:n], grid.ps[:n], grid.worker_gpu[:n], grid.cores[:n]
-    x = model.predict_features(grid.feats[:n], band=False, feats_q=grid.feats_pow(model.sharpness)[:n],
-                               columns=grid.columns)
-    worker_mem, ps_mem, memory_source = node_memory(memory, quota, w, p, batch, samples, worker_memory_mb, ps_memory_mb)
-    total_mem = w * worker_mem + p * ps_mem
-    allowed = np.ones(n, dtype=bool)  # every constraint but memory
     largest = model.report.largest_node_cpu if model.report is not None else None
-    if largest:  # node sizes the model can vouch for (``NODE_CPU_TRUST_MULTIPLE``)
-        allowed &= grid.worker_cpu[:n] <= C.NODE_CPU_TRUST_MULTIPLE * largest["worker_cpu"] + 1e-9
-        allowed &= grid.ps_cpu[:n] <= C.NODE_CPU_TRUST_MULTIPLE * largest["ps_cpu"] + 1e-9
-    if quota.max_nodes is not None:
-        allowed &= (w + p) <= quota.max_nodes
-    if use_gpu:
-        allowed &= w * g <= quota.gpu
-    for config in exclude:
-        allowed &= ~(
-            (w == config.workers) & (p == config.ps) & (grid.worker_cpu[:n] == config.worker_cpu)
-            & (grid.ps_cpu[:n] == config.ps_cpu) & (g == config.worker_gpu)
-        )
-    feasible = allowed & (total_mem <= quota.memory_mb)
-    # an equal share must still hold a process
-    feasible &= (worker_mem >= C.MEMORY_GRANULARITY_MB) & ((p == 0) | (ps_mem >= C.MEMORY_GRANULARITY_MB))
-    if not feasible.any():
-        if not allowed.any():
-            raise InvalidInputError("exclude", len(exclude), "exclusions that leave a configuration")
+    rng = search_range(quota.cpu, allreduce=allreduce, gpu_values=gpu_values, largest_node_cpu=largest,
+                       max_nodes=quota.max_nodes)
+    minimum = minimum_requirement(memory, batch, allreduce, worker_memory_mb, ps_memory_mb)
+    if rng.max_workers < 1 or (not allreduce and rng.max_ps < 1):
+        raise InfeasibleQuotaError("cpu", quota.cpu, minimum)
+
+    mem = _NodeMemory.of(rng, quota, memory, batch, samples, worker_memory_mb, ps_memory_mb)
+    excluded = _excluded_keys(rng, exclude)
+    allowed = _allowed_pairs(rng, quota, exclude)
+    if not allowed.any():
+        raise InvalidInputError("exclude", len(exclude), "exclusions that leave a configuration")
+    if not (allowed & mem.fits).any():
         tables = "each worker's tables" if allreduce else "the PS tables"
         growth = (
             f" ({tables} grow by {memory.table_growth_mb_per_m_samples * samples / 1e6:,.0f} MB over {samples:g} samples)"
             if samples and memory is not None and memory.table_growth_mb_per_m_samples else ""
         )
         raise InfeasibleQuotaError(
-            "memory", f"{quota.memory_mb:g} MB", dict(minimum, memory_mb=float(total_mem[allowed].min())),
+            "memory", f"{quota.memory_mb:g} MB", dict(minimum, memory_mb=float(mem.total[allowed].min())),
             f"No configuration within {quota.cpu:g} cores fits the memory{growth}.",
         )
 
-    x_feasible = np.where(feasible, x, -np.inf)
-    front = pareto_front(grid, n, x_feasible)
+    sep = _Separable.of(model, rng, batch)
+    needed = samples / deadline_s if objective == "deadline" else None
+    price_core = quota.price_per_core_hour if quota.price_per_core_hour is not None else C.DEFAULT_PRICE_PER_CORE_HOUR
+    price_gb = quota.price_per_gb_hour if quota.price_per_gb_hour is not None else C.DEFAULT_PRICE_PER_GB_HOUR
+    cost = _Cost(price_core, price_gb, samples) if objective == "deadline" else None
+    if exhaustive or allreduce:
+        found = configurations(rng, quota.cpu)
+    else:
+        found = _branch_and_bound(sep, rng, quota, mem, excluded, objective, needed, cost)
+    keys = _keys(rng, found.shape, found.workers, found.ps)
+    keep = mem.fits[found.workers, found.ps] & ~np.isin(keys, excluded)
+    if quota.max_nodes is not None:
+        keep &= found.workers + found.ps <= quota.max_nodes
+    if use_gpu:
+        keep &= found.workers * found.worker_gpu <= quota.gpu
+    grid = found.take(np.flatnonzero(keep))
+    w, p, cores = grid.workers, grid.ps, grid.cores
+    x = sep.throughput(sep.inverse_q(grid.shape, w, p))
+    total_mem = mem.total[w, p]
+    front = pareto_front(cores, x)
     if objective == "throughput":
-        best = int(np.argmax(x_feasible))  # sorted by cores: the first maximum has the fewest
-        score = x_feasible
+        best = int(np.argmax(x))  # sorted by cores: the first maximum has the fewest
+        score = x
     elif objective == "deadline":
-        needed = samples / deadline_s
-        price_core = quota.price_per_core_hour if quota.price_per_core_hour is not None else C.DEFAULT_PRICE_PER_CORE_HOUR
-        price_gb = quota.price_per_gb_hour if quota.price_per_gb_hour is not None else C.DEFAULT_PRICE_PER_GB_HOUR
-        on_time = x_feasible >= needed
+        on_time = x >= needed
         if not on_time.any():
-            fastest = samples / x_feasible.max()
+            fastest = samples / x.max()
             raise InvalidInputError(
                 "deadline", f"{deadline_s:g}s",
                 f"≥ {fastest:.0f}s: the fastest plan under this quota trains {samples:g} samples "
-                f"at {x_feasible.max():.0f} samples/s",
+                f"at {x.max():.0f} samples/s",
             )
-        cost = (cores * price_core + total_mem / 1024.0 * price_gb) * (samples / x / 3600.0)
-        score = np.where(on_time, -cost, -np.inf)
+        score = np.where(on_time, -cost(cores, total_mem, x), -np.inf)
         best = int(np.argmax(score))
     else:
         best = knee(front, x, cores)
@@ -269,10 +458,12 @@ def plan(
 
     config = Configuration(
         workers=int(w[best]), ps=int(p[best]), worker_cpu=float(grid.worker_cpu[best]),
-        ps_cpu=float(grid.ps_cpu[best]), worker_memory_mb=float(worker_mem[best]), ps_memory_mb=float(ps_mem[best]),
-        worker_gpu=int(g[best]), batch_size=batch,
+        ps_cpu=float(grid.ps_cpu[best]), worker_memory_mb=float(mem.worker[w[best], p[best]]),
+        ps_memory_mb=float(mem.ps[w[best], p[best]]), worker_gpu=int(grid.worker_gpu[best]), batch_size=batch,
     )
-    _, lower, upper = model.predict_features(grid.feats[best : best + 1], columns=grid.columns)
+    row = features(config.workers, config.ps, config.worker_cpu, config.ps_cpu, config.worker_gpu, batch,
+                   kind_columns(allreduce))[None, :]
+    _, lower, upper = model.predict_features(row, columns=kind_columns(allreduce))
     alternatives = _alternatives(score, front, best)
     return Plan(
         config=config,
@@ -281,66 +472,348 @@ def plan(
         upper_throughput=float(upper[0]),
         objective=objective,
         reason=_reason(objective, config, float(x[best]), quota, float(total_mem[best]), samples, deadline_s, use_gpu)
-        + (f"; memory per node {memory_source}" if memory_source else ""),
+        + (f"; memory per node {mem.source}" if mem.source else ""),
         alternatives=_rows(grid, np.asarray(alternatives, dtype=int), x, total_mem),
         pareto_front=_rows(grid, front, x, total_mem),
     )
 
 
-def pareto_front(grid: SearchGrid, n: int, x_feasible: np.ndarray) -> np.ndarray:
-    """Indices of the Pareto-optimal points (more throughput needs more cores), by cores."""
-    starts = grid.group_starts[grid.group_starts < n]
-    group_max = np.maximum.reduceat(x_feasible, starts)
-    previous_best = np.r_[-np.inf, np.maximum.accumulate(group_max)[:-1]]
-    on_front = np.flatnonzero(group_max > previous_best)
-    # The first point of each of those groups that reaches its group's maximum (a prefix of the
-    # grid ends at a group boundary: every point of a core count or none).
-    group = grid.group_of[:n]
-    front_group = np.zeros(len(starts), dtype=bool)
-    front_group[on_front] = True
-    at_max = np.flatnonzero((x_feasible[:n] == group_max[group]) & front_group[group])
-    first = np.r_[True, np.diff(group[at_max]) > 0]
+@dataclass(frozen=True)
+class _Cost:
+    """The deadline objective's cost: (cores · price + memory · price) × the predicted duration."""
+
+    price_core: float
+    price_gb: float
+    samples: float
+
+    def __call__(self, cores, memory_mb, x):
+        return (cores * self.price_core + memory_mb / 1024.0 * self.price_gb) * (self.samples / x / 3600.0)
+
+
+def _keys(rng: SearchRange, shape, workers, ps) -> np.ndarray:
+    """One integer per configuration of ``rng``."""
+    return (np.asarray(shape, np.int64) * (rng.max_workers + 1) + workers) * (rng.max_ps + 1) + ps
+
+
+def _excluded_keys(rng: SearchRange, exclude: tuple[Configuration, ...]) -> np.ndarray:
+    """The keys of the excluded configurations that are in ``rng``."""
+    lw, lp, g = rng.shapes()
+    keys = []
+    for config in exclude:
+        shape = np.flatnonzero((lw == config.worker_cpu) & (lp == config.ps_cpu) & (g == config.worker_gpu))
+        if len(shape) and 1 <= config.workers <= rng.max_workers and config.ps <= rng.max_ps \
+                and (config.ps >= 1) != rng.allreduce:
+            keys.append(int(_keys(rng, shape[0], config.workers, config.ps)))
+    return np.unique(np.asarray(keys, dtype=np.int64))
+
+
+def _allowed_pairs(rng: SearchRange, quota: Quota, exclude: tuple[Configuration, ...]) -> np.ndarray:
+    """[w, p]: some configuration with w workers and p PS fits the quota's cores, nodes and GPUs and
+    is not excluded (memory aside: it depends on (w, p) only)."""
+    lw, lp, g = rng.shapes()
+    w, p = np.arange(rng.max_workers + 1)[:, None], np.arange(rng.max_ps + 1)[None, :]
+    budget = quota.cpu + _CORES_EPS
+    allowed = (w * lw.min() + p * lp.min() <= budget) & (w > 0) & ((p > 0) | rng.allreduce)
+    if quota.max_nodes is not None:
+        allowed &= w + p <= quota.max_nodes
+    pairs = {(c.workers, c.ps) for c in exclude if 1 <= c.workers <= rng.max_workers and 0 <= c.ps <= rng.max_ps}
+    for cw, cp in pairs:
+        if not allowed[cw, cp]:
+            continue
+        fits = (cw * lw + cp * lp <= budget) & ((g == 0) | (cw * g <= quota.gpu))
+        shapes = {(float(a), float(b), int(c)) for a, b, c in zip(lw[fits], lp[fits], g[fits])}
+        gone = {(c.worker_cpu, c.ps_cpu, c.worker_gpu) for c in exclude if (c.workers, c.ps) == (cw, cp)}
+        allowed[cw, cp] = bool(shapes - gone)
+    return allowed
+
+
+# ---------------------------------------------------------------------------------------------
+# The structured search (PS jobs): branch and bound over boxes of (w, p) of one node shape
+# ---------------------------------------------------------------------------------------------
+
+
+class _Best:
+    """The k first of the configurations added, by (``rank``, cores), each counted once: the worst
+    of them is the bar a box must reach to hold one of the k first of all."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.key, self.rank, self.cores = np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
+        self.bar, self.bar_cores = np.inf, np.inf  # (rank, cores) of the k-th: none yet
+
+    def add(self, key: np.ndarray, rank: np.ndarray, cores: np.ndarray) -> None:
+        better = (rank < self.bar) | ((rank == self.bar) & (cores <= self.bar_cores))
+        if not better.any():
+            return
+        key, first = np.unique(np.concatenate([self.key, key[better]]), return_index=True)
+        rank, cores = np.concatenate([self.rank, rank[better]])[first], np.concatenate([self.cores, cores[better]])[first]
+        order = np.lexsort((cores, rank))[: self.k]
+        self.key, self.rank, self.cores = key[order], rank[order], cores[order]
+        if len(order) == self.k:
+            self.bar, self.bar_cores = float(self.rank[-1]), float(self.cores[-1])
+
+    def reachable(self, rank: np.ndarray, least_cores: np.ndarray) -> np.ndarray:
+        """Whether something ranked at best ``rank`` with at least ``least_cores`` cores can be among the k first."""
+        return (rank < self.bar) | ((rank == self.bar) & (least_cores <= self.bar_cores))
+
+
+class _Known:
+    """Configurations evaluated so far (feasible, not excluded), kept for the pruning rules: their
+    Pareto front (F_K), the k + 1 best by X and, for a deadline, the k + 1 cheapest on time."""
+
+    def __init__(self, objective: str, k: int, needed: float | None, cost: _Cost | None, budget: float):
+        self.objective, self.needed, self.cost = objective, needed, cost
+        # F_K by core step: below[i] = the best X known at fewer than i steps of cores (non-decreasing).
+        self.below = np.full(int(budget / _CORE_STEP) + 2, -np.inf)
+        self.fastest = _Best(k + 1)
+        self.cheapest = _Best(k + 1)
+
+    def add(self, key, cores, x, money) -> None:
+        at = np.minimum(_steps(cores) + 1, len(self.below) - 1)
+        new = x > self.below[at]  # beats what is known at its own cores or fewer
+        if new.any():
+            np.maximum.at(self.below, at[new], x[new])
+            np.maximum.accumulate(self.below, out=self.below)
+        if self.objective == "throughput":
+            self.fastest.add(key, -x, cores)
+        elif self.objective == "deadline":
+            on_time = x >= self.needed
+            self.cheapest.add(key[on_time], money[on_time], cores[on_time])
+
+    def best_below(self, cores: np.ndarray) -> np.ndarray:
+        """F_K(c−): the best X evaluated at fewer cores than each ``cores`` (−inf: none)."""
+        return self.below[np.minimum(_steps(cores), len(self.below) - 1)]
+
+    def cores_reaching(self, x: np.ndarray) -> np.ndarray:
+        """The fewest cores of a known configuration with at least ``x`` (inf: none): a configuration
+        of more cores and at most ``x`` is not on the front."""
+        at = np.searchsorted(self.below, x, side="left")  # below[at] ≥ x: a known one of at − 1 steps
+        return np.where(at < len(self.below), (at - 1) * _CORE_STEP, np.inf)
+
+    def wanted(self, x_best, least_cores, least_money=None) -> tuple[np.ndarray, np.ndarray]:
+        """Whether a box (or a configuration) with at most ``x_best`` and at least ``least_cores``
+        (and ``least_money``) can hold a point of the front, and one of the objective's k + 1 best."""
+        front = x_best > self.best_below(least_cores)
+        if self.objective == "throughput":
+            best = self.fastest.reachable(-x_best, least_cores)
+        elif self.objective == "deadline":
+            best = (x_best >= self.needed) & self.cheapest.reachable(least_money, least_cores)
+        else:
+            best = np.zeros(len(front), dtype=bool)
+        return front, best
+
+
+def _halve(s, lo, hi, *others):
+    """Boxes split in two along [lo, hi] (at ⌊√(lo·hi)⌋) where it holds more than one value; the
+    others' bounds (``others``: pairs of arrays) are copied."""
+    cut = hi > lo
+    mid = np.clip(np.floor(np.sqrt(lo * hi)).astype(np.int64), lo, hi - 1)
+    idx = np.concatenate([np.arange(len(s)), np.flatnonzero(cut)])
+    new_lo = np.concatenate([lo, mid[cut] + 1])
+    new_hi = np.concatenate([np.where(cut, mid, hi), hi[cut]])
+    return (s[idx], new_lo, new_hi, *(a[idx] for a in others))
+
+
+def _branch_and_bound(sep: _Separable, rng: SearchRange, quota: Quota, mem: _NodeMemory, excluded: np.ndarray,
+                      objective: str, needed: float | None, cost: _Cost | None) -> Configurations:
+    """The configurations the plan depends on, and a few more (see the module docstring)."""
+    W, P = rng.max_workers, rng.max_ps
+    lw_s, lp_s, g_s = rng.shapes()
+    budget = quota.cpu + _CORES_EPS
+    nodes = quota.max_nodes if quota.max_nodes is not None else W + P + 1
+    # [w, p]: something fits in memory, and in the cores and nodes at the smallest node size ...
+    w_all, p_all = np.arange(W + 1)[:, None], np.arange(P + 1)[None, :]
+    fits = mem.fits & (w_all * lw_s.min() + p_all * lp_s.min() <= budget) & (w_all + p_all <= nodes)
+    p_idx = np.arange(P + 1, dtype=np.int32)
+    last_fit = np.maximum.accumulate(np.where(fits, p_idx, np.int32(0)), axis=1)  # the most PS ≤ p that fit w
+    fits_from = np.logical_or.accumulate(fits[::-1], axis=0)[::-1]  # ... for some w' ≥ w
+    last_from = np.maximum.accumulate(np.where(fits_from, p_idx, np.int32(0)), axis=1)
+    next_from = np.minimum.accumulate(np.where(fits_from, p_idx, np.int32(P + 1))[:, ::-1], axis=1)[:, ::-1]
+    most_w = np.where(fits.any(axis=0), W - np.argmax(fits[::-1], axis=0), 0)  # [p]: the most workers that fit p
+    most_w_from = np.maximum.accumulate(most_w[::-1])[::-1]  # ... for some p' ≥ p
+    least_mem = None
+    if cost is not None:  # [w, p]: the least memory of a configuration that fits at w' ≥ w, p' ≥ p
+        least_mem = np.where(fits, mem.total, np.inf)
+        least_mem = np.minimum.accumulate(np.minimum.accumulate(least_mem[::-1], axis=0)[:, ::-1], axis=1)[::-1, ::-1]
+
+    most_cores = min(budget, W * lw_s.max() + P * lp_s.max())  # (a quota may have more cores than the range can use)
+    known = _Known(objective, C.PLAN_ALTERNATIVES, needed, cost, most_cores)
+    found: list[tuple[np.ndarray, ...]] = []
+
+    ranked = objective != "efficiency"  # the k + 1 best by score count each configuration once: by its key
+
+    def evaluate(s, w, p):
+        """(key, cores, x, money) of configurations that fit (memory, cores, nodes, GPUs: by construction)."""
+        key = _keys(rng, s, w, p) if ranked or len(excluded) else None
+        x = sep.throughput(sep.inverse_q(s, w, p))
+        cores = w * lw_s[s] + p * lp_s[s]
+        money = cost(cores, mem.total[w, p], x) if cost is not None else None
+        return key, cores, x, money
+
+    def learn(key, cores, x, money):
+        if len(excluded):
+            mine = ~np.isin(key, excluded)
+            key, cores, x, money = key[mine], cores[mine], x[mine], money[mine] if money is not None else None
+        known.add(key, cores, x, money)
+
+    s = np.arange(len(lw_s))
+    cap = np.full(len(s), budget)  # the most cores a configuration of the box may have and still matter
+    w1, p1 = np.ones(len(s), dtype=np.int64), np.ones(len(s), dtype=np.int64)
+    w2 = np.where(g_s > 0, np.minimum(W, quota.gpu // np.maximum(g_s, 1)), W).astype(np.int64)
+    p2 = np.full(len(s), P, dtype=np.int64)
+    q = sep.q
+    while len(s):
+        lw, lp = lw_s[s], lp_s[s]
+        w2 = np.minimum.reduce([w2, np.floor((cap - p1 * lp) / lw).astype(np.int64), nodes - p1, most_w_from[p1]])
+        p2 = np.minimum.reduce([p2, np.floor((cap - w1 * lw) / lp).astype(np.int64), nodes - w1])
+        live = (w1 <= w2) & (p2 >= p1)
+        s, w1, w2, p1, p2, cap = (a[live] for a in (s, w1, w2, p1, p2, cap))
+        p2, p1 = last_from[w1, p2], next_from[w1, p1]
+        live = p1 <= p2
+        s, w1, w2, p1, p2, cap = (a[live] for a in (s, w1, w2, p1, p2, cap))
+        if not len(s):
+            break
+        lw, lp = lw_s[s], lp_s[s]
+
+        # The bound: at p2, the best w of [w1, w2] (module docstring).
+        v2 = sep.v[p2]
+        A = sep.a[s] + sep.b[s] * v2
+        F = sep.f[s] * v2 * v2
+        ev, c = sep.e[s] * v2, sep.c[s]
+        interior = (A > 0) & (F > 0) & (w2 > w1)
+        w_hat = np.where(F > 0, w1, w2)  # F = 0: X grows with w; A = 0: it falls
+        y_hat = _y(A, F, sep.u[w_hat], ev, c, sep.r[w_hat])
+        if interior.any():
+            with np.errstate(divide="ignore", invalid="ignore"):
+                w_star = np.where(interior, (F / A) ** (-0.5 / q), 0.0)
+            base = np.floor(np.minimum(w_star, W + 1.0)).astype(np.int64)
+            for step in (-1, 0, 1, 2):  # the integers next to w* (Y is unimodal in w; ±1 for rounding)
+                w_try = np.clip(base + step, w1, w2)
+                y_try = _y(A, F, sep.u[w_try], ev, c, sep.r[w_try])
+                better = interior & (y_try < y_hat)
+                w_hat, y_hat = np.where(better, w_try, w_hat), np.where(better, y_try, y_hat)
+        x_bound = sep.throughput(np.where(interior, y_hat * (1.0 - C.PLAN_BOUND_SLACK), y_hat))
+        least_cores = w1 * lw + p1 * lp
+
+        # Each box's guess: ŵ workers with the most PS that fit; evaluated, it joins the known set.
+        p_guess = np.minimum.reduce([p2, np.floor((budget - w_hat * lw) / lp).astype(np.int64), nodes - w_hat])
+        p_guess = last_fit[w_hat, np.maximum(p_guess, 0)]
+        real = p_guess >= 1
+        learn(*evaluate(s[real], w_hat[real], p_guess[real].astype(np.int64)))
+
+        least_money = cost(least_cores, least_mem[w1, p1], x_bound) if cost is not None else None
+        front, best = known.wanted(x_bound, least_cores, least_money)
+        # A box that can hold none of the best holds front points only below the cores of a known
+        # configuration as fast as its bound: it keeps those.
+        cap = np.where(best, cap, np.minimum(cap, known.cores_reaching(x_bound) + _CORES_EPS))
+        split = front | best
+        s, w1, w2, p1, p2, cap = (a[split] for a in (s, w1, w2, p1, p2, cap))
+
+        # Short rows (one w) that may still matter: every configuration, evaluated.
+        small = (w1 == w2) & (p2 - p1 < C.PLAN_EXPAND_ROW)
+        if small.any():
+            n = (p2 - p1 + 1)[small]
+            box = np.repeat(np.flatnonzero(small), n)
+            ew, ep, es = w1[box], p1[box] + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n), s[box]
+            fit = fits[ew, ep] & (ew * lw_s[es] + ep * lp_s[es] <= cap[box])
+            points = (es[fit], ew[fit], ep[fit])
+            key, cores, x, money = point = evaluate(*points)
+            learn(*point)
+            wanted = np.logical_or(*known.wanted(x, cores, money))
+            found.append(tuple(a[wanted] for a in points))
+            s, w1, w2, p1, p2, cap = (a[~small] for a in (s, w1, w2, p1, p2, cap))
+        # A small box becomes its rows (each bounded exactly, at its own w); a larger one is halved
+        # along each side of more than one value, at its geometric mean.
+        rows = (w2 > w1) & ((w2 - w1 + 1) * (p2 - p1 + 1) <= C.PLAN_ROWS_BOX)
+        if rows.any():
+            n = (w2 - w1 + 1)[rows]
+            box = np.repeat(np.flatnonzero(rows), n)
+            row_w = w1[box] + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+            keep = ~rows
+            s, w1, w2, p1, p2, cap = (np.concatenate([a[keep], b]) for a, b in (
+                (s, s[box]), (w1, row_w), (w2, row_w), (p1, p1[box]), (p2, p2[box]), (cap, cap[box])))
+            halve = np.arange(len(s)) < int(keep.sum())
+        else:
+            halve = np.ones(len(s), dtype=bool)
+        whole = ~halve
+        parts = _halve(s[halve], w1[halve], w2[halve], p1[halve], p2[halve], cap[halve])
+        parts = _halve(parts[0], parts[3], parts[4], parts[1], parts[2], parts[5])  # (s, p1, p2, w1, w2, cap)
+        s, w1, w2, p1, p2, cap = (np.concatenate([a[whole], b]) for a, b in (
+            (s, parts[0]), (w1, parts[3]), (w2, parts[4]), (p1, parts[1]), (p2, parts[2]), (cap, parts[5])))
+
+    if not found:
+        return Configurations.of(rng, *(np.zeros(0, np.int64),) * 3)
+    s, w, p = (np.concatenate(a) for a in zip(*found))
+    # What the final known set still wants (it knows more than when each was found: fewer candidates).
+    _, cores, x, money = evaluate(s, w, p)
+    wanted = np.logical_or(*known.wanted(x, cores, money))
+    return Configurations.of(rng, s[wanted], w[wanted], p[wanted])
+
+
+# ---------------------------------------------------------------------------------------------
+# The exhaustive search's rules
+# ---------------------------------------------------------------------------------------------
+
+
+def pareto_front(cores: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Indices of the Pareto-optimal points (more throughput needs more cores) of configurations
+    sorted by cores (``Configurations``' order; x = −inf for one that does not fit): each core
+    count whose best throughput beats every smaller one's, at its first point that reaches it."""
+    if not len(cores):
+        return np.zeros(0, dtype=int)
+    opens_group = np.concatenate([[True], np.diff(cores) > 0])
+    starts = np.flatnonzero(opens_group)
+    group = np.cumsum(opens_group) - 1
+    group_max = np.maximum.reduceat(x, starts)
+    previous_best = np.concatenate([[-np.inf], np.maximum.accumulate(group_max)[:-1]])
+    front_group = group_max > previous_best
+    at_max = np.flatnonzero((x == group_max[group]) & front_group[group])
+    first = np.concatenate([[True], np.diff(group[at_max]) > 0])
     return at_max[first]
 
 
 def knee(front: np.ndarray, x: np.ndarray, cores: np.ndarray) -> int:
     """Largest upper-hull vertex whose marginal throughput per core ≥ fraction × best average."""
     c, t = cores[front], x[front]
-    hull: list[int] = []
-    for i in range(len(front)):  # monotone chain, upper hull (points already sorted by cores)
-        while len(hull) >= 2:
-            a, b = hull[-2], hull[-1]
-            if (c[b] - c[a]) * (t[i] - t[a]) - (t[b] - t[a]) * (c[i] - c[a]) >= 0:
-                hull.pop()
-            else:
-                break
-        hull.append(i)
+    hull = _upper_hull(c, t)
     best_per_core = float(np.max(t / c))
-    chosen = hull[0]
-    for a, b in zip(hull, hull[1:]):
-        if (t[b] - t[a]) / (c[b] - c[a]) >= C.KNEE_MARGINAL_FRACTION * best_per_core:
-            chosen = b
-        else:
+    a, b = hull[:-1], hull[1:]
+    pays = (t[b] - t[a]) / (c[b] - c[a]) >= C.KNEE_MARGINAL_FRACTION * best_per_core
+    return int(front[hull[len(pays) if pays.all() else int(np.argmin(pays))]])
+
+
+def _upper_hull(c: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Indices of the strict upper hull's vertices of points sorted by c (Andrew's monotone chain,
+    in parallel): a point on or below the segment between its neighbours is none, so every such
+    point goes at once, until none is left; what remains is concave through every vertex."""
+    hull = np.arange(len(c))
+    while len(hull) > 2:
+        a, m, b = hull[:-2], hull[1:-1], hull[2:]
+        under = (c[m] - c[a]) * (t[b] - t[a]) - (t[m] - t[a]) * (c[b] - c[a]) >= 0
+        if not under.any():
             break
-    return int(front[chosen])
+        hull = hull[np.concatenate([[True], ~under, [True]])]
+    return hull
 
 
 def _alternatives(score: np.ndarray | None, front: np.ndarray, best: int) -> list[int]:
+    """The ``PLAN_ALTERNATIVES`` next best by score (ties: the earlier, i.e. fewer cores, first);
+    for the efficiency objective (``score`` None), the front points nearest the knee."""
     k = C.PLAN_ALTERNATIVES
-    if score is None:  # efficiency: the front points nearest the knee
+    if score is None:
         position = int(np.flatnonzero(front == best)[0]) if best in front else 0
-        near = sorted(range(len(front)), key=lambda i: abs(i - position))
-        return [int(front[i]) for i in near if front[i] != best][:k]
-    finite = np.isfinite(score)
-    top = np.flatnonzero(finite)
-    if len(top) > k + 1:
-        top = top[np.argpartition(-score[top], k)[: k + 1]]
-    top = top[np.argsort(-score[top], kind="stable")]
+        near = front[np.argsort(np.abs(np.arange(len(front)) - position), kind="stable")]
+        return [int(i) for i in near[: k + 1] if i != best][:k]
+    top = np.flatnonzero(np.isfinite(score))
+    if len(top) > k + 1:  # every point at least as good as the (k+1)-th, then the k + 1 first of them
+        kth = np.partition(score[top], len(top) - (k + 1))[len(top) - (k + 1)]
+        top = top[score[top] >= kth]
+    top = top[np.argsort(-score[top], kind="stable")][: k + 1]
     return [int(i) for i in top if i != best][:k]
 
 
-def _rows(grid: SearchGrid, index: np.ndarray, x: np.ndarray, total_mem: np.ndarray) -> list[dict[str, float]]:
-    """The grid points ``index`` as plain rows (Python numbers: JSON-ready)."""
+def _rows(grid: Configurations, index: np.ndarray, x: np.ndarray, total_mem: np.ndarray) -> list[dict[str, float]]:
+    """The configurations ``index`` as plain rows (Python numbers: JSON-ready)."""
     columns = {
         "workers": grid.workers[index].astype(int), "ps": grid.ps[index].astype(int),
         "worker_cpu": grid.worker_cpu[index].astype(float), "ps_cpu": grid.ps_cpu[index].astype(float),

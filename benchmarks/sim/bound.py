@@ -5,7 +5,7 @@ For a job of ``n`` samples with CPU quota ``L`` (``family.limit_cpu``) and reali
 
     bound_run_s = c₀ + T,    T = n / (X* · f),
     c₀ = launch_s / 2  if T ≤ probe_s  else  launch_s
-    X* = max { truth(w, p, λw, λp) : w·λw + p·λp ≤ L, 1 ≤ w ≤ 128, 1 ≤ p ≤ 64, λw, λp ≥ 0.5 }
+    X* = max { truth(w, p, λw, λp) : w·λw + p·λp ≤ L, 1 ≤ w ≤ 1,024, 1 ≤ p ≤ 256, λw, λp ≥ 0.5 }
          (an all-reduce family: p = λp = 0), rounded up by at most a relative ``REL`` = 10⁻⁶
 
 Why nobody is faster: a job trains only at ``truth(config) · f``, where ``config`` is its
@@ -18,8 +18,9 @@ trains at most ``probe_s`` before the next relaunch (another ``launch_s / 2``, o
 Queueing, resizes, failures, OOMs and instability only add. Memory is ignored (relaxing it only
 raises X*). The JCT bound is the same (no queueing).
 
-The domain of X* holds every configuration a policy runs: the planner's grid (w ≤ 128, p ≤ 64,
-per-node CPU ≥ 0.5), the owners' (w ≤ 32, p ≤ 16, CPU 2/4/8), DLRover's (p ≤ 15, nodes of ≥ 1
+The domain of X* holds every configuration a policy runs: the planner's range (w ≤
+``PLAN_MAX_WORKERS``, p ≤ ``PLAN_MAX_PS``, per-node CPU ≥ 0.5), the owners' (w ≤ 256, p ≤ 64, CPU
+1/2/4/8), DLRover's (p ≤ 15, nodes of ≥ 1
 core, any CPU value) and a healed hot PS's extra cores (which add no throughput past the group's
 λp). The simulation records the truth at every configuration each job ran (``peak_true_rate``)
 and :func:`check` fails a run where it exceeds X*; ``tests/simulate`` checks it on the default
@@ -31,7 +32,8 @@ An interval [a, b] is covered by the box [a, b] × [0.5, (L − w·a)/p]; its up
 truth at the box's top corner for a truth that grows with λw and λp (rooflines, all-reduce, the moving shard), and
 the largest value at the box's vertices and the table nodes inside for the queueing tables
 (log-throughput is multilinear in log λ between nodes, so its maximum over a box is at one of
-them). Boxes whose upper bound is at most (1 + ``rel``) × the best feasible value found are closed;
+them; a table is flat past its last row of w and of p, so no configuration there is faster than
+the same with the table's last w and p, which costs less: the pairs stop there). Boxes whose upper bound is at most (1 + ``rel``) × the best feasible value found are closed;
 the others are halved. Once all are closed, X* = (1 + ``rel``) × that best value: at or above the
 true maximum, at most ``rel`` above it — so a policy that runs a job at the argmax still lands
 above the bound by more than the event times' rounding. A truth's ``scale`` multiplies its
@@ -47,12 +49,12 @@ import numpy as np
 
 from airflow_dlrover.optimizer import constants as C
 from sim.cluster import rate_factor
-from sim.truth import TABLE_CPU, AllReduce, QueueingTable, Truth
+from sim.truth import TABLE_CPU, TABLE_PS, TABLE_WORKERS, AllReduce, QueueingTable, Truth
 from sim.workload import JobSpec, SimConfig
 
 CPU_MIN = float(min(C.GRID_CPU_VALUES))  # the smallest per-node CPU of any policy
-MAX_WORKERS = int(C.GRID_MAX_WORKERS)
-MAX_PS = int(C.GRID_MAX_PS)
+MAX_WORKERS = int(C.PLAN_MAX_WORKERS)
+MAX_PS = int(C.PLAN_MAX_PS)
 REL = 1e-6  # X* is at most this much (relative) above the true maximum
 
 
@@ -69,8 +71,8 @@ def _peak(truth: Truth, limit: float) -> float:
     return _branch_and_bound(truth, limit)
 
 
-def _pairs(limit: float) -> tuple[np.ndarray, np.ndarray]:
-    w, p = np.meshgrid(np.arange(1, MAX_WORKERS + 1), np.arange(1, MAX_PS + 1), indexing="ij")
+def _pairs(limit: float, max_workers: int = MAX_WORKERS, max_ps: int = MAX_PS) -> tuple[np.ndarray, np.ndarray]:
+    w, p = np.meshgrid(np.arange(1, max_workers + 1), np.arange(1, max_ps + 1), indexing="ij")
     w, p = w.ravel().astype(float), p.ravel().astype(float)
     fits = (w + p) * CPU_MIN <= limit
     return w[fits], p[fits]
@@ -78,13 +80,14 @@ def _pairs(limit: float) -> tuple[np.ndarray, np.ndarray]:
 
 @lru_cache(maxsize=8)
 def _table_slices(truth: QueueingTable) -> np.ndarray:
-    """log-throughput of a queueing table (scale 1) at every (w, p) of the domain and every pair of
-    the table's CPU nodes: shape (MAX_WORKERS, MAX_PS, nodes, nodes). At fixed (w, p) the table is
-    bilinear in (log λw, log λp) between these nodes (clamped outside them)."""
+    """log-throughput of a queueing table (scale 1) at every (w, p) up to its last row of each and every
+    pair of its CPU nodes: shape (TABLE_WORKERS[-1], TABLE_PS[-1], nodes, nodes). At fixed (w, p) the
+    table is bilinear in (log λw, log λp) between these nodes (clamped outside them)."""
     from sim.truth import _queueing_tables, _table_points
 
     nodes = np.asarray(TABLE_CPU, dtype=float)
-    w, p, lw, lp = np.meshgrid(np.arange(1, MAX_WORKERS + 1), np.arange(1, MAX_PS + 1), nodes, nodes, indexing="ij")
+    w, p, lw, lp = np.meshgrid(np.arange(1, TABLE_WORKERS[-1] + 1), np.arange(1, TABLE_PS[-1] + 1), nodes, nodes,
+                               indexing="ij")
     points, shape = _table_points(w, p, lw, lp)
     return _queueing_tables()[truth.physics]["throughput"](points.reshape(-1, 4)).reshape(shape)
 
@@ -125,7 +128,7 @@ def _bounds(truth: Truth, limit: float, w, p, a, b) -> tuple[np.ndarray, np.ndar
 
 
 def _branch_and_bound(truth: Truth, limit: float, rel: float = REL, rounds: int = 80) -> float:
-    w, p = _pairs(limit)
+    w, p = _pairs(limit, *((TABLE_WORKERS[-1], TABLE_PS[-1]) if isinstance(truth, QueueingTable) else ()))
     if not len(w):
         return 0.0
     a, b = np.full(len(w), CPU_MIN), (limit - p * CPU_MIN) / w  # one box per (w, p) first

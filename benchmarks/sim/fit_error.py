@@ -7,11 +7,11 @@ is fitted on
   measured as the cluster measures a probe — two windows of the truth's throughput times the
   segment's rate noise (``SimConfig.rate_noise``) and each window's noise (``window_noise``);
   ``probes_exact``: the same probes without noise (what is left is the form's extrapolation);
-* ``dense``: ``dense`` configurations of the planner's grid within the quota, noise-free: the
+* ``dense``: ``dense`` configurations of the planner's range within the quota, noise-free: the
   best the model's *form* can do on that truth (its form error),
 
 and scored by the mean absolute percentage error on ``held_out`` other configurations of the
-planner's grid within the quota (``search_grid(BATCH, allreduce=...).prefix(quota.cpu)``).
+planner's range within the quota (``policies.planner_configurations(quota.cpu, allreduce)``).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import numpy as np
 import pandas as pd
 
 from airflow_dlrover.optimizer.model import ThroughputModel, fit_throughput
-from airflow_dlrover.optimizer.planner import search_grid
 from airflow_dlrover.optimizer.probes import design_probes
 from airflow_dlrover.optimizer.types import Quota
+from sim.policies import planner_configurations
 from sim.truth import BATCH, AllReduce, QueueingTable, Truth, measured_roofline
 from sim.workload import SimConfig, _allreduce_truth, _moving_shard_truth, _roofline_truth
 
@@ -45,11 +45,10 @@ def is_allreduce(truth: Truth) -> bool:
 
 
 def grid_configs(quota: Quota, allreduce: bool, count: int, seed: int, skip: int = 0) -> pd.DataFrame:
-    """``count`` configurations of the planner's grid within ``quota`` (a seeded random draw;
+    """``count`` configurations of the planner's range within ``quota`` (a seeded random draw;
     ``skip`` the draw's first ones, so that two calls with the same seed are disjoint)."""
-    grid = search_grid(BATCH, allreduce=allreduce)
-    n = grid.prefix(quota.cpu)
-    pick = np.random.default_rng(seed).permutation(n)[skip: skip + count]
+    grid = planner_configurations(quota.cpu, allreduce)
+    pick = np.random.default_rng(seed).permutation(len(grid))[skip: skip + count]
     return pd.DataFrame({"workers": grid.workers[pick], "ps": grid.ps[pick], "worker_cpu": grid.worker_cpu[pick],
                          "ps_cpu": grid.ps_cpu[pick], "worker_gpu": 0, "batch_size": BATCH})
 
@@ -107,7 +106,7 @@ def own_formula(truth: Truth, quota: Quota = QUOTA, dense: int = 300, seed: int 
 def fit_error(truth: Truth, quota: Quota = QUOTA, *, dense: int = 300, held_out: int = 300,
               seed: int = 0) -> FitError:
     allreduce = is_allreduce(truth)
-    n = search_grid(BATCH, allreduce=allreduce).prefix(quota.cpu)
+    n = len(planner_configurations(quota.cpu, allreduce))
     if dense + held_out > n:  # a small grid (an all-reduce job's, a small quota): split it in proportion
         dense = n * dense // (dense + held_out)
         held_out = n - dense

@@ -24,7 +24,8 @@
              After a run the family's history keeps what the history store's ``prior_model``
              gives the next run: the newest cold fit's throughput model with the newest memory model.
 ``oracle``   the *knee reference*, not a bound: the same objective as ``ours`` (the efficiency
-             knee by default) evaluated on the true function over the planner's grid, memory sized
+             knee by default) evaluated on the true function over every configuration the planner
+             searches under the job's quota (``planner.search_range``), memory sized
              for the true peak, instability healed at onset. Another policy can run a job faster
              (the owner's larger allocation sometimes does); the per-job run-time lower bound is
              :mod:`sim.bound` (the ``bound`` row). It is the only policy that reads the truth
@@ -40,7 +41,9 @@ returning 0), and an OOM-killed worker relaunched as it was (its ``adjust_oom_re
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import replace
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -50,7 +53,7 @@ from airflow_dlrover.optimizer.controller import (
     ControllerState, Fail, Heal, Observation as Seen, Relaunch, Resize as ResizeAction, initial_plan, step,
 )
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
-from airflow_dlrover.optimizer.planner import knee, pareto_front, search_grid
+from airflow_dlrover.optimizer.planner import Configurations, configurations, knee, pareto_front, search_range
 from airflow_dlrover.optimizer.probes import design_probes
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, NodeState, NodeStatus, Quota, Reason
 from sim.cluster import (
@@ -100,25 +103,32 @@ def is_allreduce(job: JobRun) -> bool:
     return job.spec.family.user.ps == 0
 
 
+@lru_cache(maxsize=4)
+def planner_configurations(cpu: float, allreduce: bool) -> Configurations:
+    """Every configuration the planner searches under ``cpu`` cores (``planner.search_range``: every
+    node size, no GPU), in its order."""
+    return configurations(search_range(cpu, allreduce=allreduce), cpu)
+
+
 def true_plan(job: JobRun, objective: str, quota: Quota, truth_on_grid: np.ndarray | None = None) -> Configuration:
-    """The best configuration on the *true* function, by the planner's own rules and grid.
-    ``truth_on_grid``: the true throughput over the quota's grid prefix, when already computed."""
+    """The best configuration on the *true* function, by the planner's own rules and range.
+    ``truth_on_grid``: the true throughput over ``planner_configurations``, when already computed."""
     family = job.spec.family
-    grid = search_grid(BATCH, allreduce=is_allreduce(job))
-    n = grid.prefix(quota.cpu)
-    w, p, lw, lp = grid.workers[:n], grid.ps[:n], grid.worker_cpu[:n], grid.ps_cpu[:n]
+    grid = planner_configurations(quota.cpu, is_allreduce(job))
+    w, p, lw, lp = grid.workers, grid.ps, grid.worker_cpu, grid.ps_cpu
     x = family.truth.throughput(w, p, lw, lp) if truth_on_grid is None else truth_on_grid
     memory = family.memory
     granule = C.MEMORY_GRANULARITY_MB
     worker_mem = float(np.ceil(memory.worker_mb(job.spec.samples) / granule) * granule)
-    ps_need = np.concatenate([[0.0], np.ceil(memory.ps_mb(np.arange(1, C.GRID_MAX_PS + 1), job.spec.samples) / granule) * granule])
+    ps_need = np.concatenate([[0.0], np.ceil(memory.ps_mb(np.arange(1, grid.range.max_ps + 1), job.spec.samples)
+                                             / granule) * granule])
     total_mem = w * worker_mem + p * ps_need[p]
     feasible = total_mem <= quota.memory_mb
     xf = np.where(feasible, x, -np.inf)
     if objective == "throughput":
         best = int(np.argmax(xf))
     else:
-        best = knee(pareto_front(grid, n, xf), x, grid.cores[:n])
+        best = knee(pareto_front(grid.cores, xf), x, grid.cores)
     return _config(w[best], p[best], lw[best], lp[best], worker_mem, ps_need[p[best]])
 
 
@@ -126,20 +136,23 @@ class OraclePolicy(Policy):
     """The knee reference: ``ours``' objective planned on the truth (not a bound on run time)."""
 
     name = "oracle"
+    #: Families' truths over their quota's configurations kept (the runs of a family on one day share it).
+    KEPT_TRUTHS = 8
 
     def __init__(self, objective: str = "efficiency"):
         self.objective = objective
-        self._truth_on_grid: dict[int, np.ndarray] = {}
+        self._truth_on_grid: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
 
     def start(self, job: JobRun) -> Start:
-        # A family's truth over its quota's grid is the same for every run of a day; memory (and
-        # so what is feasible) depends on this run's samples.
+        # A family's truth over its quota's configurations is the same for every run of a day;
+        # memory (and so what is feasible) depends on this run's samples.
         family, key = job.spec.family, (job.spec.family.index, job.spec.day)
         if key not in self._truth_on_grid:
-            grid = search_grid(BATCH, allreduce=is_allreduce(job))
-            n = grid.prefix(job.limit.cpu)
-            self._truth_on_grid[key] = family.truth.throughput(
-                grid.workers[:n], grid.ps[:n], grid.worker_cpu[:n], grid.ps_cpu[:n])
+            grid = planner_configurations(job.limit.cpu, is_allreduce(job))
+            self._truth_on_grid[key] = family.truth.throughput(grid.workers, grid.ps, grid.worker_cpu, grid.ps_cpu)
+            while len(self._truth_on_grid) > self.KEPT_TRUTHS:
+                self._truth_on_grid.popitem(last=False)
+        self._truth_on_grid.move_to_end(key)
         return Start(config=true_plan(job, self.objective, job.limit, self._truth_on_grid[key]))
 
     def on_onset(self, job: JobRun, kind: str) -> list:

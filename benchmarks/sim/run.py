@@ -116,6 +116,15 @@ def by_days(runs: list[PolicyRun], resamples: int = 400, seed: int = 0) -> dict[
     return out
 
 
+def of_truth(runs: list[PolicyRun], truth: str, resamples: int = 400, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """(summary, intervals) over the jobs of one truth family (the ``truth`` column, e.g. ``large``),
+    ending with its ``bound`` row; None when the trace has none."""
+    tables = [run.jobs[run.jobs["truth"] == truth] for run in runs]
+    if any(t.empty for t in tables):
+        return None
+    return summaries(tables, tables[0]["bound_run_s"].to_numpy(float), resamples, seed)
+
+
 def summaries(tables: list[pd.DataFrame], bound_s: np.ndarray, resamples: int, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(summary, intervals) of each policy's job table, then the ``bound`` row of ``bound_s``."""
     summary = pd.DataFrame([summarise(t) for t in tables] + [summarise_bound(bound_s)], columns=list(SUMMARY_COLUMNS))

@@ -18,6 +18,10 @@ same jobs, the same hidden truths and the same instability draws (common random 
   ``allreduce_fraction`` of the families, data-parallel ``allreduce`` jobs without PS (p = 0,
   tables replicated on every worker; their owners write a worker count and size, no PS). Those
   are drawn from a stream of their own, so that the PS families are the same for any fraction.
+  Likewise a fraction ``large_fraction`` are **large** PS jobs (``_large_truth``, issue 20): wide
+  embeddings (rows of 1–2 KB, 48–96 lookups a sample) that only many PS links serve, workers that
+  gain little past one core, tables of ~150 GB — at their best hundreds of workers and more than
+  64 PS, under quotas of 240–960 cores (their owners write 128–256 workers and 32–64 PS).
 * **User configurations** mimic what DLRover and the DLRover-RM paper report of manual settings:
   generous CPU per node (CPU utilisation ~15–35 %), memory at 2–6× the need (memory utilisation
   ~15–35 %), and a fraction ``user_underprovision`` of families whose PS memory is below the peak
@@ -82,6 +86,8 @@ class SimConfig:
     user_underprovision: float = 0.12
     #: Families of data-parallel jobs without PS (all-reduce; ``truth.AllReduce``).
     allreduce_fraction: float = 0.0
+    #: Families of large PS jobs (``_large_truth``): hundreds of workers, more than 64 PS.
+    large_fraction: float = 0.0
     #: Relative noise (lognormal cv) of the realised training rate and of each measured window.
     rate_noise: float = 0.03
     window_noise: float = 0.05
@@ -215,6 +221,50 @@ def _allreduce_truth(rng: np.random.Generator) -> AllReduce:
     )
 
 
+def _large_truth(rng: np.random.Generator) -> Roofline:
+    """A large PS job: wide embedding rows through each PS's link (``bandwidth`` / (2 · rows · bytes)
+    samples/s a PS: 3–25 k), workers of low Amdahl fraction (small workers pay best) — so its best
+    configurations have ~2 workers a PS and hundreds of each (``family = "large"``)."""
+    return Roofline(
+        c_w=float(2.5e-4 * rng.lognormal(0.0, 0.3)),
+        f=float(rng.uniform(0.3, 0.6)),
+        o=float(rng.uniform(1e-3, 3e-3)),
+        kappa=float(3e-6 * rng.lognormal(0.0, 0.4)),
+        rows=float(rng.uniform(48.0, 96.0)),
+        r=float(5e-5 * rng.lognormal(0.0, 0.4)),
+        skew=float(rng.choice([0.0, 0.0, 0.6])),
+        bandwidth=float(rng.choice([1.25e9, 2.5e9])),
+        bytes_per_row=float(rng.choice([1024.0, 2048.0])),
+        scale=float(rng.lognormal(0.0, 0.3)),
+        family="large",
+    )
+
+
+def _large_memory(rng: np.random.Generator, typical_samples: float) -> MemoryTruth:
+    """Tables of ~150 GB (at most 400 GB) over the PS; small workers."""
+    table = float(min(rng.lognormal(math.log(150_000), 0.5), 400_000.0))
+    alpha = float(rng.uniform(0.6, 1.0))
+    grown = table * float(rng.uniform(0.1, 0.4))
+    return MemoryTruth(ps_base_mb=float(rng.uniform(400, 1000)), table_mb=table,
+                       growth_mb_per_m=grown / (typical_samples / 1e6) ** alpha, alpha=alpha,
+                       worker_base_mb=float(rng.uniform(600, 1200)), activation_mb_per_sample=float(rng.uniform(0.5, 1.0)))
+
+
+def _large_user(rng: np.random.Generator, memory: MemoryTruth, typical_samples: float, underprovision: bool) -> Configuration:
+    """What an owner writes for a large job: 128–256 workers of 1–2 cores, 32–64 PS of 2–4 (at most
+    768 cores: a quota ≤ 960), memory at 1.5–3× the workers' need and 1.8–4× a generous run's PS peak."""
+    workers = int(rng.choice([128, 192, 256]))
+    ps = int(rng.choice([32, 48, 64]))
+    worker_cpu = float(rng.choice([1.0, 2.0]))
+    ps_cpu = float(rng.choice([2.0, 4.0]))
+    worker_mem = _round_up(memory.worker_mb() * rng.uniform(1.5, 3.0), 1024)
+    ps_mem = _round_up(float(memory.ps_mb(ps, 2.0 * typical_samples)) * rng.uniform(1.8, 4.0), 1024)
+    if underprovision:
+        start, end = float(memory.ps_mb(ps, 0.0)), float(memory.ps_mb(ps, typical_samples))
+        ps_mem = _round_up(start + (end - start) * rng.uniform(0.2, 0.6), 256)
+    return Configuration(workers, ps, worker_cpu, ps_cpu, worker_mem, ps_mem)
+
+
 def _allreduce_memory(rng: np.random.Generator, typical_samples: float) -> MemoryTruth:
     """Replicated tables: small enough for every worker to hold (larger ones are sharded on PS)."""
     table = float(rng.lognormal(math.log(1500), 0.5))
@@ -292,9 +342,14 @@ def generate_trace(config: SimConfig) -> list[JobSpec]:
         under = bool(rng.random() < config.user_underprovision)
         user = _user(rng, memory, typical, under)
         own = np.random.default_rng([config.seed, 13, index])  # the all-reduce draws' own stream
+        large = np.random.default_rng([config.seed, 17, index])  # the large families' own stream
         if own.random() < config.allreduce_fraction:
             truth, memory = _allreduce_truth(own), _allreduce_memory(own, typical)
             user = _allreduce_user(own, memory, typical, under)
+        elif large.random() < config.large_fraction:
+            typical = float(np.clip(large.lognormal(math.log(3e9), 0.4), 2e7, 6e9))  # billions of samples a day
+            truth, memory = _large_truth(large), _large_memory(large, typical)
+            user = _large_user(large, memory, typical, under)
         limit_cpu = float(max(64.0, _round_up(user.cores * 1.25, 16)))
         limit_mem = float(max(limit_cpu * 4096.0, _round_up(user.memory_mb * 1.25, 1024)))
         families.append(Family(index, truth, memory, user, limit_cpu, limit_mem, typical, memory.table_mb))

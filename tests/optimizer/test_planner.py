@@ -274,7 +274,7 @@ def test_allreduce_plans_have_no_ps_and_fit_the_quota(quota, objective, samples)
 def test_allreduce_exact_search_matches_brute_force_and_the_front_is_increasing():
     quota = Quota(cpu=64, memory_mb=10**6)
     q, candidates = AR_MODEL.sharpness, []
-    for w, lw in itertools.product(range(1, C.GRID_MAX_WORKERS + 1), C.GRID_CPU_VALUES):
+    for w, lw in itertools.product(range(1, int(quota.cpu / min(C.GRID_CPU_VALUES)) + 1), C.GRID_CPU_VALUES):
         if w * lw > quota.cpu or w * AR_MEMORY.worker_request_mb(512) > quota.memory_mb:
             continue
         x = float(features(w, 0, lw, 0.0, 0, 512) ** q @ AR_MODEL.theta**q) ** (-1 / q)

@@ -10,10 +10,11 @@ import pytest
 
 from simulate import main
 from airflow_dlrover.optimizer.types import Configuration
-from airflow_dlrover.optimizer.planner import search_grid
+from airflow_dlrover.optimizer import constants as C
 from sim.bound import bound_table, check, peak_throughput
 from sim.cluster import Cluster, Policy, QuotaExceededError, Resize, Start, rate_factor
 from sim.dlrover_bridge import DLRoverUnavailable, default_venv, venv_python
+from sim.policies import planner_configurations
 from sim.run import SUMMARY_COLUMNS, run_policy, summarise
 from sim.truth import AllReduce, MovingHotShard, QueueingTable, Roofline, measured_roofline
 from sim.workload import SimConfig, generate_trace
@@ -109,17 +110,18 @@ def test_no_policy_beats_the_bound_on_any_job():
 
 
 def _brute_force(truth, limit, allreduce, rng, n=200_000):
-    """The largest truth over the planner's grid within ``limit`` and ``n`` random configurations on
+    """The largest truth over the planner's range within ``limit`` and ``n`` random configurations on
     the budget line (continuous per-node CPU, any counts of the domain)."""
-    grid = search_grid(512, allreduce=allreduce)
-    k = grid.prefix(limit)
-    best = float(np.max(truth.throughput(grid.workers[:k], grid.ps[:k], grid.worker_cpu[:k], grid.ps_cpu[:k])))
+    grid = planner_configurations(limit, allreduce)
+    best = float(np.max(truth.throughput(grid.workers, grid.ps, grid.worker_cpu, grid.ps_cpu)))
     if allreduce:
-        w = rng.integers(1, min(128, int(limit / 0.5)) + 1, n).astype(float)
+        w = rng.integers(1, min(C.PLAN_MAX_WORKERS, int(limit / 0.5)) + 1, n).astype(float)
         lw = rng.uniform(0.5, limit / w)
         return max(best, float(np.max(truth.throughput(w, 0.0, lw, 0.0))))
-    w = rng.integers(1, 129, n).astype(float)
-    p = rng.integers(1, 65, n).astype(float)
+    # counts: n uniform over w ≤ 128, p ≤ 64 (where the queueing tables vary), n log-uniform over the
+    # whole domain (w ≤ 1,024, p ≤ 256)
+    w = np.r_[rng.integers(1, 129, n), np.floor(np.exp(rng.uniform(0.0, np.log(C.PLAN_MAX_WORKERS + 1), n)))]
+    p = np.r_[rng.integers(1, 65, n), np.floor(np.exp(rng.uniform(0.0, np.log(C.PLAN_MAX_PS + 1), n)))]
     w, p = w[(w + p) * 0.5 <= limit], p[(w + p) * 0.5 <= limit]
     lw = 0.5 * np.exp(rng.uniform(0.0, np.log((limit - 0.5 * p) / w / 0.5)))
     lp = (limit - w * lw) / p
@@ -145,7 +147,7 @@ def test_the_monotone_truths_grow_with_per_node_cpu():
     """The bound's upper estimate for rooflines, all-reduce and the moving shard takes a box's top corner: valid as
     these truths never fall when a node gets more CPU."""
     rng = np.random.default_rng(1)
-    w, p = rng.integers(1, 129, 5000), rng.integers(1, 65, 5000)
+    w, p = rng.integers(1, C.PLAN_MAX_WORKERS + 1, 5000), rng.integers(1, C.PLAN_MAX_PS + 1, 5000)
     lw, lp = rng.uniform(0.5, 40, 5000), rng.uniform(0.5, 40, 5000)
     more = rng.uniform(1.0, 3.0, 5000)
     for truth in (Roofline(), Roofline(io=3e5, gamma=0.02, skew=0.8), measured_roofline()[0], AllReduce(),
