@@ -60,9 +60,11 @@ def test_killing_the_deferred_guard_stops_the_job_and_leaves_no_process(deployme
     """A user marks the deferred guard failed: the triggerer's ``on_kill`` stops the job, the
     fine-tune watching beside it fails at once, the report fails the run."""
     run_id = trigger(deployment, {**CONF, "samples": 40_000_000, "inject": ""}, "kill_guard")  # still training when killed
-    run, seen, tis = poll_until_done(deployment, run_id, until=lambda tis: tis["guard"]["state"] == "deferred"
-                                     and tis["fine_tune"]["state"] == "deferred")
+    # killed once a triggerer runs its trigger (a trigger not yet started has nothing to kill)
+    run, seen, tis = poll_until_done(deployment, run_id, until=lambda tis: tis["fine_tune"]["state"] == "deferred"
+                                     and tis["guard"]["state"] == "deferred" and tis["guard"].get("triggerer_job"))
     assert run["state"] == "running", seen[-1]
+    time.sleep(5)
     assert deployment.job_processes(), "the job is not running"
     deployment.api("PATCH", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{tis['guard']['task_id']}",
                    json={"new_state": "failed"})
