@@ -126,15 +126,16 @@ def _brief(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def jobs(store: Any, may_read: MayRead) -> list[dict[str, Any]]:
-    """Every job the user may read with its number of runs and its last run (of those they may
-    read): plan, throughput, utilisation, status; and the DAG of that run."""
+    """Every job the user may read (its DAG's runs) with its number of runs and its last run:
+    plan, throughput, utilisation, status."""
     from airflow_dlrover.history.report import utilisation
 
     out = []
     for job in store.jobs():
         if not may_read(job["dag_id"]):
             continue
-        runs = store.runs(store.job(job["id"]))
+        identity = store.job(job["id"])
+        runs = store.runs(identity)
         if not runs:
             continue
         last = runs[-1]

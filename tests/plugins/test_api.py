@@ -20,8 +20,6 @@ from airflow_dlrover.plugins.queries import MAX_ID
 from history_data import T0, hot_evidence, record_run
 from ui_settings import DAG_A, DAG_B
 
-DAG_X, DAG_Y = DAG_A, DAG_B
-
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory, ui_dags):
@@ -73,14 +71,14 @@ def test_pages_redirect_to_the_login_and_openapi_is_public(synthetic_client):
 def test_jobs_and_runs(synthetic_client, synthetic):
     store, run, _, chosen = synthetic
     [job] = get(synthetic_client, "/dlrover/api/jobs").json()
-    assert (job["job"], job["dag_id"], job["task_group"], job["identity"]) == ("ctr", "ctr_daily", "", "ctr_daily//ctr")
-    assert job["runs"] == 1 and store.job(job["id"]) == CTR
+    assert (job["job"], job["dag_id"], job["task_group"], job["identity"]) == ("ctr", DAG_A, "", f"{DAG_A}//ctr")
+    assert job["runs"] == 1 and store.job(job["id"]) == JobIdentity(DAG_A, "", "ctr")
     last = job["last_run"]
     assert last["id"] == run and last["status"] == "succeeded" and last["measured_throughput"] == 1050.0
     assert last["plan"]["workers"] == chosen.config.workers and last["recoveries"] == 1
     [row] = get(synthetic_client, f"/dlrover/api/jobs/{job['id']}/runs").json()
     assert row["run_key"] == "scheduled__2026-11-29" and row["started"].endswith("+00:00")
-    assert (row["dag_id"], row["task_group"], row["job_ref"]) == ("ctr_daily", "", job["id"])
+    assert (row["dag_id"], row["task_group"], row["job_ref"]) == (DAG_A, "", job["id"])
     detail = get(synthetic_client, f"/dlrover/api/runs/{run}").json()
     assert detail["counts"] == {"samples": len(store.samples_of_run(run)), "models": 2, "plans": 1, "decisions": 2,
                                 "events": 4}
@@ -157,7 +155,7 @@ def test_what_if_is_the_planner(synthetic_client, synthetic):
     assert body["plan"]["workers"] == expected.config.workers and body["plan"]["ps"] == expected.config.ps
     assert body["plan"]["predicted_throughput"] == pytest.approx(expected.predicted_throughput)
     assert body["plan"]["cores"] <= 32 and body["quota"]["memory_mb"] == 128 * 1024
-    assert body["identity"] == "ctr_daily//ctr"
+    assert body["identity"] == f"{DAG_A}//ctr"
     deadline = get(synthetic_client, "/dlrover/api/jobs/1/what-if", cpu="32", memory="128Gi",
                    objective="deadline", samples="1e7", deadline="3h").json()
     assert deadline["deadline_s"] == 3 * 3600 and deadline["plan"]["objective"] == "deadline"
@@ -165,10 +163,8 @@ def test_what_if_is_the_planner(synthetic_client, synthetic):
 
 @pytest.mark.parametrize(("path", "params", "status", "field", "allowed"), [
     ("/dlrover/api/runs/999", {}, 404, "run", "the id of a recorded run"),
-    ("/dlrover/api/runs/99999999999999999999", {}, 404, "run", "the id of a recorded run"),  # past any id
-    ("/dlrover/api/jobs/999/runs", {}, 404, "job", "the id of a recorded job: 1 (ctr_daily//ctr)"),
+    ("/dlrover/api/jobs/999/runs", {}, 404, "job", f"the id of a recorded job: 1 ({DAG_A}//ctr)"),
     ("/dlrover/api/jobs/999/what-if", {"cpu": "8", "memory": "16Gi"}, 404, "job", "the id of a recorded job"),
-    ("/dlrover/api/jobs/99999999999999999999/runs", {}, 404, "job", "the id of a recorded job"),
     ("/dlrover/api/jobs/1/what-if", {"cpu": "eight", "memory": "16Gi"}, 422, "cpu", "a number"),
     ("/dlrover/api/jobs/1/what-if", {"cpu": "-2", "memory": "16Gi"}, 422, "cpu", "a number > 0"),
     ("/dlrover/api/jobs/1/what-if", {"cpu": "8", "memory": "12XB"}, 422, "memory", "a quantity like 512Mi"),
@@ -200,21 +196,27 @@ def test_fastapi_validation_names_the_field_too(synthetic_client):
         assert error["loc"][-1] == name and error["input"] in ("abc", "fast", "train", "ctr")
 
 
-@pytest.mark.parametrize("run", [0, -1, MAX_ID + 1, 2**63, 2**64])
-def test_a_run_id_no_store_can_hold_is_refused_on_every_route(synthetic_client, run):
-    """A run id beyond a store's integer (2**63 overflowed SQLite: a server error) is bad input."""
-    paths = [route.path for route in synthetic_client.app_state.routes if "{run}" in getattr(route, "path", "")]
-    assert len(paths) == 10
+@pytest.mark.parametrize(("name", "routes"), [("run", 10), ("job", 3)])
+@pytest.mark.parametrize("value", [0, -1, MAX_ID + 1, 2**63, 2**64, 99999999999999999999])
+def test_an_id_no_store_can_hold_is_refused_on_every_route(synthetic_client, name, routes, value):
+    """A run or job id beyond a store's integer (2**63 overflowed SQLite: a server error) is bad
+    input, on every route that takes one (API and page), and the OpenAPI says so."""
+    paths = [route.path for route in synthetic_client.app_state.routes if f"{{{name}}}" in getattr(route, "path", "")]
+    assert len(paths) == routes
     for path in paths:
-        answer = get(synthetic_client, "/dlrover" + path.replace("{run}", str(run)))
+        query = {"cpu": "8", "memory": "16Gi"} if path.endswith("what-if") else {}
+        answer = get(synthetic_client, "/dlrover" + path.replace(f"{{{name}}}", str(value)), **query)
         assert answer.status_code == 422, (path, answer.text)
         [error] = answer.json()["detail"]
-        assert error["loc"] == ["path", "run"] and error["type"] in ("greater_than_equal", "less_than_equal")
+        assert error["loc"] == ["path", name] and error["type"] in ("greater_than_equal", "less_than_equal")
+    # the what-if page's preselected job is bounded too
+    answer = get(synthetic_client, "/dlrover/what-if", job=str(value))
+    assert answer.status_code == 422 and answer.json()["detail"][0]["loc"] == ["query", "job"]
     spec = synthetic_client.get("/dlrover/openapi.json").json()
-    for path, item in spec["paths"].items():
-        if "{run}" in path:
-            [declared] = [p["schema"] for p in item["get"]["parameters"] if p["name"] == "run"]
-            assert (declared["minimum"], declared["maximum"]) == (1, MAX_ID), path
+    declared = [p["schema"] for item in spec["paths"].values()
+                for p in item["get"].get("parameters", []) if p["name"] == name]
+    assert len(declared) == routes - 1  # every API route (the page is not in the OpenAPI)
+    assert all((d["minimum"], d["maximum"]) == (1, MAX_ID) for d in declared)
 
 
 def test_the_dag_run_view_resolves_the_airflow_run(synthetic_client, synthetic):
@@ -232,7 +234,7 @@ def two_dags(dlrover_client, tmp_path, ui_dags):
     """Two DAGs whose jobs share a name and a run id, one with the job in a task group as well."""
     store = HistoryStore(f"sqlite:///{tmp_path / 'history.db'}")
     runs = {identity: store.start_run(identity, "scheduled__2026-11-29") for identity in (
-        JobIdentity(DAG_X, "", "ctr"), JobIdentity(DAG_Y, "", "ctr"), JobIdentity(DAG_Y, "nightly", "ctr"))}
+        JobIdentity(DAG_A, "", "ctr"), JobIdentity(DAG_B, "", "ctr"), JobIdentity(DAG_B, "nightly", "ctr"))}
     dlrover_client.app_state.dependency_overrides[get_store] = lambda: store
     yield dlrover_client, store, runs
     dlrover_client.app_state.dependency_overrides.clear()
@@ -241,15 +243,15 @@ def two_dags(dlrover_client, tmp_path, ui_dags):
 def test_a_dag_run_never_shows_another_dags_run_of_the_same_job_and_run_id(two_dags):
     client, store, runs = two_dags
     x, y, y_nightly = runs.values()
-    [found] = get(client, f"/dlrover/api/dag-runs/{DAG_X}/scheduled__2026-11-29").json()
+    [found] = get(client, f"/dlrover/api/dag-runs/{DAG_A}/scheduled__2026-11-29").json()
     assert found["id"] == x
-    assert [r["id"] for r in get(client, f"/dlrover/api/dag-runs/{DAG_Y}/scheduled__2026-11-29").json()] == [y, y_nightly]
-    assert f'data-run="{x}"' in get(client, f"/dlrover/dag-runs/{DAG_X}/scheduled__2026-11-29").text
-    listed = get(client, f"/dlrover/dag-runs/{DAG_Y}/scheduled__2026-11-29").text  # two jobs: a list of both
+    assert [r["id"] for r in get(client, f"/dlrover/api/dag-runs/{DAG_B}/scheduled__2026-11-29").json()] == [y, y_nightly]
+    assert f'data-run="{x}"' in get(client, f"/dlrover/dag-runs/{DAG_A}/scheduled__2026-11-29").text
+    listed = get(client, f"/dlrover/dag-runs/{DAG_B}/scheduled__2026-11-29").text  # two jobs: a list of both
     assert f'/runs/{y}"' in listed and f'/runs/{y_nightly}"' in listed and f'/runs/{x}"' not in listed
     # every job has its own page and its own runs
     jobs = get(client, "/dlrover/api/jobs").json()
-    assert [j["identity"] for j in jobs] == [f"{DAG_X}//ctr", f"{DAG_Y}//ctr", f"{DAG_Y}/nightly/ctr"]
+    assert [j["identity"] for j in jobs] == [f"{DAG_A}//ctr", f"{DAG_B}//ctr", f"{DAG_B}/nightly/ctr"]
     for job, run in zip(jobs, runs.values()):
         assert [r["id"] for r in get(client, f"/dlrover/api/jobs/{job['id']}/runs").json()] == [run]
         assert "Runs of ctr" in get(client, f"/dlrover/jobs/{job['id']}").text
@@ -263,10 +265,10 @@ def test_a_task_opens_the_run_of_its_own_group(two_dags, monkeypatch):
     groups = {"guard": None, "nightly.guard": "nightly"}
     monkeypatch.setattr(app, "serialized_task", lambda dag_id, task_id: SimpleNamespace(
         task_type="DLRoverInstabilitySensor", task_group=SimpleNamespace(group_id=groups[task_id])))
-    page = get(client, f"/dlrover/dag-runs/{DAG_Y}/scheduled__2026-11-29/tasks/nightly.guard").text
+    page = get(client, f"/dlrover/dag-runs/{DAG_B}/scheduled__2026-11-29/tasks/nightly.guard").text
     assert f'data-run="{y_nightly}"' in page and 'data-section="instability"' in page
-    assert f'data-run="{y}"' in get(client, f"/dlrover/dag-runs/{DAG_Y}/scheduled__2026-11-29/tasks/guard").text
-    assert f'data-run="{x}"' in get(client, f"/dlrover/dag-runs/{DAG_X}/scheduled__2026-11-29/tasks/guard").text
+    assert f'data-run="{y}"' in get(client, f"/dlrover/dag-runs/{DAG_B}/scheduled__2026-11-29/tasks/guard").text
+    assert f'data-run="{x}"' in get(client, f"/dlrover/dag-runs/{DAG_A}/scheduled__2026-11-29/tasks/guard").text
 
 
 # --------------------------------------------------------------------------------------------

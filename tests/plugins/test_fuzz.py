@@ -38,12 +38,13 @@ PLANNABLE = {"cpu": "16", "memory": "64Gi"}
 @pytest.fixture(scope="module")
 def fuzzed(dlrover_client, tmp_path_factory, ui_dags):
     """The app over a store with a run of ``DAG_A`` and one outside any DAG; the path parameters
-    that name them."""
+    that name them (the runs' ids, their jobs' ids, the DAG run)."""
     store = HistoryStore(f"sqlite:///{tmp_path_factory.mktemp('fuzz') / 'history.db'}")
     run_key = "scheduled__2026-11-29"
     runs = [record_run(store, "ctr", run_key, DAG_A)[0], record_run(store, "cli", "cli__1", "", seed=5)[0]]
+    jobs = [store.run(run)["job_ref"] for run in runs]  # the store's ids of the two jobs
     dlrover_client.app_state.dependency_overrides[get_store] = lambda: store
-    yield dlrover_client, {"job": ["ctr", "cli"], "run": runs, "dag_id": [DAG_A], "run_id": [run_key]}
+    yield dlrover_client, {"job": jobs, "run": runs, "dag_id": [DAG_A], "run_id": [run_key]}
     dlrover_client.app_state.dependency_overrides.clear()
 
 
