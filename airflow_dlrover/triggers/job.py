@@ -102,7 +102,9 @@ class DLRoverJobTrigger(BaseTrigger):
                 statuses = await asyncio.to_thread(launcher.status, self.job_id)
             event = await asyncio.to_thread(watch.poll, statuses) or self._deadline_event(watch)
             if event is None and turns.due(time.time()):
-                event = turns.event(await states(), time.time(), watch)
+                # shielded: asgiref drops the message of a cancellation that reaches it, and the
+                # triggerer calls on_kill only for one whose message says the user acted
+                event = turns.event(await asyncio.shield(states()), time.time(), watch)
             if event is not None:
                 yield TriggerEvent(self._payload(event))
                 return

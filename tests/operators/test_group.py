@@ -153,3 +153,42 @@ def test_metrics_reach_a_statsd_server():
     assert "airflow.dlrover.worker_cpu_utilisation:0.8|g" in lines
     assert "airflow.dlrover.ps_memory_utilisation:0.25|g" in lines
     assert "airflow.dlrover.recoveries:1|c" in lines
+
+
+def test_a_cancellation_keeps_its_message_while_the_trigger_asks_for_its_siblings(monkeypatch):
+    """The triggerer calls ``on_kill`` only for a cancellation whose message says the user acted;
+    asgiref's ``sync_to_async`` (the siblings' states) drops it unless shielded."""
+    import asyncio
+    import time as clock
+
+    from airflow_dlrover.triggers import job as trigger_module
+
+    class Launcher:
+        def status(self, job_id):
+            return []
+
+    class Watch:
+        rows, history = [], []
+
+        def __init__(self, launcher, trigger):
+            pass
+
+        def poll(self, statuses):
+            return None
+
+    monkeypatch.setattr(trigger_module, "JobWatch", Watch)
+    monkeypatch.setattr(trigger_module.DLRoverJobTrigger, "_make_launcher", lambda self: Launcher())
+    monkeypatch.setattr(trigger_module, "task_states", lambda *args: clock.sleep(2) or {})
+    trigger = trigger_module.DLRoverJobTrigger("j", "guard", siblings=["g.fine_tune"], poll_s=0.01)
+
+    async def cancelled_while_asking() -> tuple:
+        task = asyncio.create_task(anext(trigger.run()))
+        await asyncio.sleep(0.5)  # inside the 2 s call for the siblings' states
+        task.cancel("__airflow_user_action__")
+        try:
+            await task
+        except asyncio.CancelledError as err:
+            return err.args
+        return ()
+
+    assert asyncio.run(cancelled_while_asking()) == ("__airflow_user_action__",)
