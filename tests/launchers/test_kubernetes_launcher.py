@@ -321,7 +321,7 @@ def test_trigger_polls_pods_through_the_async_hook(cluster, tmp_path):
     launcher, kubelet, master, v1 = cluster
     launcher.launch(spec(), PLAN)
     trigger = DLRoverJobTrigger(JOB, "guard", launcher="kubernetes", jobs_dir=str(tmp_path), poll_s=0.05,
-                                launcher_options={"namespace": NS, "image": "registry.example/airflow-dlrover:0.1.0",
+                                deadline=2e9, launcher_options={"namespace": NS, "image": "registry.example/airflow-dlrover:0.1.0",
                                                   "master_url": master.url})
     classpath, kwargs = trigger.serialize()
     trigger = DLRoverJobTrigger(**json.loads(json.dumps(kwargs)))  # what the triggerer re-creates
@@ -337,7 +337,7 @@ def test_trigger_polls_pods_through_the_async_hook(cluster, tmp_path):
     event = asyncio.run(first_event())
     # A failed node wakes the guard at once; it is the controller's to decide what to do about it.
     assert (event.payload["kind"], event.payload["usage"]) == ("observation", [])
-    assert event.payload["started_at"] == kwargs["started_at"]  # a re-deferral keeps the time-out's start
+    assert event.payload["deadline"] == kwargs["deadline"] == 2e9  # a re-deferral keeps the task's deadline
     assert failed_nodes(launcher.status(JOB)) == [{"name": "ps-0", "state": FAILED, "reason": "exited 1 (Error)",
                                                    "memory_mb": 768}]
 
