@@ -232,7 +232,13 @@ def task_states(dag_id: str, run_id: str, task_ids: list[str]) -> dict[str, str]
     if getattr(task_runner, "SUPERVISOR_COMMS", None) is None:
         return {}
     found = task_runner.RuntimeTaskInstance.get_task_states(dag_id=dag_id, task_ids=task_ids, run_ids=[run_id])
-    return {task: str(state) for task, state in (found.get(run_id) or {}).items() if state is not None}
+    return {task: state_name(state) for task, state in (found.get(run_id) or {}).items() if state is not None}
+
+
+def state_name(state: Any) -> str:
+    """``up_for_reschedule`` whether a state arrives as text, as the core enum or as the task SDK's
+    generated enum (whose ``str()`` is ``TaskInstanceState.UP_FOR_RESCHEDULE``)."""
+    return str(getattr(state, "value", state))
 
 
 class Turns:

@@ -112,6 +112,16 @@ def test_a_sibling_waiting_for_a_slot_gets_a_turn_only_after_waiting_without_a_b
     assert not Turns([]).due(t0)  # nothing to wait for: never asks Airflow
 
 
+def test_a_state_is_named_alike_whichever_enum_it_arrives_as():
+    from airflow.sdk.api.datamodels._generated import TaskInstanceState as SdkState
+    from airflow.utils.state import TaskInstanceState as CoreState
+
+    from airflow_dlrover.triggers.job import WAITING_STATES, state_name
+
+    for state in (SdkState.UP_FOR_RESCHEDULE, CoreState.UP_FOR_RESCHEDULE, "up_for_reschedule"):
+        assert state_name(state) == "up_for_reschedule" and state_name(state) in WAITING_STATES
+
+
 def test_progress_lines_give_rate_share_and_eta():
     assert progress_line(5_632_000, 16_000_000, 41_200.0) == \
         "41,200 samples/s · 35.2 % (5,632,000 of 16,000,000) · ETA 4m11s"
