@@ -158,21 +158,22 @@ class DLRoverWatchingOperator(DLRoverBaseOperator):
         start = first.timestamp() if first else time.time()
         return start + self.timeout_s()
 
-    def watch(self, context: Any, deadline: float, history: tuple = ()) -> Any:
+    def watch(self, context: Any, deadline: float, history: tuple = (), waiting_since: float | None = None) -> Any:
         """Wait for the job's events and handle them until the task ends."""
         from airflow_dlrover.triggers.job import DLRoverJobTrigger
 
         _, job_id = self.run_ids(context)
         while True:
             trigger = DLRoverJobTrigger(job_id, self.purpose, deadline=deadline, history=list(history),
-                                        **self.watch_kwargs(context))
+                                        waiting_since=waiting_since, **self.watch_kwargs(context))
             if self.deferrable:
                 self.defer(trigger=trigger, method_name="execute_complete",
                            timeout=timedelta(seconds=max(deadline - time.time(), 1.0)))
-            outcome = self._handle(context, trigger.wait(self.launcher))
+            event = trigger.wait(self.launcher)
+            outcome = self._handle(context, event)
             if not isinstance(outcome, Again):
                 return outcome
-            history = outcome.history
+            history, waiting_since = outcome.history, event.get("waiting_since")
 
     def _handle(self, context: Any, event: dict[str, Any]) -> Any:
         if event["kind"] == "stopped":
@@ -183,7 +184,7 @@ class DLRoverWatchingOperator(DLRoverBaseOperator):
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         outcome = self._handle(context, event)
         if isinstance(outcome, Again):
-            return self.watch(context, event["deadline"], outcome.history)
+            return self.watch(context, event["deadline"], outcome.history, event.get("waiting_since"))
         return outcome
 
     def watch_kwargs(self, context: Any) -> dict[str, Any]:

@@ -56,13 +56,16 @@ class DLRoverJobTrigger(BaseTrigger):
     :param run_id: the DAG run of the task
     :param siblings: task ids of the other tasks watching the job (``Turns``)
     :param job: the job's name (the metrics' tag)
+    :param waiting_since: since when a sibling has waited for a slot, epoch seconds (``Turns``;
+        carried across events, each of which ends a trigger)
     """
 
     def __init__(self, job_id: str, purpose: str, launcher: str = "local", jobs_dir: str | None = None,
                  launcher_options: dict[str, Any] | None = None, window_s: float = C.MEASUREMENT_WINDOW_S,
                  windows: int = 3, poll_s: float = 0.5, deadline: float | None = None,
                  quota: dict[str, Any] | None = None, history: list[dict[str, Any]] | None = None,
-                 dag_id: str = "", run_id: str = "", siblings: list[str] | None = None, job: str = ""):
+                 dag_id: str = "", run_id: str = "", siblings: list[str] | None = None, job: str = "",
+                 waiting_since: float | None = None):
         super().__init__()
         if purpose not in PURPOSES:
             raise ValueError(f"purpose={purpose!r} is invalid: allowed {', '.join(PURPOSES)}")
@@ -72,6 +75,7 @@ class DLRoverJobTrigger(BaseTrigger):
         self.deadline = None if deadline is None else float(deadline)
         self.quota, self.history = quota, list(history or [])
         self.dag_id, self.run_id, self.siblings, self.job = dag_id, run_id, list(siblings or []), job
+        self.waiting_since = waiting_since
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -79,7 +83,8 @@ class DLRoverJobTrigger(BaseTrigger):
             {"job_id": self.job_id, "purpose": self.purpose, "launcher": self.launcher, "jobs_dir": self.jobs_dir,
              "launcher_options": self.launcher_options, "window_s": self.window_s, "windows": self.windows,
              "poll_s": self.poll_s, "deadline": self.deadline, "quota": self.quota, "history": self.history,
-             "dag_id": self.dag_id, "run_id": self.run_id, "siblings": self.siblings, "job": self.job},
+             "dag_id": self.dag_id, "run_id": self.run_id, "siblings": self.siblings, "job": self.job,
+             "waiting_since": self.waiting_since},
         )
 
     def _make_launcher(self) -> Any:
@@ -92,7 +97,7 @@ class DLRoverJobTrigger(BaseTrigger):
 
         launcher = await asyncio.to_thread(self._make_launcher)
         watch = await asyncio.to_thread(JobWatch, launcher, self)
-        turns = Turns(self.siblings)
+        turns = Turns(self.siblings, self.waiting_since)
         # The task SDK's calls go through the triggerer's comms, which sync_to_async bridges.
         states = sync_to_async(lambda: task_states(self.dag_id, self.run_id, self.siblings))
         while True:
@@ -106,20 +111,20 @@ class DLRoverJobTrigger(BaseTrigger):
                 # triggerer calls on_kill only for one whose message says the user acted
                 event = turns.event(await asyncio.shield(states()), time.time(), watch)
             if event is not None:
-                yield TriggerEvent(self._payload(event))
+                yield TriggerEvent(self._payload(event, turns))
                 return
             await asyncio.sleep(self.poll_s)
 
     def wait(self, launcher: Any) -> dict[str, Any]:
         """The same watch, blocking on this worker (a task that does not defer); the event."""
         watch = JobWatch(launcher, self)
-        turns = Turns(self.siblings)
+        turns = Turns(self.siblings, self.waiting_since)
         while True:
             event = watch.poll(launcher.status(self.job_id)) or self._deadline_event(watch)
             if event is None and turns.due(time.time()):
                 event = turns.event(task_states(self.dag_id, self.run_id, self.siblings), time.time(), watch)
             if event is not None:
-                return self._payload(event)
+                return self._payload(event, turns)
             time.sleep(self.poll_s)
 
     def _deadline_event(self, watch: "JobWatch") -> dict[str, Any] | None:
@@ -127,9 +132,9 @@ class DLRoverJobTrigger(BaseTrigger):
             return {"kind": "timeout", "rows": watch.rows}
         return None
 
-    def _payload(self, event: dict[str, Any]) -> dict[str, Any]:
+    def _payload(self, event: dict[str, Any], turns: "Turns") -> dict[str, Any]:
         self.log.info("job %s: %s", self.job_id, event["kind"])
-        return {"job_id": self.job_id, "deadline": self.deadline, **event}
+        return {"job_id": self.job_id, "deadline": self.deadline, "waiting_since": turns.waiting_since, **event}
 
     async def on_kill(self) -> None:
         """The user killed the deferred task: stop its job (no orphan process or pod), as the
@@ -252,10 +257,10 @@ class Turns:
     that long, and no turn is taken: no knob to set.
     """
 
-    def __init__(self, siblings: list[str]):
+    def __init__(self, siblings: list[str], waiting_since: float | None = None):
         self.siblings = list(siblings)
         self.checked_at = 0.0
-        self.waiting_since: float | None = None
+        self.waiting_since = waiting_since
 
     def due(self, now: float) -> bool:
         return bool(self.siblings) and now - self.checked_at >= C.SIBLING_CHECK_S

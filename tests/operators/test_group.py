@@ -110,6 +110,9 @@ def test_a_sibling_waiting_for_a_slot_gets_a_turn_only_after_waiting_without_a_b
     event = turns.event({"g.guard": "up_for_reschedule"}, t0 + 8 + C.SIBLING_WAIT_S, Watch)
     assert event == {"kind": "turn", "rows": Watch.rows, "history": Watch.history}
     assert not Turns([]).due(t0)  # nothing to wait for: never asks Airflow
+    # the wait outlives the trigger: each event ends one, and the next starts from the carried time
+    carried = Turns(["g.guard"], waiting_since=t0)
+    assert carried.event({"g.guard": "up_for_reschedule"}, t0 + C.SIBLING_WAIT_S, Watch)["kind"] == "turn"
 
 
 def test_a_state_is_named_alike_whichever_enum_it_arrives_as():
