@@ -29,8 +29,9 @@ workers holds the whole model, tables included, so the tables' growth is each wo
 fitted from ``worker_memory_used_mb`` (and ``samples_seen``). The tables as they were when
 measured are in ``worker_base_mb``, so once every row is touched the cap over-reserves by at most
 those.
-A request is the forecast peak plus ``MEMORY_MARGIN_FRACTION`` (VPA's safety margin), at least
-``MEMORY_MIN_HEADROOM_MB`` more, rounded up to ``MEMORY_GRANULARITY_MB``.
+A request is the forecast peak plus ``MEMORY_MARGIN_FRACTION`` of it (VPA's safety margin), at
+least ``MEMORY_MIN_HEADROOM_MB`` more, and for a PS at least its tables' share once more (a
+checkpoint's save or restore holds a second copy of its rows), rounded up to ``MEMORY_GRANULARITY_MB``.
 """
 
 from __future__ import annotations
@@ -46,11 +47,14 @@ from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import InvalidInputError, is_allreduce, not_identifiable, validate_samples
 
 
-def memory_request_mb(peak_mb: Any) -> Any:
-    """Peak + margin (at least the minimum headroom), rounded up to the granularity (vectorised)."""
+def memory_request_mb(peak_mb: Any, transient_mb: Any = 0.0) -> Any:
+    """Peak + margin, rounded up to the granularity (vectorised): the margin is
+    ``MEMORY_MARGIN_FRACTION`` of the peak, at least ``MEMORY_MIN_HEADROOM_MB`` and at least
+    ``transient_mb`` (a known short-lived copy above the steady peak: a PS's checkpoint)."""
     peak = np.asarray(peak_mb, dtype=float)
-    wanted = np.maximum(peak * (1.0 + C.MEMORY_MARGIN_FRACTION), peak + C.MEMORY_MIN_HEADROOM_MB)
-    return np.ceil(wanted / C.MEMORY_GRANULARITY_MB) * C.MEMORY_GRANULARITY_MB
+    headroom = np.maximum(np.maximum(peak * C.MEMORY_MARGIN_FRACTION, C.MEMORY_MIN_HEADROOM_MB),
+                          np.asarray(transient_mb, dtype=float))
+    return np.ceil((peak + headroom) / C.MEMORY_GRANULARITY_MB) * C.MEMORY_GRANULARITY_MB
 
 
 @dataclass(frozen=True)
@@ -79,12 +83,17 @@ class MemoryModel:
             if np.any(p != 0):
                 raise InvalidInputError("ps", ps, "0: the memory model is of an all-reduce job (no PS)")
             return np.zeros(np.broadcast(p, n).shape)
-        grown = self.table_mb + self.table_growth_mb_per_m_samples * n / 1e6
+        return np.where(p > 0, self.ps_base_mb + self.ps_tables_mb(p, n), 0.0)
+
+    def ps_tables_mb(self, ps: Any, samples: Any = 0.0) -> Any:
+        """One PS's share of the tables after training ``samples`` more samples (0 where ``ps`` is 0)."""
+        p = np.asarray(ps, dtype=float)
+        if self.allreduce:
+            return np.zeros(np.broadcast(p, np.asarray(samples)).shape)
+        grown = self.table_mb + self.table_growth_mb_per_m_samples * np.asarray(samples, dtype=float) / 1e6
         if self.table_capacity_mb is not None:
             grown = np.minimum(grown, max(self.table_capacity_mb, self.table_mb))
-        if np.all(p > 0):
-            return self.ps_base_mb + grown / p
-        return np.where(p > 0, self.ps_base_mb + grown / np.where(p > 0, p, 1.0), 0.0)
+        return np.where(p > 0, grown / np.where(p > 0, p, 1.0), 0.0)
 
     def worker_peak_mb(self, batch_size: Any, samples: Any = 0.0) -> Any:
         """Worker memory at ``batch_size``; an all-reduce worker's after training ``samples``
@@ -98,8 +107,11 @@ class MemoryModel:
         return peak + grown
 
     def ps_request_mb(self, ps: Any, samples: Any = 0.0) -> Any:
-        """The request (``memory_request_mb``) for a PS's peak; 0 where ``ps`` is 0: nothing runs."""
-        request = memory_request_mb(self.ps_peak_mb(ps, samples))
+        """The request (``memory_request_mb``) for a PS's peak, with room for a second copy of its
+        tables (``ParameterServer.save`` copies every row it holds before writing them,
+        ``restore`` reads the checkpoint's rows beside the tables it fills);
+        0 where ``ps`` is 0: nothing runs."""
+        request = memory_request_mb(self.ps_peak_mb(ps, samples), self.ps_tables_mb(ps, samples))
         p = np.asarray(ps)
         return request if np.all(p > 0) else np.where(p > 0, request, 0.0)
 

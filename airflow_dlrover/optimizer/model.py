@@ -401,10 +401,15 @@ def _solve(problem: _Problem, q: float, prior: ThroughputModel | None, prior_wei
         penalty = np.where(prior_phi[free] > 0, 1.0 / np.where(prior_phi[free] > 0, prior_phi[free], 1.0), share[free])
         rows = np.vstack([rows, np.sqrt(prior_weight) * np.diag(penalty)])
         rhs = np.concatenate([rhs, np.sqrt(prior_weight) * (prior_phi[free] > 0)])
+    n = len(target)
     scale = np.linalg.norm(rows, axis=0)
     scale[scale == 0] = 1.0
-    solution, _ = nnls(rows / scale, rhs, maxiter=50 * k)
-    phi[free] = solution / scale
+    reweight = np.ones(len(rows))
+    for _ in range(C.LOG_ERROR_ITERATIONS):
+        solution, _ = nnls(rows * reweight[:, None] / scale, rhs * reweight, maxiter=50 * k)
+        phi[free] = solution / scale
+        ratio = np.maximum(design @ phi / target, 1e-9)  # (X / X̂)^q of each sample
+        reweight[:n] = np.where(np.abs(ratio - 1) > 1e-12, np.log(ratio) / np.where(ratio == 1, 1, ratio - 1), 1.0)
 
     # Residuals are ≈ q × relative errors of X: noise and covariance of φ follow.
     residual = design @ phi - target

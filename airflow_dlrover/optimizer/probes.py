@@ -55,7 +55,7 @@ def design_probes(
     else an equal share of ``PROBE_QUOTA_FRACTION`` of the quota's memory over the largest probe's
     nodes — and a PS never less than what its share of the layout's tables needs (``table_mb``:
     every row touched, ``FeatureLayout.table_mb``), ``memory_request_mb(PS_PROCESS_BASE_MB +
-    table_mb / p)``; an all-reduce worker, which holds every table, never less than
+    table_mb / p, table_mb / p)`` (its checkpoint's copy too); an all-reduce worker, which holds every table, never less than
     ``memory_request_mb(PS_PROCESS_BASE_MB + table_mb)`` (a worker's process is at least a PS's).
     """
     if allreduce is None:
@@ -122,7 +122,8 @@ def design_probes(
                 table["worker_memory_mb"] = max(share, float(memory_request_mb(C.PS_PROCESS_BASE_MB + table_mb)))
                 where = "on every worker"
             else:
-                need = memory_request_mb(C.PS_PROCESS_BASE_MB + table_mb / table["ps"].to_numpy(float))
+                tables = table_mb / table["ps"].to_numpy(float)
+                need = memory_request_mb(C.PS_PROCESS_BASE_MB + tables, tables)  # as MemoryModel.ps_request_mb
                 table["ps_memory_mb"] = np.maximum(share, need)
                 where = "over the PS"
             total = table["workers"] * table["worker_memory_mb"] + table["ps"] * table["ps_memory_mb"]

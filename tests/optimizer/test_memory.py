@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from airflow_dlrover.optimizer import constants as C
-from airflow_dlrover.optimizer.memory import fit_memory, fit_trend, memory_request_mb
+from airflow_dlrover.optimizer.memory import MemoryModel, fit_memory, fit_trend, memory_request_mb
 from airflow_dlrover.optimizer.types import InvalidInputError
 from synthetic import model_samples
 
@@ -30,12 +30,24 @@ def test_table_growth_is_fitted_from_samples_seen_and_raises_the_ps_peak():
 
 
 def test_request_adds_the_margin_or_the_headroom_and_rounds_up():
-    assert memory_request_mb(100) == 384  # 100 + 256 headroom → 356 → 384
+    assert memory_request_mb(100) == 192  # 100 + 64 headroom → 164 → 192
     assert memory_request_mb(10000) == 11520  # ×1.15 = 11500 → 11520
+    assert memory_request_mb(200, transient_mb=80) == 320  # a checkpoint's 80 MB copy: 280 → 320
     peaks = np.linspace(1, 1e5, 97)
     requests = memory_request_mb(peaks)
     assert np.all(requests >= peaks * (1 + C.MEMORY_MARGIN_FRACTION))
+    assert np.all(requests >= peaks + C.MEMORY_MIN_HEADROOM_MB)
     assert np.all(requests % C.MEMORY_GRANULARITY_MB == 0)
+
+
+def test_a_ps_request_holds_a_checkpoint_copy_of_its_tables():
+    model = MemoryModel(ps_base_mb=136.0, table_mb=70.0, worker_base_mb=200.0, activation_mb_per_sample=0.0)
+    for ps in (1, 2, 4):
+        tables = 70.0 / ps
+        assert model.ps_tables_mb(ps) == pytest.approx(tables)
+        assert model.ps_request_mb(ps) >= 136.0 + 2 * tables  # steady tables + the copy ParameterServer.save makes
+        assert model.ps_request_mb(ps) - (136.0 + 2 * tables) < C.MEMORY_GRANULARITY_MB + C.MEMORY_MIN_HEADROOM_MB
+    assert model.ps_request_mb(np.array([0, 1]))[0] == 0
 
 
 def test_trend_is_robust_to_a_gc_drop():
