@@ -118,6 +118,13 @@ KNEE_MARGINAL_FRACTION = 0.5
 #: the range as the job grows. (ours, measured with `benchmarks/simulate.py`)
 NODE_CPU_TRUST_MULTIPLE = 2.0
 
+#: The throughput objective's near-ties: of the fastest configurations (the plan and its
+#: alternatives), those predicted within this fraction of the fastest are ranked by the band's
+#: lower end, so that the plan goes to the one the model is surest of (in practice the one
+#: nearest the probes). The fraction is the gain the fine-tune never resizes for
+#: (``MIN_RESIZE_SPEEDUP``): below it two plans are alike. (ours)
+PLAN_TIE_FRACTION = 0.05
+
 #: Number of alternative plans reported beside the chosen one. (ours)
 PLAN_ALTERNATIVES = 5
 

@@ -185,6 +185,9 @@ class FitReport:
     #: The largest ``worker_cpu`` and ``ps_cpu`` the model rests on (its samples', and its
     #: prior's): the planner does not extrapolate node sizes far past them.
     largest_node_cpu: dict[str, float] | None = None
+    #: [least, most] of ``workers``, ``ps``, ``worker_cpu`` and ``ps_cpu`` over the samples (and
+    #: the prior's range): where the model interpolates (``planner.extrapolation``).
+    probed_range: dict[str, list[float]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -530,8 +533,24 @@ def fit_throughput(
         warm_start=prior is not None,
         sharpness_cv_mape=cv,
         largest_node_cpu=_largest_node_cpu(table, prior),
+        probed_range=_probed_range(table, prior),
     )
     return replace(model, report=report)
+
+
+#: The columns of a configuration whose range a fit reports (``FitReport.probed_range``).
+RANGE_COLUMNS = ("workers", "ps", "worker_cpu", "ps_cpu")
+
+
+def _probed_range(table: pd.DataFrame, prior: ThroughputModel | None) -> dict[str, list[float]]:
+    known = prior.report.probed_range if prior is not None and prior.report is not None else None
+    out = {}
+    for name in RANGE_COLUMNS:
+        low, high = float(table[name].min()), float(table[name].max())
+        if known and name in known:
+            low, high = min(low, known[name][0]), max(high, known[name][1])
+        out[name] = [low, high]
+    return out
 
 
 def _largest_node_cpu(table: pd.DataFrame, prior: ThroughputModel | None) -> dict[str, float]:

@@ -439,7 +439,7 @@ def plan(
     total_mem = mem.total[w, p]
     front = pareto_front(cores, x)
     if objective == "throughput":
-        best = int(np.argmax(x))  # sorted by cores: the first maximum has the fewest
+        best = _surest_of_the_fastest(model, grid, x, batch, allreduce)
         score = x
     elif objective == "deadline":
         on_time = x >= needed
@@ -465,6 +465,7 @@ def plan(
                    kind_columns(allreduce))[None, :]
     _, lower, upper = model.predict_features(row, columns=kind_columns(allreduce))
     alternatives = _alternatives(score, front, best)
+    outside = extrapolation(model, config)
     return Plan(
         config=config,
         predicted_throughput=float(x[best]),
@@ -472,10 +473,52 @@ def plan(
         upper_throughput=float(upper[0]),
         objective=objective,
         reason=_reason(objective, config, float(x[best]), quota, float(total_mem[best]), samples, deadline_s, use_gpu)
+        + f" (90 % band {float(lower[0]):,.0f}–{float(upper[0]):,.0f})" + _range_note(model, outside)
         + (f"; memory per node {mem.source}" if mem.source else ""),
         alternatives=_rows(grid, np.asarray(alternatives, dtype=int), x, total_mem),
         pareto_front=_rows(grid, front, x, total_mem),
+        extrapolation=outside,
     )
+
+
+def _surest_of_the_fastest(model: ThroughputModel, grid: "Configurations", x: np.ndarray, batch: int,
+                           allreduce: bool) -> int:
+    """The throughput objective's choice: of the ``PLAN_ALTERNATIVES`` + 1 fastest (ties to fewer
+    cores, then grid order: what both searches hold), those within ``PLAN_TIE_FRACTION`` of the
+    fastest, the one with the highest lower end of the band (the first, on a tie)."""
+    top = np.lexsort((np.arange(len(x)), grid.cores, -x))[: C.PLAN_ALTERNATIVES + 1]
+    near = top[x[top] >= (1.0 - C.PLAN_TIE_FRACTION) * x[top[0]]]
+    if len(near) == 1:
+        return int(near[0])
+    rows = features(grid.workers[near], grid.ps[near], grid.worker_cpu[near], grid.ps_cpu[near],
+                    grid.worker_gpu[near], batch, kind_columns(allreduce))
+    _, lower, _ = model.predict_features(rows, columns=kind_columns(allreduce))
+    return int(near[int(np.argmax(lower))])
+
+
+def extrapolation(model: ThroughputModel, config: Configuration) -> dict[str, float]:
+    """How far ``config`` lies outside the range the model was fitted on
+    (``FitReport.probed_range``), per column: value / most probed above it, least probed / value
+    below it; columns inside their range are left out (empty: an interpolation in each column)."""
+    probed = model.report.probed_range if model.report is not None else None
+    out: dict[str, float] = {}
+    for name, (low, high) in (probed or {}).items():
+        value = float(getattr(config, name))
+        if value > high and high > 0:
+            out[name] = value / high
+        elif 0 < value < low:
+            out[name] = low / value
+    return out
+
+
+def _range_note(model: ThroughputModel, outside: dict[str, float]) -> str:
+    if model.report is None or model.report.probed_range is None:
+        return ""
+    if not outside:
+        return "; inside the probed range"
+    probed = model.report.probed_range
+    return "; extrapolates past the probes: " + ", ".join(
+        f"{name} {factor:.2g}× ({probed[name][0]:g}–{probed[name][1]:g} probed)" for name, factor in outside.items())
 
 
 @dataclass(frozen=True)

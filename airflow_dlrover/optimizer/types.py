@@ -274,6 +274,9 @@ class Plan:
     reason: str
     alternatives: list[dict[str, float]] = field(default_factory=list)
     pareto_front: list[dict[str, float]] = field(default_factory=list)
+    #: How far the configuration lies outside the range the model was fitted on, per column
+    #: (``workers``: 1.5 = 1.5× the most probed; empty: an interpolation).
+    extrapolation: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self, *, details: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = self.config.to_row()
@@ -285,6 +288,7 @@ class Plan:
             memory_mb=self.config.memory_mb,
             objective=self.objective,
             reason=self.reason,
+            extrapolation=dict(self.extrapolation),
         )
         if details:
             out["alternatives"] = self.alternatives
