@@ -30,13 +30,16 @@ def controller_state(history: Any, job: Any, run: int, quota: Quota | None,
     job = history.identity(job, run=run) or job
     plans = history.records(run, RecordKind.PLAN.value)
     planned = plans[-1] if plans else {}
-    resizes = [d for d in history.records(run, RecordKind.DECISION.value) if d["action"] != "keep"]
+    decisions = history.records(run, RecordKind.DECISION.value)
+    resizes = [d for d in decisions if d["action"] != "keep"]
     last = resizes[-1] if resizes else None
     last_resize = None
     if last is not None:
+        judged = any(d["reason"] == Reason.EXPLORED for d in decisions[decisions.index(last):])
         last_resize = ResizeRecord(last["time"], Configuration(**last["current"]), Configuration(**last["target"]),
                                    last["throughput_before"], last.get("predicted_speedup") or 1.0,
-                                   is_revert=last["action"] == "revert")
+                                   is_revert=last["action"] == "revert",
+                                   exploring=last["reason"] == Reason.EXPLORE and not judged)
     failures = {(n["name"], n.get("restarts", 0)) for e in history.records(run, RecordKind.EVENT.value)
                 if e.get("event") == EventKind.NODE_FAILED for n in e.get("nodes", [])}
     deadline_s = planned.get("deadline_s")
@@ -51,6 +54,7 @@ def controller_state(history: Any, job: Any, run: int, quota: Quota | None,
         since_s=last["time"] if last else planned.get("time", -math.inf),
         last_resize=last_resize,
         rejected=tuple(Configuration(**d["reject"]) for d in resizes if d.get("reject")),
+        explorations=sum(d["reason"] == Reason.EXPLORE for d in resizes),
         failures_reported=frozenset(failures),
         node_history=tuple(node_history),
     )

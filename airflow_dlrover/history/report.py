@@ -7,9 +7,10 @@ report task's log and by ``dlrover-rm report JOB``.
 from __future__ import annotations
 
 import math
-
 import time
 from typing import Any
+
+import numpy as np
 
 
 def build_report(history: Any, run: int, job: dict[str, Any] | None, status: dict[str, Any]) -> dict[str, Any]:
@@ -24,23 +25,29 @@ def build_report(history: Any, run: int, job: dict[str, Any] | None, status: dic
     run_row = history.run(run)
     now = time.time()
     started = run_row["started"].timestamp()
-    profile_s = profiled[-1]["profile_s"] if profiled else 0.0
+    checks = [e for e in events if e.get("event") == "plan_checked"]
+    profile_s = (profiled[-1]["profile_s"] if profiled else 0.0) + sum(c["probe_s"] for c in checks)
     plan = plans[-1] if plans else {}
+    on_plan = finetune
+    if not finetune.empty and plan:
+        keys = ("workers", "ps", "worker_cpu", "ps_cpu")
+        on_plan = finetune[np.logical_and.reduce([np.isclose(finetune[k].astype(float), float(plan[k])) for k in keys])]
 
     report = {
         "status": "succeeded" if job and job["samples_lost"] == 0 and job["samples_trained"] >= (job["samples_expected"] or 0)
         else "failed",
         "run_seconds": now - started,
-        "jct_s": now - (profiled[-1]["time"] - profile_s) if profiled else None,
+        "jct_s": now - (profiled[-1]["time"] - profiled[-1]["profile_s"]) if profiled else None,
         "profile_s": profile_s,
         "profile_share": profile_s / (now - started),
         "probes": profiled[-1]["measured"] if profiled else 0,
+        "plan_checks": len(checks),
         "warm_start": bool(profiled and profiled[-1]["warm_start"]),
         "plan": {k: plan.get(k) for k in ("workers", "ps", "worker_cpu", "ps_cpu", "worker_memory_mb", "ps_memory_mb",
                                           "worker_gpu", "batch_size", "reason")},
         "predicted_throughput": plan.get("predicted_throughput"),
         "baseline": plan.get("baseline"),
-        "measured_throughput": float(finetune["throughput"].median()) if not finetune.empty else None,
+        "measured_throughput": float(on_plan["throughput"].median()) if not on_plan.empty else None,
         "utilisation": utilisation(finetune),
         "decisions": [{"action": d["action"], "reason": d["reason"], "text": d.get("text", d["reason"])}
                       for d in decisions],
@@ -87,7 +94,8 @@ def format_report(report: dict[str, Any]) -> list[str]:
     plan, baseline, job = report["plan"], report["baseline"], report["job"] or {}
     lines = ["DLRover-RM run report", "=" * 72]
     lines.append(f"status {report['status']}; JCT {fmt(report['jct_s'], ' s')}; profiling {fmt(report['profile_s'], ' s')} "
-                 f"({100 * report['profile_share']:.1f} % of the run, {report['probes']} probes, "
+                 f"({100 * report['profile_share']:.1f} % of the run, {report['probes']} probes"
+                 f"{f' + {n} plan check' + ('s' if n > 1 else '') if (n := report.get('plan_checks')) else ''}, "
                  f"{'warm' if report['warm_start'] else 'cold'} start)")
     lines.append(f"{'':12}{'workers':>8}{'w_cpu':>7}{'ps':>4}{'ps_cpu':>7}{'w_mem':>8}{'ps_mem':>8}{'pred/s':>10}")
     for name, row in (("chosen", {**plan, "predicted_throughput": report["predicted_throughput"]}), ("baseline", baseline)):
@@ -95,7 +103,9 @@ def format_report(report: dict[str, Any]) -> list[str]:
             lines.append(f"{name:12}{row['workers']:>8}{row['worker_cpu']:>7g}{row['ps']:>4}{row['ps_cpu']:>7g}"
                          f"{row['worker_memory_mb']:>8g}{row['ps_memory_mb']:>8g}{fmt(row['predicted_throughput']):>10}")
     lines.append(f"reason: {plan.get('reason')}")
-    lines.append(f"throughput: predicted {fmt(report['predicted_throughput'])}/s, measured {fmt(report['measured_throughput'])}/s")
+    predicted, measured = report["predicted_throughput"], report["measured_throughput"]
+    error = f" ({100 * (predicted / measured - 1):+.0f} %)" if predicted and measured else ""
+    lines.append(f"throughput of the plan: predicted {fmt(predicted)}/s, measured {fmt(measured)}/s{error}")
     util = {k: (f"{100 * v:.0f} %" if v is not None else "—") for k, v in report["utilisation"].items()}
     lines.append("utilisation (used / allocated): " + ", ".join(f"{k} {v}" for k, v in util.items()))
     lines.append(f"fine-tune: {len(report['decisions'])} decisions, {report['resizes']} resizes")

@@ -47,29 +47,44 @@ def profile_job(launcher: Any, spec: JobSpec, probes: pd.DataFrame, window_s: fl
     """Launch (or adopt) the job and measure it on each probe; returns the sample table with
     ``probe_s`` (seconds the probe took, resize included)."""
     rows = []
-    job_id = spec.job_id
     for index, config in enumerate(order_probes(probes)):
-        started = time.monotonic()
         if index == 0:
             launcher.launch(spec, config)
-        if Configuration(**launcher.read_job(job_id)["config"]) != config:
-            launcher.resize(job_id, config)
-        if not _settle(launcher, job_id, time.time()):
+        try:
+            row = measure_probe(launcher, spec.job_id, config, window_s)
+        except JobFinished:
             log.info("the job finished while profiling: %d of %d probes measured", index, len(probes))
             break
-        meter = JobMeter(launcher, job_id)
-        status = {"state": "training"}
-        while status["state"] != "done" and (meter.elapsed_s < window_s or not _window_reported(meter, window_s)):
-            status = launcher.progress(job_id, timeout=C.MASTER_POLL_TIMEOUT_S)
-            meter.observe(status, healthy=all_running(launcher.status(job_id)))
-            time.sleep(C.SUPERVISOR_POLL_S)
-        row, _ = meter.close(time.monotonic() - started)
-        if row is None:
-            log.warning("probe %s was not measured cleanly (a node failed or the job ended)", config.describe())
-            continue
-        rows.append({**row, "probe_s": time.monotonic() - started})
-        log.info("probe %d/%d %s: %.0f samples/s", index + 1, len(probes), config.describe(), row["throughput"])
+        if row is not None:
+            rows.append(row)
+            log.info("probe %d/%d %s: %.0f samples/s", index + 1, len(probes), config.describe(), row["throughput"])
     return pd.DataFrame(rows)
+
+
+class JobFinished(Exception):
+    """The job trained its last sample before a probe could be measured."""
+
+
+def measure_probe(launcher: Any, job_id: str, config: Configuration, window_s: float) -> dict[str, Any] | None:
+    """Resize the running job to ``config`` (when it is not on it), wait until every worker reported
+    on it, and measure it for ``window_s``: a sample row with ``probe_s`` (seconds, resize
+    included); None when it was not measured cleanly. Raises :class:`JobFinished`."""
+    started = time.monotonic()
+    if Configuration(**launcher.read_job(job_id)["config"]) != config:
+        launcher.resize(job_id, config)
+    if not _settle(launcher, job_id, time.time()):
+        raise JobFinished(job_id)
+    meter = JobMeter(launcher, job_id)
+    status = {"state": "training"}
+    while status["state"] != "done" and (meter.elapsed_s < window_s or not _window_reported(meter, window_s)):
+        status = launcher.progress(job_id, timeout=C.MASTER_POLL_TIMEOUT_S)
+        meter.observe(status, healthy=all_running(launcher.status(job_id)))
+        time.sleep(C.SUPERVISOR_POLL_S)
+    row, _ = meter.close(time.monotonic() - started)
+    if row is None:
+        log.warning("probe %s was not measured cleanly (a node failed or the job ended)", config.describe())
+        return None
+    return {**row, "probe_s": time.monotonic() - started}
 
 
 def _window_reported(meter: JobMeter, window_s: float) -> bool:

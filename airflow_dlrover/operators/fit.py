@@ -20,8 +20,7 @@ class DLRoverFitOperator(DLRoverBaseOperator):
     ui_color = "#e8f4fd"
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from airflow_dlrover.optimizer.job_model import fit_job_model
-        from airflow_dlrover.optimizer.types import EventKind, InvalidInputError
+        from airflow_dlrover.optimizer.types import InvalidInputError
 
         run, _ = self.run_ids(context)
         samples = self.history.samples(self.job, run_id=run, stage="profile")
@@ -32,10 +31,8 @@ class DLRoverFitOperator(DLRoverBaseOperator):
         if samples.empty:  # a warm start profiles nothing: the prior is this run's model until the fine-tune refits
             model = prior
         else:
-            profiled = [e for e in self.history.records(run, "event") if e.get("event") == EventKind.PROFILED]
-            capacity = profiled[-1].get("table_capacity_mb") if profiled else None
             with user_errors():
-                model = fit_job_model(samples, prior, table_capacity_mb=capacity)
+                model = fit_profile(self.history, run, samples, prior)
         model_id = self.history.save_model(run, model)
         report = model.throughput.report
         summary = {
@@ -50,3 +47,15 @@ class DLRoverFitOperator(DLRoverBaseOperator):
         self.log.info("fitted on %d samples: in-sample MAPE %.1f %%, %s", len(samples), 100 * report.in_sample_mape,
                       report.out_of_sample_method)
         return summary
+
+
+def fit_profile(history: Any, run: int, samples: Any, prior: Any) -> Any:
+    """The run's model fitted on its profile ``samples`` (warm-started from ``prior``), the PS
+    tables bounded by the layout the profile recorded: the fit task's, and the launch's after it
+    measured its plan."""
+    from airflow_dlrover.optimizer.job_model import fit_job_model
+    from airflow_dlrover.optimizer.types import EventKind
+
+    profiled = [e for e in history.records(run, "event") if e.get("event") == EventKind.PROFILED]
+    capacity = profiled[-1].get("table_capacity_mb") if profiled else None
+    return fit_job_model(samples, prior, table_capacity_mb=capacity)

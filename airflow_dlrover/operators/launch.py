@@ -66,6 +66,10 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
         with user_errors():
             chosen = initial_plan(model, quota, objective, samples=spec.samples, deadline_s=deadline_s,
                                   batch_size=spec.batch_size)
+        if not self.plan_only and start_on is None:
+            chosen = self.check_plan(run, spec, chosen, lambda m: initial_plan(
+                m, quota, objective, samples=spec.samples, deadline_s=deadline_s, batch_size=spec.batch_size))
+        with user_errors():
             check_fault_nodes(faults, start_on or chosen.config)
         record = {**chosen.to_dict(), "deadline_s": deadline_s, "time": time.time()}
         if baseline is not None:
@@ -94,6 +98,46 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
         self.history.add(run, "event", {"event": EventKind.LAUNCHED.value, "time": time.time(), "adopted": adopted,
                                         "resize": resize, "config": target.to_row()})
         return {**summary, "adopted": adopted, "launched_on": target.to_row()}
+
+
+    def check_plan(self, run: int, spec: Any, chosen: Any, replan: Any) -> Any:
+        """Measure a plan that extrapolates past the probes on the job that profiled (a cold start:
+        it runs), add the window to the profile, refit and plan again; at most
+        ``PLAN_CHECK_PROBES`` times, each recorded as a ``plan_checked`` event."""
+        import pandas as pd
+
+        from airflow_dlrover.launchers.profiling import JobFinished, measure_probe
+        from airflow_dlrover.operators.fit import fit_profile
+        from airflow_dlrover.optimizer import constants as C
+        from airflow_dlrover.optimizer.types import EventKind
+
+        window_s = C.TRAINER_PROBE_WINDOW_S if spec.trainer else C.PROBE_WINDOW_S
+        for _ in range(C.PLAN_CHECK_PROBES):
+            samples = self.history.samples(self.job, run_id=run, stage="profile")
+            if not chosen.extrapolation or samples.empty or not self.launcher.exists(spec.job_id):
+                return chosen
+            try:
+                row = measure_probe(self.launcher, spec.job_id, chosen.config, window_s)
+            except JobFinished:
+                return chosen
+            if row is None:
+                return chosen
+            self.history.add_samples(run, pd.DataFrame([row]), stage="profile")
+            with user_errors():
+                model = fit_profile(self.history, run, self.history.samples(self.job, run_id=run, stage="profile"),
+                                    self.history.prior_model(self.job, before_run=run))
+                checked, chosen = chosen, replan(model)
+            self.history.save_model(run, model)
+            self.history.add(run, "event", {
+                "event": EventKind.PLAN_CHECKED.value, "config": checked.config.to_row(),
+                "extrapolation": checked.extrapolation, "predicted_throughput": checked.predicted_throughput,
+                "measured_throughput": row["throughput"], "probe_s": row["probe_s"],
+                "replanned": chosen.config.to_row(), "replanned_throughput": chosen.predicted_throughput,
+                "time": time.time()})
+            self.log.info("plan check: %s extrapolated (%s): predicted %.0f, measured %.0f samples/s; refitted plan %s",
+                          checked.config.describe(), checked.extrapolation, checked.predicted_throughput,
+                          row["throughput"], chosen.config.describe())
+        return chosen
 
 
 def predict(model: Any, config: Any) -> float:

@@ -125,6 +125,12 @@ NODE_CPU_TRUST_MULTIPLE = 2.0
 #: (``MIN_RESIZE_SPEEDUP``): below it two plans are alike. (ours)
 PLAN_TIE_FRACTION = 0.05
 
+#: A cold launch whose plan extrapolates past the probes (``Plan.extrapolation``) first measures
+#: it for one probe window on the running job, refits and plans again, at most this many times:
+#: the plan is then an interpolation, and its prediction rests on a measurement of it. The job
+#: trains at the plan meanwhile, so a check costs a resize, not lost samples. (ours)
+PLAN_CHECK_PROBES = 2
+
 #: Number of alternative plans reported beside the chosen one. (ours)
 PLAN_ALTERNATIVES = 5
 
@@ -198,6 +204,18 @@ ALLREDUCE_RESIZE_COST_S = NODE_RELAUNCH_COST_S
 #: Revert a resize when the measured speed-up delivered less than this fraction of the predicted
 #: gain (speed-up − 1). (ours)
 REVERT_DELIVERED_FRACTION = 0.25
+
+#: Exploration (``finetune.decide``): a resize to the model's best plan that the pessimistic test
+#: refuses is still tried when the model is unsure there (its 90 % band at least
+#: ``EXPLORE_MIN_BAND`` of the prediction: a shape far from what was measured), its predicted
+#: speed-up is at least ``EXPLORE_MIN_SPEEDUP``, and the saving at that speed-up is at least
+#: ``RESIZE_GAIN_MULTIPLE`` × the cost of the resize *and* of its revert; at most
+#: ``EXPLORE_MAX_PER_RUN`` a run. It is judged and reverted as any resize (the revert excludes the
+#: shape), and its windows teach the refit what the probes could not. (ours; the shape of an
+#: upper-confidence rule: act on the mean where the band is wide and the stake pays)
+EXPLORE_MIN_BAND = 0.3
+EXPLORE_MIN_SPEEDUP = 1.15
+EXPLORE_MAX_PER_RUN = 2
 
 #: Observations of the new configuration needed before judging a resize. (ours)
 MIN_OBSERVATIONS_TO_JUDGE = 3

@@ -142,7 +142,8 @@ class ControllerState:
     samples; ``windows``: the measurement windows since the launch (rows of the vocabulary);
     ``since_s``: when the running configuration was planned or resized to (its windows judge
     it). ``failures_reported``: the ``(node, restarts)`` failures a step has reported.
-    ``node_history``: the detectors' rows (``instability.METRIC_COLUMNS`` + ``throughput``)."""
+    ``node_history``: the detectors' rows (``instability.METRIC_COLUMNS`` + ``throughput``).
+    ``explorations``: the fine-tune's explorations so far (``EXPLORE_MAX_PER_RUN``)."""
 
     quota: Quota | None
     objective: Objective = Objective.THROUGHPUT
@@ -154,6 +155,7 @@ class ControllerState:
     since_s: float = -math.inf
     last_resize: ResizeRecord | None = None
     rejected: tuple[Configuration, ...] = ()
+    explorations: int = 0
     failures_reported: frozenset = frozenset()
     node_history: tuple[dict, ...] = ()
 
@@ -410,7 +412,9 @@ def _finetune(state: ControllerState, obs: Observation) -> tuple[ControllerState
     model = state.model
     decision = decide(model.throughput, model.memory, _less_heals(state.quota, obs), config, measured, remaining, obs.now_s,
                       state.last_resize, state.rejected, objective=state.objective, deadline_s=deadline_s,
-                      restart_cost_s=obs.restart_cost_s)
+                      restart_cost_s=obs.restart_cost_s, may_explore=state.explorations < C.EXPLORE_MAX_PER_RUN)
+    if decision.reason == Reason.EXPLORED:  # judged once: from now on a resize like any other
+        state = replace(state, last_resize=replace(state.last_resize, exploring=False))
     if decision.action == "keep":
         return state, Keep(decision.reason, decision.numbers)
     target = replace(decision.target,  # a running job's tables only grow: never less memory than now
@@ -419,10 +423,12 @@ def _finetune(state: ControllerState, obs: Observation) -> tuple[ControllerState
     if state.quota is not None and target.memory_mb > state.quota.memory_mb + 1e-9:
         target = decision.target
     revert = decision.action == "revert"
+    exploring = decision.reason == Reason.EXPLORE
     record = ResizeRecord(obs.now_s, config, target, float(np.median(measured)), decision.predicted_speedup or 1.0,
-                          is_revert=revert)
+                          is_revert=revert, exploring=exploring)
     rejected = state.rejected + ((decision.reject,) if decision.reject is not None else ())
-    state = replace(state, last_resize=record, rejected=rejected, since_s=obs.now_s)
+    state = replace(state, last_resize=record, rejected=rejected, since_s=obs.now_s,
+                    explorations=state.explorations + exploring)
     return state, Resize(decision.reason, decision.numbers, config=target, expected_speedup=decision.predicted_speedup,
                          revert=revert, reject=decision.reject)
 

@@ -8,7 +8,10 @@ speed by enough. Ours asks the refitted model for the best plan and resizes only
                                                           lower band of the target / current)
     resize  ⇔  s_low ≥ MIN_RESIZE_SPEEDUP  and  T_keep − T_resize ≥ RESIZE_GAIN_MULTIPLE · cost
 
-with at least ``MIN_RESIZE_INTERVAL_S`` between resizes. The target is the refitted model's plan for
+with at least ``MIN_RESIZE_INTERVAL_S`` between resizes. Where the pessimistic test refuses but
+the model is unsure (a wide band) and its mean says the resize and a possible revert pay, the
+policy *explores* (``EXPLORE_*``): it resizes, judges the shape on its own windows, keeps it
+(``explored``) or reverts it; the windows teach the refit a shape the probes never ran. The target is the refitted model's plan for
 the run's own objective (``planner.plan``): the highest throughput under the quota, the knee of the
 Pareto front (``efficiency``), or the cheapest plan that still meets what is left of the deadline
 (``deadline``; once no plan can, the fastest one). The cost depends on the change: workers
@@ -48,6 +51,7 @@ class ResizeRecord:
     throughput_before: float
     predicted_speedup: float
     is_revert: bool = False
+    exploring: bool = False  # an exploration not judged yet
 
 
 @dataclass(frozen=True)
@@ -101,11 +105,13 @@ def decide(
     objective: Objective | str = Objective.THROUGHPUT,
     deadline_s: float | None = None,
     restart_cost_s: float | None = None,
+    may_explore: bool = False,
 ) -> Decision:
     """Keep, resize or revert; ``recent_throughput`` = measured windows since the last resize.
     ``objective`` is the plan's; ``deadline_s``: the seconds left until the deadline, for the
     ``deadline`` objective; ``restart_cost_s``: what a resize costs a job that restarts as a
-    whole (:func:`resize_cost_s`)."""
+    whole (:func:`resize_cost_s`); ``may_explore``: an exploration is allowed (the run has not
+    used its ``EXPLORE_MAX_PER_RUN``)."""
     objective = Objective.parse(objective)
     check_kind(model, is_allreduce(current), "model", "the running configuration is")
     if objective == Objective.DEADLINE and deadline_s is None:
@@ -129,15 +135,17 @@ def decide(
                                                          "needed": C.MIN_OBSERVATIONS_TO_JUDGE})
             delivered = x_now / last_resize.throughput_before
             wanted = 1.0 + C.REVERT_DELIVERED_FRACTION * (last_resize.predicted_speedup - 1.0)
+            judged = {"delivered": delivered, "predicted": last_resize.predicted_speedup}
             if delivered < wanted:
                 return Decision(
-                    "revert", Reason.DID_NOT_DELIVER,
-                    {"delivered": delivered, "predicted": last_resize.predicted_speedup, "needed": wanted},
+                    "revert", Reason.DID_NOT_DELIVER, judged | {"needed": wanted, "explored": last_resize.exploring},
                     target=last_resize.before,
                     predicted_speedup=last_resize.throughput_before / x_now,
                     resize_cost_s=resize_cost_s(current, last_resize.before, restart_cost_s),
                     reject=last_resize.after,
                 )
+            if last_resize.exploring:
+                return Decision("keep", Reason.EXPLORED, judged)
 
     best = _target(model, memory, quota, objective, remaining_samples, deadline_s, current.batch_size, tuple(rejected))
     target = best.config
@@ -152,6 +160,14 @@ def decide(
     saving = keep_s - resize_s
     numbers = {"speedup": speedup, "speedup_low": speedup_low, "saving_s": saving, "keep_s": keep_s, "cost_s": cost}
     if speedup_low < C.MIN_RESIZE_SPEEDUP or saving < C.RESIZE_GAIN_MULTIPLE * cost:
+        expected_saving = keep_s - (cost + remaining_samples / (x_now * speedup))
+        band = (best.upper_throughput - best.lower_throughput) / best.predicted_throughput
+        if (may_explore and band >= C.EXPLORE_MIN_BAND and speedup >= C.EXPLORE_MIN_SPEEDUP
+                and expected_saving >= C.RESIZE_GAIN_MULTIPLE * 2 * cost):
+            return Decision("resize", Reason.EXPLORE,
+                            numbers | {"band": band, "expected_saving_s": expected_saving, "target": target.describe()},
+                            target=target, predicted_speedup=speedup, predicted_saving_s=expected_saving,
+                            resize_cost_s=cost)
         return Decision("keep", Reason.NOT_WORTH_IT,
                         numbers | {"min_speedup": C.MIN_RESIZE_SPEEDUP, "gain_multiple": C.RESIZE_GAIN_MULTIPLE,
                                    "target": target.describe()},

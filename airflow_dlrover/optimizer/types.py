@@ -564,6 +564,7 @@ class EventKind(StrEnum):
     """The kinds of the ``event`` records a run keeps in the history store."""
 
     PROFILED = "profiled"
+    PLAN_CHECKED = "plan_checked"  # the launch measured a plan that extrapolated past the probes
     LAUNCHED = "launched"
     FAULTS_SCHEDULED = "faults_scheduled"
     NODE_FAILED = "node_failed"  # a guard's try saw a failed node (and failed; its retry recovers)
@@ -590,6 +591,8 @@ class Reason(StrEnum):
     AT_BEST = "at_best"
     NOT_WORTH_IT = "not_worth_it"
     PAYS = "pays"
+    EXPLORE = "explore"
+    EXPLORED = "explored"
     DID_NOT_DELIVER = "did_not_deliver"
     HOT_PS = "hot_ps"
     STRAGGLER = "straggler"
@@ -620,6 +623,10 @@ _REASON_TEXT = {
                           "{gain_multiple:g}× the cost)"),
     Reason.PAYS: ("predicts ×{speedup:.2f} (pessimistic ×{speedup_low:.2f}): saves {saving_s:.0f}s of {keep_s:.0f}s "
                   "for a {cost_s:.0f}s resize"),
+    Reason.EXPLORE: ("exploring {target}: the model predicts ×{speedup:.2f} but is unsure there (its 90 % band is "
+                     "{band:.0%} of the prediction, pessimistic ×{speedup_low:.2f}); expected to save "
+                     "{expected_saving_s:.0f}s of {keep_s:.0f}s, against a {cost_s:.0f}s resize and its revert"),
+    Reason.EXPLORED: "the exploration delivered ×{delivered:.2f} of a predicted ×{predicted:.2f}: kept",
     Reason.DID_NOT_DELIVER: ("last resize delivered ×{delivered:.2f} of a predicted ×{predicted:.2f} (needed "
                              "×{needed:.2f}): back to the configuration before it"),
     Reason.HOT_PS: "{node} uses {cpu_used:.2f} of {cpu_limit:g} cores ({utilisation:.0%}), {skew:.1f}× the median PS",

@@ -292,6 +292,38 @@ def test_operators_against_a_running_job(airflow_db):
         launcher.stop(job_id)
 
 
+def test_a_plan_past_the_probes_is_measured_refitted_and_planned_again_before_the_launch(airflow_db):
+    """Probes under 1.5 cores, a launch under 3: the plan has more than the probes ran, so the
+    launch measures it on the running job, refits on the profile with that window, plans again."""
+    from airflow_dlrover.optimizer import constants as C
+
+    job, ctx = "checked", context("manual__checked")
+    DLRoverProfileOperator(task_id="profile", job=job, job_args=JOB_ARGS, quota=QUOTA).execute(ctx)
+    DLRoverFitOperator(task_id="fit", job=job).execute(ctx)
+    history = HistoryStore()
+    profiled = len(history.samples(job, stage="profile"))
+    launch = DLRoverLaunchOperator(task_id="launch", job=job, job_args=JOB_ARGS, quota={"cpu": 3, "memory": "6Gi"})
+    first = launch.execute(ctx)
+    try:
+        events = history.records(first["run"], "event")
+        checks = [e for e in events if e["event"] == "plan_checked"]
+        assert 1 <= len(checks) <= C.PLAN_CHECK_PROBES and all(c["extrapolation"] for c in checks)
+        profile = history.samples(job, run_id=first["run"], stage="profile")
+        assert len(profile) == profiled + len(checks)
+        keys = ("workers", "ps", "worker_cpu", "ps_cpu")
+        for check, row in zip(checks, profile.tail(len(checks)).to_dict("records")):
+            assert {k: row[k] for k in keys} == {k: check["config"][k] for k in keys}
+            assert row["throughput"] == pytest.approx(check["measured_throughput"])
+        [plan] = history.records(first["run"], "plan")
+        assert plan["extrapolation"] == {} or len(checks) == C.PLAN_CHECK_PROBES
+        assert {k: plan[k] for k in keys} == {k: checks[-1]["replanned"][k] for k in keys}
+        assert {k: first["config"][k] for k in keys} == {k: plan[k] for k in keys}
+        assert history.latest_model(job).throughput.report.n_samples == len(profile)  # the refit is the run's model
+        assert [e["event"] for e in events].index("plan_checked") < [e["event"] for e in events].index("launched")
+    finally:
+        launch.launcher.stop(first["job_id"])
+
+
 def _alive(pid: int) -> bool:
     import os
 

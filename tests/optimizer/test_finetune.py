@@ -230,3 +230,44 @@ def test_a_job_that_restarts_as_a_whole_resizes_when_its_measured_restart_pays()
     assert default.action == "keep" and default.resize_cost_s == C.ALLREDUCE_RESIZE_COST_S
     assert measured.action == "resize" and measured.resize_cost_s == 2.0
     assert measured.predicted_saving_s == pytest.approx(28.0, rel=1e-6)
+
+
+def _unsure():
+    """A model fitted on noisy probes of at most 2 workers and 2 PS: past them its band is wide."""
+    from airflow_dlrover.optimizer.model import features
+
+    small = [(w, p, lw, lp) for w in (1, 2) for p in (1, 2) for lw, lp in ((0.5, 0.5), (1.0, 0.5), (0.5, 1.0), (1.0, 1.0))]
+    model = fit_throughput(model_samples(configs=small, noise=0.2, windows=2, seed=2), leave_one_out=False)
+    current = Configuration(2, 1, 1.0, 1.0, MEMORY.worker_request_mb(512), MEMORY.ps_request_mb(1))
+    x = 1 / float(features(2, 1, 1.0, 1.0, 0, 512) @ model.theta)
+    return model, current, x
+
+
+def test_an_unsure_gain_the_pessimistic_test_refuses_is_explored_when_it_pays_and_allowed():
+    model, current, x = _unsure()
+    quota = Quota(cpu=12, memory_mb=128 * 1024)
+    refused = decide(model, MEMORY, quota, current, [x] * 3, remaining_samples=2e8, now_s=0)
+    assert refused.action == "keep" and refused.reason == Reason.NOT_WORTH_IT
+    assert refused.numbers["speedup_low"] < C.MIN_RESIZE_SPEEDUP <= C.EXPLORE_MIN_SPEEDUP <= refused.numbers["speedup"]
+    explore = decide(model, MEMORY, quota, current, [x] * 3, remaining_samples=2e8, now_s=0, may_explore=True)
+    assert explore.action == "resize" and explore.reason == Reason.EXPLORE and explore.target == refused.target
+    assert explore.numbers["band"] >= C.EXPLORE_MIN_BAND
+    assert explore.predicted_saving_s >= C.RESIZE_GAIN_MULTIPLE * 2 * explore.resize_cost_s
+    assert "exploring" in Reason.EXPLORE.describe(explore.numbers)
+    # Too little left to pay for a resize and its revert: no exploration.
+    short = decide(model, MEMORY, quota, current, [x] * 3, remaining_samples=5e5, now_s=0, may_explore=True)
+    assert short.action == "keep"
+
+
+def test_an_exploration_is_judged_on_its_own_windows_kept_once_or_reverted_and_excluded():
+    model, current, x = _unsure()
+    quota = Quota(cpu=12, memory_mb=128 * 1024)
+    explore = decide(model, MEMORY, quota, current, [x] * 3, remaining_samples=2e8, now_s=0, may_explore=True)
+    last = ResizeRecord(0.0, current, explore.target, x, explore.predicted_speedup, exploring=True)
+    now = C.MIN_RESIZE_INTERVAL_S + 1
+    kept = decide(model, MEMORY, quota, explore.target, [x * explore.predicted_speedup] * 3, 2e8, now, last)
+    assert kept.action == "keep" and kept.reason == Reason.EXPLORED
+    assert kept.numbers["delivered"] == pytest.approx(explore.predicted_speedup)
+    worse = decide(model, MEMORY, quota, explore.target, [0.9 * x] * 3, 2e8, now, last)
+    assert worse.action == "revert" and worse.reason == Reason.DID_NOT_DELIVER and worse.numbers["explored"]
+    assert worse.target == current and worse.reject == explore.target
