@@ -152,9 +152,13 @@ PS_PROCESS_BASE_MB = 136.0
 #: ... but at least this many cores (or the whole quota, if smaller): under half of a small quota
 #: too few distinct probes fit to identify the model (2 cores: 1 probe against 9). (ours)
 PROBE_MIN_BUDGET_CORES = 4.0
-#: Candidate values for probe configurations. (ours: small, powers of two)
-PROBE_WORKERS = (1, 2, 4, 8)
-PROBE_PS = (1, 2, 4)
+#: Candidate values for probe configurations: powers of two over the planner's whole range
+#: (``PLAN_MAX_WORKERS``, ``PLAN_MAX_PS``), of which the budget keeps those that fit, so that the
+#: design can reach the region a large quota's plan lies in. With at most 8 workers and 4 PS a
+#: cold fit under a quota of hundreds of cores read an I/O plateau the job did not have and
+#: planned 10–20× too small (benchmarks/cluster_sim.py's large families). (ours)
+PROBE_WORKERS = tuple(2**k for k in range(PLAN_MAX_WORKERS.bit_length()))
+PROBE_PS = tuple(2**k for k in range(PLAN_MAX_PS.bit_length()))
 PROBE_CPU = (0.5, 1.0, 2.0, 4.0)
 #: A cold start profiles at least this many configurations (issue #2: ≥ 4) ...
 MIN_PROBES_COLD = 4
