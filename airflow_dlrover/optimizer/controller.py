@@ -45,6 +45,7 @@ from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.finetune import ResizeRecord, decide, plan_within_quota, shape
 from airflow_dlrover.optimizer.instability import METRIC_COLUMNS, detect
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
+from airflow_dlrover.optimizer.memory import fit_memory
 from airflow_dlrover.optimizer.types import (
     CONFIG_COLUMNS, SAMPLE_TABLE_COLUMNS, Configuration, InvalidInputError, NodeState, NodeStatus, Objective, Plan,
     Quota, Reason, is_allreduce,
@@ -402,6 +403,8 @@ def _finetune(state: ControllerState, obs: Observation) -> tuple[ControllerState
         return state, Keep(Reason.NOT_MEASURED)
     if refit:
         state = replace(state, model=refit_model(state))
+    if _memory_refit_due(state):
+        state = replace(state, model=refit_memory(state))
     remaining = obs.remaining
     if remaining is None:
         return state, Keep(Reason.NOT_MEASURED)
@@ -470,10 +473,17 @@ def refit_table(state: ControllerState) -> pd.DataFrame:
     """The refit's samples: the profile, plus the last ``REFIT_WINDOWS_PER_CONFIGURATION`` windows
     of each configuration the job ran (hundreds of windows of one configuration would out-weigh
     the probes, and the model would forget every other configuration)."""
+    return _samples(_refit_rows(state))
+
+
+def _refit_rows(state: ControllerState) -> list[dict]:
     kept: dict[tuple, list[dict]] = {}
     for w in state.windows:
         kept.setdefault(shape(w), []).append(w)
-    rows = list(state.profile) + [w for group in kept.values() for w in group[-C.REFIT_WINDOWS_PER_CONFIGURATION:]]
+    return list(state.profile) + [w for group in kept.values() for w in group[-C.REFIT_WINDOWS_PER_CONFIGURATION:]]
+
+
+def _samples(rows: list[dict]) -> pd.DataFrame:
     table = pd.DataFrame(rows)
     return table[[c for c in table.columns if c in _SAMPLE_COLUMNS]]
 
@@ -481,12 +491,70 @@ def refit_table(state: ControllerState) -> pd.DataFrame:
 _SAMPLE_COLUMNS = (*CONFIG_COLUMNS, *SAMPLE_TABLE_COLUMNS)
 
 
+def memory_refit_table(state: ControllerState) -> pd.DataFrame:
+    """The memory refit's samples: ``refit_table``'s, and the window of the run with the most
+    ``samples_seen`` in each doubling of it that measured the model's memory column: the tables' curve bends
+    over the whole run, which the last windows of each configuration do not span."""
+    rows = _refit_rows(state)
+    spread: dict[int, dict] = {}
+    for w in _memory_windows(state):
+        doubling = int(np.log2(float(w["samples_seen"])))
+        if doubling not in spread or float(w["samples_seen"]) >= float(spread[doubling]["samples_seen"]):
+            spread[doubling] = w
+    return _samples(rows + [w for w in spread.values() if not any(w is r for r in rows)])
+
+
+def _memory_windows(state: ControllerState) -> list[dict]:
+    """The windows that measured the memory model's column (the PS's; an all-reduce job's
+    workers') at a known ``samples_seen`` ≥ 1."""
+    allreduce = state.model is not None and state.model.allreduce
+    column = "worker_memory_used_mb" if allreduce else "ps_memory_used_mb"
+    return [w for w in state.windows if _finite(w.get(column)) and _finite(w.get("samples_seen")) and w["samples_seen"] >= 1]
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _table_capacity_mb(state: ControllerState) -> float | None:
+    """The layout's bound on the tables, as the job's current (else prior) memory model carries it."""
+    for model in (state.model, state.prior):
+        if model is not None and model.memory is not None and model.memory.table_capacity_mb is not None:
+            return model.memory.table_capacity_mb
+    return None
+
+
 def refit_model(state: ControllerState) -> JobModel:
-    """The model refitted on ``refit_table``, warm-started from the job's prior (this run's own
+    """The model refitted on ``refit_table`` (memory on ``memory_refit_table``, its tables bounded
+    by the layout's capacity the model carries), warm-started from the job's prior (this run's own
     earlier refits saw these samples already and would count them twice); the current model when
     the samples cannot be fitted (too few configurations and no prior)."""
     try:
-        return fit_job_model(refit_table(state), state.prior, leave_one_out=False)
+        return fit_job_model(refit_table(state), state.prior, leave_one_out=False,
+                             table_capacity_mb=_table_capacity_mb(state), memory_samples=memory_refit_table(state))
+    except InvalidInputError:
+        return state.model
+
+
+def _memory_refit_due(state: ControllerState) -> bool:
+    """Whether the job has trained ``MEMORY_REFIT_SAMPLES_GROWTH`` × the samples of the newest row
+    its memory model was fitted on, in windows that measured its memory."""
+    if state.model is None:
+        return False
+    newest = max((float(w["samples_seen"]) for w in _memory_windows(state)), default=0.0)
+    fitted = state.model.memory.fitted_samples_seen if state.model.memory is not None else 0.0
+    return newest > fitted and newest >= C.MEMORY_REFIT_SAMPLES_GROWTH * fitted
+
+
+def refit_memory(state: ControllerState) -> JobModel:
+    """The current model with its memory refitted alone on ``memory_refit_table`` (unchanged when
+    those samples cannot be fitted)."""
+    try:
+        memory = fit_memory(memory_refit_table(state), table_capacity_mb=_table_capacity_mb(state))
+        return replace(state.model, memory=memory)
     except InvalidInputError:
         return state.model
 

@@ -2,6 +2,8 @@
 
 import json
 
+import numpy as np
+
 import pandas as pd
 
 import pytest
@@ -297,3 +299,65 @@ def test_a_resize_leaves_room_for_what_a_healed_node_holds_above_its_role():
     assert resizes, "the fine-tune never resized the small job"
     assert all(c.cores + extra <= quota.cpu + 1e-9 for c in resizes)
     assert max(c.cores for c in resizes) > quota.cpu - extra - 4  # it did use what was left
+
+
+# ---------------------------------------------------------------------------------------------
+# The memory model refitted from the running job
+# ---------------------------------------------------------------------------------------------
+
+
+def _tables(n, table=8000.0, asymptote=12000.0, growth=4000.0):
+    """The tables (sum over PS) after n samples: a saturating curve, 4000 MB per 10⁶ samples at first."""
+    headroom = asymptote - table
+    return table + headroom * (1 - np.exp(-growth * n / (1e6 * headroom)))
+
+
+def _flattening_job(capacity=20_000.0):
+    """A profile over the first 50,000 samples (where the tables still grow as a line) and the
+    model fitted on it, bounded by the layout's capacity."""
+    from airflow_dlrover.optimizer.job_model import fit_job_model
+    from synthetic import model_samples
+
+    profile = model_samples(noise=0.02, seed=3)
+    profile["samples_seen"] = np.linspace(0, 5e4, len(profile))
+    profile["ps_memory_used_mb"] = 400 + _tables(profile["samples_seen"]) / profile["ps"]
+    return profile, fit_job_model(profile, table_capacity_mb=capacity, leave_one_out=False)
+
+
+def _memory_windows(config, seen, now):
+    from synthetic import true_throughput
+
+    x = float(true_throughput(pd.DataFrame([config.to_row()]))[0])
+    return tuple(dict(config.to_row(), throughput=x, timestamp=now + k, samples_seen=n, worker_memory_used_mb=1156.0,
+                      ps_memory_used_mb=400 + _tables(n) / config.ps) for k, n in enumerate(seen))
+
+
+def test_a_refit_on_windows_whose_ps_memory_flattened_forecasts_a_lower_peak_and_keeps_the_capacity():
+    profile, fitted = _flattening_job()
+    assert fitted.memory.table_asymptote_mb is None and fitted.memory.table_capacity_mb == 20_000.0
+    config = Configuration(2, 2, 1.0, 1.0, 4096, 12288, 0, 512)
+    state = ControllerState(Quota(cpu=64, memory_mb=512 * 1024), model=fitted, profile=tuple(profile.to_dict("records")))
+    total = 1e8
+    state, _ = step(state, Observation(100.0, config, samples_done=1.02e6, samples_total=total,
+                                       windows=_memory_windows(config, (1e6, 1.01e6, 1.02e6), 90.0)))
+    memory = state.model.memory
+    assert memory.table_capacity_mb == 20_000.0  # carried through the refit
+    assert memory.table_asymptote_mb == pytest.approx(12_000, rel=0.02)
+    assert memory.ps_peak_mb(2, total) == pytest.approx(400 + 12_000 / 2, rel=0.02)
+    assert memory.ps_peak_mb(2, total) < fitted.memory.ps_peak_mb(2, total) - 3000  # the profile's: 400 + 20,000 / 2
+    assert memory.ps_request_mb(2, total) < fitted.memory.ps_request_mb(2, total)
+
+
+def test_the_memory_model_is_refitted_alone_each_time_the_samples_trained_double():
+    profile, fitted = _flattening_job()
+    config = Configuration(2, 2, 1.0, 1.0, 4096, 12288, 0, 512)
+    state = ControllerState(Quota(cpu=64, memory_mb=512 * 1024), model=fitted, profile=tuple(profile.to_dict("records")))
+    fitted_at = []
+    for k, seen in enumerate([(1e5, 1.1e5), (1.2e5, 1.3e5), (1.4e5, 1.5e5), (1.6e5,), (4e5,), (5e5,), (9e5,), (3e6,)]):
+        state, _ = step(state, Observation(100.0 * k, config, samples_done=seen[-1], samples_total=1e8,
+                                           windows=_memory_windows(config, seen, 100.0 * k - 10)))
+        fitted_at.append(state.model.memory.fitted_samples_seen)
+    # Refits: the configuration's first windows (1.1e5) and its sixth (1.5e5, the throughput's), then the
+    # memory alone at twice the samples of its last fit (4e5, 9e5, 3e6), not between.
+    assert fitted_at == [1.1e5, 1.1e5, 1.5e5, 1.5e5, 4e5, 4e5, 9e5, 3e6]
+    assert state.model.memory.table_asymptote_mb == pytest.approx(12_000, rel=0.02)
