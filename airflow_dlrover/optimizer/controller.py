@@ -17,11 +17,15 @@ them decides anything itself. One step looks at the observation in this order:
 2. **Usage** (per-node rows): the instability detectors (``instability``) on the last
    ``DETECTOR_HISTORY_WINDOWS`` windows of each node. A hot PS gets CPU in place (``Heal``), a
    straggler is replaced (``Relaunch`` with the planned CPU), a node at OOM risk gets the
-   forecast memory for its whole role (``Resize``: nodes of a role are alike). A change that would
+   forecast memory for its whole role (``Resize``: nodes of a role are alike). A PS's memory is
+   forecast on the memory model's curve from its measured level (``_ps_curve``) where the model
+   has a tables' growth and the job's size and speed are known, else by its trend. A change that would
    take the job past its quota is not made: ``Keep(PAST_QUOTA)``. An all-reduce job has no PS: a
    row of a PS is not one of its nodes, and is ignored (no hot PS, no PS memory).
 3. **Windows** (clean measurement windows in the vocabulary's columns): refit on the first windows
-   of a configuration and once it has ``REFIT_WINDOWS_PER_CONFIGURATION`` of them, then
+   of a configuration and once it has ``REFIT_WINDOWS_PER_CONFIGURATION`` of them (the memory
+   model alone, besides, each time the samples trained pass ``MEMORY_REFIT_SAMPLES_GROWTH`` × those
+   it was fitted on; the layout's table capacity kept through every refit), then
    the fine-tune policy (``finetune.decide``) for the plan's objective and what is left of its
    deadline: ``Keep`` or ``Resize`` (a revert is a ``Resize`` with ``revert=True``). A resize never
    gives a role less memory than the running configuration has (tables only grow in a run).
@@ -36,7 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, Iterable
+from typing import Any, Callable, ClassVar, Iterable
 
 import numpy as np
 import pandas as pd
@@ -311,7 +315,8 @@ def _guard(state: ControllerState, obs: Observation) -> tuple[ControllerState, l
         # memory ramp is no trend of the job's; a real OOM kill there is recovered as a failure.
         return state, []
     table = {c: [r.get(c) for r in history] for c in (*METRIC_COLUMNS, "throughput")}
-    events = detect(table, remaining_s=_remaining_s(state, obs))
+    growth, transient = _ps_curve(state, obs)
+    events = detect(table, remaining_s=_remaining_s(state, obs), ps_growth_mb=growth, ps_transient_mb=transient)
     actions: list[Action] = []
     acted: set[str] = set()
     for event in events:
@@ -385,6 +390,31 @@ def _remaining_s(state: ControllerState, obs: Observation) -> float | None:
     if obs.remaining is None or not measured:
         return None
     return obs.remaining / max(float(np.median(measured)), 1e-9)
+
+
+def _ps_curve(state: ControllerState, obs: Observation) -> tuple[Callable[[float], float] | None, float]:
+    """The OOM forecast's PS terms from the memory model, for the running configuration: a PS's
+    growth from now to ``s`` seconds ahead, ``ps_peak_mb(p, n(s)) − ps_peak_mb(p, n(now))`` with
+    n(s) = samples done + the measured throughput × s, at most the samples of the job (None where
+    the model has no tables' growth, or the job's size or speed is unknown: the trend forecasts);
+    and a PS's tables at the job's end (its checkpoint's copy, as ``MemoryModel.ps_request_mb``;
+    0 without a model)."""
+    memory = state.model.memory if state.model is not None else None
+    config = obs.config
+    if memory is None or memory.allreduce or config is None or is_allreduce(config):
+        return None, 0.0
+    end = obs.samples_total if obs.samples_total is not None else obs.samples_done
+    transient = float(memory.ps_tables_mb(config.ps, end))
+    measured = measured_since_resize(state, config)
+    if memory.table_growth_mb_per_m_samples <= 0 or obs.samples_total is None or not measured:
+        return None, transient
+    speed, done = float(np.median(measured)), obs.samples_done
+    now_mb = float(memory.ps_peak_mb(config.ps, done))
+
+    def growth(seconds: float) -> float:
+        return float(memory.ps_peak_mb(config.ps, min(done + speed * seconds, max(end, done)))) - now_mb
+
+    return growth, transient
 
 
 def _role(node: str) -> str:

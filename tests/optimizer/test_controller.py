@@ -1,11 +1,10 @@
 """``controller.step``: recovery, healing and fine-tuning decisions, driven directly."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
-
 import pandas as pd
-
 import pytest
 
 from airflow_dlrover.optimizer import constants as C
@@ -361,3 +360,41 @@ def test_the_memory_model_is_refitted_alone_each_time_the_samples_trained_double
     # memory alone at twice the samples of its last fit (4e5, 9e5, 3e6), not between.
     assert fitted_at == [1.1e5, 1.1e5, 1.5e5, 1.5e5, 4e5, 4e5, 9e5, 3e6]
     assert state.model.memory.table_asymptote_mb == pytest.approx(12_000, rel=0.02)
+
+
+def _ps_growing_on_the_curve(limit):
+    """Two PS whose tables (1000 MB, every row: 2000 MB) grow at 8000 MB per 10⁶ samples at first, at
+    1000 samples/s: by t = 150 s each PS holds ~1250 MB, still rising 1.2 MB/s, 150 MB below its
+    asymptote (1400 MB); the state holds the model and the windows that measured the speed."""
+    from airflow_dlrover.optimizer.job_model import JobModel
+    from airflow_dlrover.optimizer.memory import MemoryModel
+    from airflow_dlrover.optimizer.model import fit_throughput
+    from synthetic import model_samples
+
+    memory = MemoryModel(400.0, 1000.0, 900.0, 0.5, 8000.0, table_capacity_mb=2000.0)
+    config = Configuration(2, 2, 1.0, 0.5, 2048, limit)
+    model = JobModel(fit_throughput(model_samples(), leave_one_out=False), memory)
+    windows = tuple(dict(config.to_row(), throughput=1000.0, timestamp=float(t)) for t in (100, 110, 120))
+    rows = tuple(usage(float(t), f"ps-{i}", "ps", 0.3, 0.5, float(memory.ps_peak_mb(2, 1000.0 * t)), limit)
+                 for t in range(123, 151, 3) for i in range(2))
+    ps = {f"ps_{i}": {"memory_mb": limit} for i in range(2)}
+    obs = Observation(150.0, config, samples_done=1.5e5, samples_total=1e6, nodes=nodes(**ps), usage=rows)
+    return ControllerState(Quota(cpu=8.0, memory_mb=64 * 1024), model=model, windows=windows), obs, memory
+
+
+def test_a_ps_whose_tables_flatten_below_its_limit_is_not_grown_for_a_line():
+    state, obs, _ = _ps_growing_on_the_curve(limit=1500.0)
+    _, actions = step(replace(state, model=None), obs)  # no memory model: the trend, a line, reaches 1500 MB
+    assert [a.reason for a in actions if isinstance(a, Resize)] == [Reason.OOM_RISK, Reason.OOM_RISK]
+    _, actions = step(state, obs)  # the model's curve stays under 1400 MB
+    assert not [a for a in actions if isinstance(a, Resize)]
+
+
+def test_a_ps_whose_curve_reaches_its_limit_grows_to_the_models_request_for_the_job():
+    state, obs, memory = _ps_growing_on_the_curve(limit=1380.0)
+    _, actions = step(state, obs)
+    resize = next(a for a in actions if isinstance(a, Resize))
+    assert resize.reason == Reason.OOM_RISK and resize.numbers["forecast"] == "memory model"
+    # The PS's level is the model's, so its forecast to the job's end is the model's request for the job.
+    assert resize.config.ps_memory_mb == memory.ps_request_mb(2, 1e6)
+    assert resize.config.ps_memory_mb >= memory.ps_peak_mb(2, 1e6) + memory.ps_tables_mb(2, 1e6)  # the checkpoint's copy
