@@ -242,7 +242,7 @@ def _seconds_on_curve(growth_mb: Callable[[float], float], level: float, limit: 
         return 0.0
     for end in sorted(ends):
         if end > 0 and level + growth_mb(end) >= limit:
-            return float(brentq(lambda s: level + growth_mb(s) - limit, 0.0, end, xtol=1e-3 * end))
+            return float(brentq(lambda s: level + growth_mb(s) - limit, 0.0, end, xtol=0.1))  # the reason prints whole seconds
     return float("inf")
 
 
