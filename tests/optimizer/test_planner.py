@@ -309,3 +309,10 @@ def test_a_memory_model_of_the_other_kind_is_refused():
     with pytest.raises(InvalidInputError) as err:
         plan(MODEL, AR_MEMORY, Quota(64, 65536))
     assert err.value.field == "model.memory"
+
+
+def test_a_memory_the_quota_cannot_hold_names_the_growth_on_the_tables_curve():
+    saturating = MemoryModel(400, 8000, 900, 0.5, table_growth_mb_per_m_samples=20, table_capacity_mb=9000)
+    with pytest.raises(InfeasibleQuotaError) as err:
+        plan(MODEL, saturating, Quota(64, 4096), samples=1e10)
+    assert "the PS tables grow by 1,000 MB over 1e+10 samples" in str(err.value)  # not the line's 200,000 MB
