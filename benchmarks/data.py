@@ -162,7 +162,8 @@ def cmd_ps_memory(args) -> None:
                          ("the same as a line, unbounded", unbounded)):
         print(f"{label:46s} {value:10,.0f} {value / measured - 1:+10.1%}")
     print(f"(model: base {model.ps_base_mb:.0f} MB + table {model.table_mb:.0f} MB + growth "
-          f"{model.table_growth_mb_per_m_samples:.0f} MB per 10⁶ samples at first, towards {model.asymptote_mb:,.0f} MB "
+          f"{model.table_growth_mb_per_m_samples:.0f} MB per 10⁶ samples at first, "
+          f"towards {model.asymptote_mb:,.0f} MB "
           f"(every row: {capacity:,.0f} MB); goal ±15 %)")
     print(json.dumps({"measured_mb": measured, "equation_mb": equation, "forecast_mb": forecast, "unbounded_mb": unbounded,
                       "peaks_mb": peaks}))

@@ -539,7 +539,8 @@ def _memory_windows(state: ControllerState) -> list[dict]:
     workers') at a known ``samples_seen`` ≥ 1."""
     allreduce = state.model is not None and state.model.allreduce
     column = "worker_memory_used_mb" if allreduce else "ps_memory_used_mb"
-    return [w for w in state.windows if _finite(w.get(column)) and _finite(w.get("samples_seen")) and w["samples_seen"] >= 1]
+    return [w for w in state.windows
+            if _finite(w.get(column)) and _finite(w.get("samples_seen")) and w["samples_seen"] >= 1]
 
 
 def _finite(value: Any) -> bool:

@@ -226,7 +226,8 @@ def detect_oom_risk(
         forecast = "memory model" if ps and ps_growth_mb is not None else "trend"
         events.append(InstabilityEvent(
             "oom_risk", node,
-            f"{node} uses {used:.0f} of {limit:.0f} MB, growing {slope * 60:.1f} MB/min ({forecast}): limit reached {when}",
+            f"{node} uses {used:.0f} of {limit:.0f} MB, growing {slope * 60:.1f} MB/min ({forecast}): "
+            f"limit reached {when}",
             Action("set_memory", node, new_limit),
             {"memory_used_mb": used, "memory_limit_mb": limit, "slope_mb_per_min": slope * 60,
              "seconds_to_limit": None if not np.isfinite(seconds) else float(seconds), "forecast_peak_mb": float(peak),
@@ -235,14 +236,16 @@ def detect_oom_risk(
     return events
 
 
-def _seconds_on_curve(growth_mb: Callable[[float], float], level: float, limit: float, ends: tuple[float, ...]) -> float:
+def _seconds_on_curve(growth_mb: Callable[[float], float], level: float, limit: float,
+                      ends: tuple[float, ...]) -> float:
     """Seconds until ``level`` + ``growth_mb`` (monotone) reaches ``limit``, searched up to each of
     ``ends`` in turn (inf when it does not by the last)."""
     if level >= limit:
         return 0.0
     for end in sorted(ends):
         if end > 0 and level + growth_mb(end) >= limit:
-            return float(brentq(lambda s: level + growth_mb(s) - limit, 0.0, end, xtol=0.1))  # the reason prints whole seconds
+            # to a tenth of a second: the reason prints whole seconds
+            return float(brentq(lambda s: level + growth_mb(s) - limit, 0.0, end, xtol=0.1))
     return float("inf")
 
 
@@ -265,7 +268,8 @@ def _trends(series: list[tuple[np.ndarray, np.ndarray]]) -> list[MemoryTrend | N
 
 
 def detect(metrics: pd.DataFrame | Mapping[str, Any], remaining_s: float | None = None, *,
-           ps_growth_mb: Callable[[float], float] | None = None, ps_transient_mb: float = 0.0) -> list[InstabilityEvent]:
+           ps_growth_mb: Callable[[float], float] | None = None,
+           ps_transient_mb: float = 0.0) -> list[InstabilityEvent]:
     """All detectors over one metrics table (a DataFrame, or a mapping of column → values);
     ``ps_growth_mb``, ``ps_transient_mb``: the PS's memory curve (``detect_oom_risk``)."""
     table = _check(metrics, METRIC_COLUMNS)

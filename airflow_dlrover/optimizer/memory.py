@@ -256,7 +256,8 @@ def _fit_curve(terms: dict[str, np.ndarray], share: np.ndarray, seen: np.ndarray
     ``MEMORY_CURVE_SIGNIFICANCE``, else (``line``, None, why) — why None where nothing grows."""
     if line["growth"] <= 0:
         return line, None, None
-    bound = "the asymptote is the layout's capacity" if capacity is not None else "growth taken as linear (no capacity known)"
+    bound = ("the asymptote is the layout's capacity" if capacity is not None
+             else "growth taken as linear (no capacity known)")
     if len(np.unique(seen)) < C.MEMORY_CURVE_MIN_POINTS:
         return line, None, f"fewer than {C.MEMORY_CURVE_MIN_POINTS} distinct samples_seen: {bound}"
     if line["growth"] * np.ptp(seen) / 1e6 * np.median(share) < C.MEMORY_CURVE_MIN_RISE_MB:

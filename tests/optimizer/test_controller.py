@@ -335,7 +335,8 @@ def test_a_refit_on_windows_whose_ps_memory_flattened_forecasts_a_lower_peak_and
     profile, fitted = _flattening_job()
     assert fitted.memory.table_asymptote_mb is None and fitted.memory.table_capacity_mb == 20_000.0
     config = Configuration(2, 2, 1.0, 1.0, 4096, 12288, 0, 512)
-    state = ControllerState(Quota(cpu=64, memory_mb=512 * 1024), model=fitted, profile=tuple(profile.to_dict("records")))
+    state = ControllerState(Quota(cpu=64, memory_mb=512 * 1024), model=fitted,
+                            profile=tuple(profile.to_dict("records")))
     total = 1e8
     state, _ = step(state, Observation(100.0, config, samples_done=1.02e6, samples_total=total,
                                        windows=_memory_windows(config, (1e6, 1.01e6, 1.02e6), 90.0)))
@@ -350,7 +351,8 @@ def test_a_refit_on_windows_whose_ps_memory_flattened_forecasts_a_lower_peak_and
 def test_the_memory_model_is_refitted_alone_each_time_the_samples_trained_double():
     profile, fitted = _flattening_job()
     config = Configuration(2, 2, 1.0, 1.0, 4096, 12288, 0, 512)
-    state = ControllerState(Quota(cpu=64, memory_mb=512 * 1024), model=fitted, profile=tuple(profile.to_dict("records")))
+    state = ControllerState(Quota(cpu=64, memory_mb=512 * 1024), model=fitted,
+                            profile=tuple(profile.to_dict("records")))
     fitted_at = []
     for k, seen in enumerate([(1e5, 1.1e5), (1.2e5, 1.3e5), (1.4e5, 1.5e5), (1.6e5,), (4e5,), (5e5,), (9e5,), (3e6,)]):
         state, _ = step(state, Observation(100.0 * k, config, samples_done=seen[-1], samples_total=1e8,
@@ -397,4 +399,5 @@ def test_a_ps_whose_curve_reaches_its_limit_grows_to_the_models_request_for_the_
     assert resize.reason == Reason.OOM_RISK and resize.numbers["forecast"] == "memory model"
     # The PS's level is the model's, so its forecast to the job's end is the model's request for the job.
     assert resize.config.ps_memory_mb == memory.ps_request_mb(2, 1e6)
-    assert resize.config.ps_memory_mb >= memory.ps_peak_mb(2, 1e6) + memory.ps_tables_mb(2, 1e6)  # the checkpoint's copy
+    copy = memory.ps_tables_mb(2, 1e6)  # the checkpoint's
+    assert resize.config.ps_memory_mb >= memory.ps_peak_mb(2, 1e6) + copy

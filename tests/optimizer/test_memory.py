@@ -141,7 +141,8 @@ def test_a_fit_on_a_saturating_curve_recovers_its_asymptote_below_the_capacity(c
     assert model.table_growth_mb_per_m_samples == pytest.approx(4000, rel=1e-3)
     assert model.table_mb == pytest.approx(8000, rel=1e-3) and model.ps_base_mb == pytest.approx(400, abs=1)
     assert "table_asymptote_mb" not in model.pinned and model.fitted_samples_seen == 3e6
-    line = MemoryModel(400.0, 8000.0, 900.0, 0.0, 4000.0, table_capacity_mb=capacity)  # the same slope, bent only by the capacity
+    # the same initial slope, bent only by the capacity
+    line = MemoryModel(400.0, 8000.0, 900.0, 0.0, 4000.0, table_capacity_mb=capacity)
     assert model.ps_peak_mb(4, 1e8) == pytest.approx(400 + 12000 / 4, rel=1e-3)
     assert model.ps_peak_mb(4, 1e8) < line.ps_peak_mb(4, 1e8) - 1000
 
