@@ -77,6 +77,9 @@ def _print_fit(model: JobModel) -> None:
         m = model.memory
         ps = "no PS" if m.ps_base_mb is None else f"PS {m.ps_base_mb:.0f} MB + {m.table_mb:.0f} MB / p"
         print(f"memory model: {ps};  worker {m.worker_base_mb:.0f} MB + {m.activation_mb_per_sample:.3f} MB × batch")
+        if m.table_growth_mb_per_m_samples > 0:
+            bound = "no bound (a line)" if m.asymptote_mb is None else f"towards {m.asymptote_mb:.0f} MB"
+            print(f"  tables grow {m.table_growth_mb_per_m_samples:.1f} MB per 10⁶ samples at first, {bound}")
         for name, why in m.pinned.items():
             print(f"  pinned {name}: {why}")
     else:

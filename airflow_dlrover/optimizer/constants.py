@@ -79,6 +79,28 @@ MEMORY_MIN_HEADROOM_MB = 64.0
 #: Memory requests are rounded up to this granularity, MB. (ours: readable Kubernetes quantities)
 MEMORY_GRANULARITY_MB = 64
 
+#: The PS tables' curve (``memory.fit_memory``) is fitted, beside the line, only on samples that
+#: were measured at this many distinct ``samples_seen``: through two points every line fits, and
+#: a bend needs a third. (ours: the least that identifies a curvature)
+MEMORY_CURVE_MIN_POINTS = 3
+#: ... over which the line rises at least this much a node, MB: a steady node's memory wanders
+#: ±5 MB between 3 s windows (the measurement behind ``OOM_MIN_RISE_MB``), and a bend within that
+#: wander is noise. (ours, measured)
+MEMORY_CURVE_MIN_RISE_MB = 32.0
+#: The curve is kept where an F-test of it against the line (one parameter more: the asymptote)
+#: rejects the line at this level: a curve that under-predicts the growth costs an OOM kill, so
+#: the growth must be seen slowing, not guessed. (ours: the usual 1 % level)
+MEMORY_CURVE_SIGNIFICANCE = 0.01
+#: The F-test's noise is at least this, MB per row: a window's mean RSS is not repeatable below a
+#: few allocator pages, and on noise-free rows a curve would "beat" a line by rounding. (ours)
+MEMORY_NOISE_FLOOR_MB = 1.0
+#: The controller refits the memory model alone once the job has trained this many times the
+#: samples of the newest row the model was fitted on (``MemoryModel.fitted_samples_seen``): the
+#: refits of the throughput model come with a configuration's first windows, and a run that keeps
+#: its configuration would otherwise never show the memory model its tables slowing. Doubling
+#: spreads the refits evenly in log(samples), where the curve bends. (ours)
+MEMORY_REFIT_SAMPLES_GROWTH = 2.0
+
 # --------------------------------------------------------------------------------------------
 # Planner
 # --------------------------------------------------------------------------------------------

@@ -17,11 +17,15 @@ them decides anything itself. One step looks at the observation in this order:
 2. **Usage** (per-node rows): the instability detectors (``instability``) on the last
    ``DETECTOR_HISTORY_WINDOWS`` windows of each node. A hot PS gets CPU in place (``Heal``), a
    straggler is replaced (``Relaunch`` with the planned CPU), a node at OOM risk gets the
-   forecast memory for its whole role (``Resize``: nodes of a role are alike). A change that would
+   forecast memory for its whole role (``Resize``: nodes of a role are alike). A PS's memory is
+   forecast on the memory model's curve from its measured level (``_ps_curve``) where the model
+   has a tables' growth and the job's size and speed are known, else by its trend. A change that would
    take the job past its quota is not made: ``Keep(PAST_QUOTA)``. An all-reduce job has no PS: a
    row of a PS is not one of its nodes, and is ignored (no hot PS, no PS memory).
 3. **Windows** (clean measurement windows in the vocabulary's columns): refit on the first windows
-   of a configuration and once it has ``REFIT_WINDOWS_PER_CONFIGURATION`` of them, then
+   of a configuration and once it has ``REFIT_WINDOWS_PER_CONFIGURATION`` of them (the memory
+   model alone, besides, each time the samples trained pass ``MEMORY_REFIT_SAMPLES_GROWTH`` × those
+   it was fitted on; the layout's table capacity kept through every refit), then
    the fine-tune policy (``finetune.decide``) for the plan's objective and what is left of its
    deadline: ``Keep`` or ``Resize`` (a revert is a ``Resize`` with ``revert=True``). A resize never
    gives a role less memory than the running configuration has (tables only grow in a run).
@@ -36,7 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, Iterable
+from typing import Any, Callable, ClassVar, Iterable
 
 import numpy as np
 import pandas as pd
@@ -45,6 +49,7 @@ from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.finetune import ResizeRecord, decide, plan_within_quota, shape
 from airflow_dlrover.optimizer.instability import METRIC_COLUMNS, detect
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
+from airflow_dlrover.optimizer.memory import fit_memory
 from airflow_dlrover.optimizer.types import (
     CONFIG_COLUMNS, SAMPLE_TABLE_COLUMNS, Configuration, InvalidInputError, NodeState, NodeStatus, Objective, Plan,
     Quota, Reason, is_allreduce,
@@ -312,7 +317,8 @@ def _guard(state: ControllerState, obs: Observation) -> tuple[ControllerState, l
         # memory ramp is no trend of the job's; a real OOM kill there is recovered as a failure.
         return state, []
     table = {c: [r.get(c) for r in history] for c in (*METRIC_COLUMNS, "throughput")}
-    events = detect(table, remaining_s=_remaining_s(state, obs))
+    growth, transient = _ps_curve(state, obs)
+    events = detect(table, remaining_s=_remaining_s(state, obs), ps_growth_mb=growth, ps_transient_mb=transient)
     actions: list[Action] = []
     acted: set[str] = set()
     for event in events:
@@ -388,6 +394,31 @@ def _remaining_s(state: ControllerState, obs: Observation) -> float | None:
     return obs.remaining / max(float(np.median(measured)), 1e-9)
 
 
+def _ps_curve(state: ControllerState, obs: Observation) -> tuple[Callable[[float], float] | None, float]:
+    """The OOM forecast's PS terms from the memory model, for the running configuration: a PS's
+    growth from now to ``s`` seconds ahead, ``ps_peak_mb(p, n(s)) − ps_peak_mb(p, n(now))`` with
+    n(s) = samples done + the measured throughput × s, at most the samples of the job (None where
+    the model has no tables' growth, or the job's size or speed is unknown: the trend forecasts);
+    and a PS's tables at the job's end (its checkpoint's copy, as ``MemoryModel.ps_request_mb``;
+    0 without a model)."""
+    memory = state.model.memory if state.model is not None else None
+    config = obs.config
+    if memory is None or memory.allreduce or config is None or is_allreduce(config):
+        return None, 0.0
+    end = obs.samples_total if obs.samples_total is not None else obs.samples_done
+    transient = float(memory.ps_tables_mb(config.ps, end))
+    measured = measured_since_resize(state, config)
+    if memory.table_growth_mb_per_m_samples <= 0 or obs.samples_total is None or not measured:
+        return None, transient
+    speed, done = float(np.median(measured)), obs.samples_done
+    now_mb = float(memory.ps_peak_mb(config.ps, done))
+
+    def growth(seconds: float) -> float:
+        return float(memory.ps_peak_mb(config.ps, min(done + speed * seconds, max(end, done)))) - now_mb
+
+    return growth, transient
+
+
 def _role(node: str) -> str:
     return node.split("-")[0]
 
@@ -404,6 +435,8 @@ def _finetune(state: ControllerState, obs: Observation) -> tuple[ControllerState
         return state, Keep(Reason.NOT_MEASURED)
     if refit:
         state = replace(state, model=refit_model(state))
+    if _memory_refit_due(state):
+        state = replace(state, model=refit_memory(state))
     remaining = obs.remaining
     if remaining is None:
         return state, Keep(Reason.NOT_MEASURED)
@@ -476,10 +509,17 @@ def refit_table(state: ControllerState) -> pd.DataFrame:
     """The refit's samples: the profile, plus the last ``REFIT_WINDOWS_PER_CONFIGURATION`` windows
     of each configuration the job ran (hundreds of windows of one configuration would out-weigh
     the probes, and the model would forget every other configuration)."""
+    return _samples(_refit_rows(state))
+
+
+def _refit_rows(state: ControllerState) -> list[dict]:
     kept: dict[tuple, list[dict]] = {}
     for w in state.windows:
         kept.setdefault(shape(w), []).append(w)
-    rows = list(state.profile) + [w for group in kept.values() for w in group[-C.REFIT_WINDOWS_PER_CONFIGURATION:]]
+    return list(state.profile) + [w for group in kept.values() for w in group[-C.REFIT_WINDOWS_PER_CONFIGURATION:]]
+
+
+def _samples(rows: list[dict]) -> pd.DataFrame:
     table = pd.DataFrame(rows)
     return table[[c for c in table.columns if c in _SAMPLE_COLUMNS]]
 
@@ -487,12 +527,71 @@ def refit_table(state: ControllerState) -> pd.DataFrame:
 _SAMPLE_COLUMNS = (*CONFIG_COLUMNS, *SAMPLE_TABLE_COLUMNS)
 
 
+def memory_refit_table(state: ControllerState) -> pd.DataFrame:
+    """The memory refit's samples: ``refit_table``'s, and the window of the run with the most
+    ``samples_seen`` in each doubling of it that measured the model's memory column: the tables' curve bends
+    over the whole run, which the last windows of each configuration do not span."""
+    rows = _refit_rows(state)
+    spread: dict[int, dict] = {}
+    for w in _memory_windows(state):
+        doubling = int(np.log2(float(w["samples_seen"])))
+        if doubling not in spread or float(w["samples_seen"]) >= float(spread[doubling]["samples_seen"]):
+            spread[doubling] = w
+    return _samples(rows + [w for w in spread.values() if not any(w is r for r in rows)])
+
+
+def _memory_windows(state: ControllerState) -> list[dict]:
+    """The windows that measured the memory model's column (the PS's; an all-reduce job's
+    workers') at a known ``samples_seen`` ≥ 1."""
+    allreduce = state.model is not None and state.model.allreduce
+    column = "worker_memory_used_mb" if allreduce else "ps_memory_used_mb"
+    return [w for w in state.windows
+            if _finite(w.get(column)) and _finite(w.get("samples_seen")) and w["samples_seen"] >= 1]
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _table_capacity_mb(state: ControllerState) -> float | None:
+    """The layout's bound on the tables, as the job's current (else prior) memory model carries it."""
+    for model in (state.model, state.prior):
+        if model is not None and model.memory is not None and model.memory.table_capacity_mb is not None:
+            return model.memory.table_capacity_mb
+    return None
+
+
 def refit_model(state: ControllerState) -> JobModel:
-    """The model refitted on ``refit_table``, warm-started from the job's prior (this run's own
+    """The model refitted on ``refit_table`` (memory on ``memory_refit_table``, its tables bounded
+    by the layout's capacity the model carries), warm-started from the job's prior (this run's own
     earlier refits saw these samples already and would count them twice); the current model when
     the samples cannot be fitted (too few configurations and no prior)."""
     try:
-        return fit_job_model(refit_table(state), state.prior, leave_one_out=False)
+        return fit_job_model(refit_table(state), state.prior, leave_one_out=False,
+                             table_capacity_mb=_table_capacity_mb(state), memory_samples=memory_refit_table(state))
+    except InvalidInputError:
+        return state.model
+
+
+def _memory_refit_due(state: ControllerState) -> bool:
+    """Whether the job has trained ``MEMORY_REFIT_SAMPLES_GROWTH`` × the samples of the newest row
+    its memory model was fitted on, in windows that measured its memory."""
+    if state.model is None:
+        return False
+    newest = max((float(w["samples_seen"]) for w in _memory_windows(state)), default=0.0)
+    fitted = state.model.memory.fitted_samples_seen if state.model.memory is not None else 0.0
+    return newest > fitted and newest >= C.MEMORY_REFIT_SAMPLES_GROWTH * fitted
+
+
+def refit_memory(state: ControllerState) -> JobModel:
+    """The current model with its memory refitted alone on ``memory_refit_table`` (unchanged when
+    those samples cannot be fitted)."""
+    try:
+        memory = fit_memory(memory_refit_table(state), table_capacity_mb=_table_capacity_mb(state))
+        return replace(state.model, memory=memory)
     except InvalidInputError:
         return state.model
 

@@ -12,19 +12,23 @@ evidence and a proposed action; nothing here acts.
 * straggler — a worker whose mean speed over the last ``STRAGGLER_MIN_OBSERVATIONS`` windows is
               below ``STRAGGLER_SPEED_FRACTION`` × the median of the other workers. Action:
               replace it (its shards are re-queued by the master).
-* OOM risk  — the Theil–Sen trend of a node's memory reaches its limit within ``OOM_HORIZON_S``,
-              or usage is already ≥ ``OOM_USAGE_FRACTION`` of it. Action: a new limit = the
-              request (peak + margin) for the trend's value at the end of the horizon (or of the
-              job, when its remaining time is known).
+* OOM risk  — the forecast of a node's memory reaches its limit within ``OOM_HORIZON_S``, or
+              usage is already ≥ ``OOM_USAGE_FRACTION`` of it. The forecast is the Theil–Sen
+              trend, or, for a PS whose tables' growth the memory model knows, its level now plus
+              the model's growth to come: used(now) + G(n(t)) / p − G(n(now)) / p, which slows
+              as the tables saturate where a line would not. Action: a new limit = the request
+              (peak + margin, and for a PS room for a checkpoint's copy of its tables) for the
+              forecast at the end of the horizon (or of the job, when its remaining time is known).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import brentq
 
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryTrend, memory_request_mb, theil_sen_many
@@ -174,46 +178,75 @@ def detect_stragglers(metrics: pd.DataFrame) -> list[InstabilityEvent]:
 
 
 def detect_oom_risk(
-    metrics: pd.DataFrame, horizon_s: float = C.OOM_HORIZON_S, remaining_s: float | None = None
+    metrics: pd.DataFrame, horizon_s: float = C.OOM_HORIZON_S, remaining_s: float | None = None, *,
+    ps_growth_mb: Callable[[float], float] | None = None, ps_transient_mb: float = 0.0,
 ) -> list[InstabilityEvent]:
-    """OOM-risk events from each node's memory series against its limit."""
+    """OOM-risk events from each node's memory series against its limit. ``ps_growth_mb``: a PS's
+    growth from now to ``s`` seconds ahead on the memory model's curve (monotone, flat past the
+    job's end), which forecasts the PS rows (``role`` "ps") in place of the trend, from their
+    level now (the last measurement, or the trend's value at it where higher: a GC drop is no
+    level); ``ps_transient_mb``: a PS's short-lived second copy of its tables (a checkpoint), kept
+    room for in its new limit as ``MemoryModel.ps_request_mb`` does."""
     table = _check(metrics, ("time_s", "node", "memory_used_mb", "memory_limit_mb"))
     table = table.where(np.isfinite(table["memory_used_mb"]))
     if not table.rows():
         return []
     times, used_all, limits = table["time_s"], table["memory_used_mb"], table["memory_limit_mb"]
+    roles = table["role"] if "role" in table else np.full(table.rows(), "")
     series = []
     for node, rows in _by_node(table["node"]):
         rows = rows[np.argsort(times[rows], kind="stable")]
-        series.append((node, times[rows], used_all[rows], float(limits[rows][-1])))
-    trends = _trends([(t, y) for _, t, y, _ in series])
+        series.append((node, times[rows], used_all[rows], float(limits[rows][-1]), roles[rows][-1] == "ps"))
+    trends = _trends([(t, y) for _, t, y, _, _ in series])
+    ahead = remaining_s if remaining_s is not None else horizon_s
     events = []
-    for (node, t, y, limit), trend in zip(series, trends):
+    for (node, t, y, limit, ps), trend in zip(series, trends):
         used = float(y[-1])
         if not limit > 0:
             continue
-        if trend is not None:
-            slope = trend.slope_mb_per_s
-            rising = slope * np.ptp(t) >= C.OOM_MIN_RISE_MB
-            seconds = trend.seconds_to(limit) if rising else float("inf")
+        if ps and ps_growth_mb is not None:
+            level = max(used, trend.at(trend.last_time_s)) if trend else used
+            seconds = _seconds_on_curve(ps_growth_mb, level, limit, (horizon_s, ahead))
+            slope = float(ps_growth_mb(60.0)) / 60.0
+            peak = max(used, level + float(ps_growth_mb(ahead)))
         else:
-            seconds, slope = float("inf"), 0.0
+            if trend is not None:
+                slope = trend.slope_mb_per_s
+                rising = slope * np.ptp(t) >= C.OOM_MIN_RISE_MB
+                seconds = trend.seconds_to(limit) if rising else float("inf")
+            else:
+                seconds, slope = float("inf"), 0.0
+            peak = max(used, trend.at(trend.last_time_s + ahead) if trend else used)
         near = used >= C.OOM_USAGE_FRACTION * limit
         if not near and seconds > horizon_s:
             continue
-        ahead = remaining_s if remaining_s is not None else horizon_s
-        peak = max(used, trend.at(trend.last_time_s + ahead) if trend else used)
-        new_limit = float(memory_request_mb(peak))
+        new_limit = float(memory_request_mb(peak, ps_transient_mb if ps else 0.0))
         new_limit = max(new_limit, limit + C.MEMORY_GRANULARITY_MB)
         when = "now" if near else f"in {seconds:.0f}s"
+        forecast = "memory model" if ps and ps_growth_mb is not None else "trend"
         events.append(InstabilityEvent(
             "oom_risk", node,
-            f"{node} uses {used:.0f} of {limit:.0f} MB, growing {slope * 60:.1f} MB/min: limit reached {when}",
+            f"{node} uses {used:.0f} of {limit:.0f} MB, growing {slope * 60:.1f} MB/min ({forecast}): "
+            f"limit reached {when}",
             Action("set_memory", node, new_limit),
             {"memory_used_mb": used, "memory_limit_mb": limit, "slope_mb_per_min": slope * 60,
-             "seconds_to_limit": None if not np.isfinite(seconds) else float(seconds), "forecast_peak_mb": float(peak)},
+             "seconds_to_limit": None if not np.isfinite(seconds) else float(seconds), "forecast_peak_mb": float(peak),
+             "forecast": forecast},
         ))
     return events
+
+
+def _seconds_on_curve(growth_mb: Callable[[float], float], level: float, limit: float,
+                      ends: tuple[float, ...]) -> float:
+    """Seconds until ``level`` + ``growth_mb`` (monotone) reaches ``limit``, searched up to each of
+    ``ends`` in turn (inf when it does not by the last)."""
+    if level >= limit:
+        return 0.0
+    for end in sorted(ends):
+        if end > 0 and level + growth_mb(end) >= limit:
+            # to a tenth of a second: the reason prints whole seconds
+            return float(brentq(lambda s: level + growth_mb(s) - limit, 0.0, end, xtol=0.1))
+    return float("inf")
 
 
 def _trends(series: list[tuple[np.ndarray, np.ndarray]]) -> list[MemoryTrend | None]:
@@ -234,10 +267,14 @@ def _trends(series: list[tuple[np.ndarray, np.ndarray]]) -> list[MemoryTrend | N
     return out
 
 
-def detect(metrics: pd.DataFrame | Mapping[str, Any], remaining_s: float | None = None) -> list[InstabilityEvent]:
-    """All detectors over one metrics table (a DataFrame, or a mapping of column → values)."""
+def detect(metrics: pd.DataFrame | Mapping[str, Any], remaining_s: float | None = None, *,
+           ps_growth_mb: Callable[[float], float] | None = None,
+           ps_transient_mb: float = 0.0) -> list[InstabilityEvent]:
+    """All detectors over one metrics table (a DataFrame, or a mapping of column → values);
+    ``ps_growth_mb``, ``ps_transient_mb``: the PS's memory curve (``detect_oom_risk``)."""
     table = _check(metrics, METRIC_COLUMNS)
-    events = detect_hot_ps(table) + detect_oom_risk(table, remaining_s=remaining_s)
+    events = detect_hot_ps(table) + detect_oom_risk(table, remaining_s=remaining_s, ps_growth_mb=ps_growth_mb,
+                                                    ps_transient_mb=ps_transient_mb)
     if "throughput" in table:
         events += detect_stragglers(table)
     return events

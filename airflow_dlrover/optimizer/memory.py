@@ -1,34 +1,47 @@
 """Memory model: what each node needs, and when a growing node will hit its limit.
 
 PS memory holds the embedding rows of its shard and their sparse-optimizer state; rows are
-partitioned over the p servers, and the table grows as new ids arrive — with the samples trained,
+partitioned over the p servers, and the tables grow as new ids arrive — with the samples trained,
 not with the clock (DLRover-RM §5: PS memory grows with embedding rows; worker memory with the
 batch):
 
-    ps_memory(p, n)   = ps_base_mb + min(table_mb + table_growth_mb_per_m_samples · n / 10⁶, capacity) / p
+    ps_memory(p, n)   = ps_base_mb + G(n) / p
+    G(n)              = T₀ + (A − T₀) · (1 − exp(−g · n / (10⁶ · (A − T₀))))
     worker_memory(B)  = worker_base_mb + activation_mb_per_sample · B
 
-with n the samples trained and ``capacity`` (``table_capacity_mb``, when the job's feature layout
-is known) the tables with every row touched: Σ_t rows_t·8 + rows_t·(8·dim_t + 8) bytes — the id →
-slot map, then each row and its Adagrad accumulator (float32) and its id
-(``runtime.layout.FeatureLayout.table_mb``; a full 26 × 20,000 × 16 layout: 71.4 MB predicted,
-71.1 MB measured as the growth of one PS's RSS). A PS cannot outgrow its tables, whatever the
-growth fitted on seconds of profiling says. Both are linear in their parameters and fitted by NNLS from the
-``*_memory_used_mb`` columns of a sample table (growth from its ``samples_seen`` column when the
-windows were taken at different points of a run). A node's memory over time is fitted with the
-Theil–Sen estimator (``scipy.stats.theilslopes``: robust to the allocator's sawtooth and to GC
-drops) to forecast when it reaches its limit.
+with n the samples trained, G the tables summed over the PS, T₀ = ``table_mb`` (G(0)) and
+g = ``table_growth_mb_per_m_samples`` (G's initial slope, MB per 10⁶ samples). The rows that n
+samples touch saturate: ids drawn uniformly from R rows touch R·(1 − exp(−k·n/R)) distinct rows,
+skewed ids fewer, so a line fitted on seconds of profiling over-predicts a run's peak. G rises
+monotonically from T₀ with slope g towards its asymptote A and never passes it (A ≤ T₀: no
+growth). A is ``table_asymptote_mb`` where the samples show the growth slowing (fitted, at most
+the capacity), else ``table_capacity_mb``: the tables with every row touched, when the job's
+feature layout is known, Σ_t rows_t·8 + rows_t·(8·dim_t + 8) bytes — the id → slot map, then each
+row and its Adagrad accumulator (float32) and its id (``runtime.layout.FeatureLayout.table_mb``; a
+full 26 × 20,000 × 16 layout: 71.4 MB predicted, 71.1 MB measured as the growth of one PS's RSS).
+With neither (a trainer whose layout we do not know, growth not seen slowing) nothing bounds the
+tables and G is the line T₀ + g · n / 10⁶.
+
+The fit: NNLS of the line (base, T₀, g; linear in its parameters) on the ``*_memory_used_mb``
+columns of a sample table, g from its ``samples_seen`` column when the windows were taken at
+different points of a run. Where ``samples_seen`` takes ≥ ``MEMORY_CURVE_MIN_POINTS`` distinct
+values over which the line rises ≥ ``MEMORY_CURVE_MIN_RISE_MB`` a node, the curve (A too) is
+fitted by bounded least squares (``scipy.optimize.least_squares``; A ≤ the capacity), and kept
+when an F-test of the curve against the line (one parameter more) rejects the line at
+``MEMORY_CURVE_SIGNIFICANCE``: the growth is seen slowing. A node's memory over time is fitted
+with the Theil–Sen estimator (``scipy.stats.theilslopes``: robust to the allocator's sawtooth
+and to GC drops) to forecast when it reaches its limit.
 
 An all-reduce job (p = 0, ``types.is_allreduce``) has no PS: ``ps_base_mb`` and ``table_mb`` are
 None ("not identifiable: the job has no PS" in ``pinned``) and a PS needs 0 MB. Each of its
-workers holds the whole model, tables included, so the tables' growth is each worker's:
+workers holds the whole model, tables included, so the tables' growth is each worker's, on the
+same curve from T₀ = 0:
 
-    worker_memory(B, n) = worker_base_mb + activation_mb_per_sample · B
-                          + min(table_growth_mb_per_m_samples · n / 10⁶, capacity)      (p = 0)
+    worker_memory(B, n) = worker_base_mb + activation_mb_per_sample · B + G(n)      (p = 0, T₀ = 0)
 
 fitted from ``worker_memory_used_mb`` (and ``samples_seen``). The tables as they were when
-measured are in ``worker_base_mb``, so once every row is touched the cap over-reserves by at most
-those.
+measured are in ``worker_base_mb``, so once every row is touched the capacity over-reserves by at
+most those.
 A request is the forecast peak plus ``MEMORY_MARGIN_FRACTION`` of it (VPA's safety margin), at
 least ``MEMORY_MIN_HEADROOM_MB`` more, and for a PS at least its tables' share once more (a
 checkpoint's save or restore holds a second copy of its rows), rounded up to ``MEMORY_GRANULARITY_MB``.
@@ -36,12 +49,14 @@ checkpoint's save or restore holds a second copy of its rows), rounded up to ``M
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import nnls
+from scipy.optimize import least_squares, nnls
+from scipy.stats import f as f_dist
 
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import InvalidInputError, is_allreduce, not_identifiable, validate_samples
@@ -60,7 +75,9 @@ def memory_request_mb(peak_mb: Any, transient_mb: Any = 0.0) -> Any:
 @dataclass(frozen=True)
 class MemoryModel:
     """Per-node memory in MB; see the module docstring for the equations. ``ps_base_mb`` and
-    ``table_mb`` None: the model of an all-reduce job (no PS)."""
+    ``table_mb`` None: the model of an all-reduce job (no PS). ``table_asymptote_mb``: A where
+    fitted (None: the capacity); ``fitted_samples_seen``: the most samples trained among the
+    rows it was fitted on (0: none)."""
 
     ps_base_mb: float | None
     table_mb: float | None
@@ -69,14 +86,36 @@ class MemoryModel:
     table_growth_mb_per_m_samples: float = 0.0
     pinned: dict[str, str] = field(default_factory=dict)
     table_capacity_mb: float | None = None
+    table_asymptote_mb: float | None = None
+    fitted_samples_seen: float = 0.0
 
     @property
     def allreduce(self) -> bool:
         """The model of an all-reduce job (``types.is_allreduce``): it has no PS part."""
         return self.ps_base_mb is None
 
+    @property
+    def asymptote_mb(self) -> float | None:
+        """A: the fitted asymptote, else the capacity; None: nothing bounds the tables (G linear)."""
+        return self.table_asymptote_mb if self.table_asymptote_mb is not None else self.table_capacity_mb
+
+    def table_growth_mb(self, samples: Any) -> Any:
+        """G(n) − T₀: the tables' growth (sum over PS; an all-reduce worker's, T₀ = 0) at
+        ``samples`` samples trained: (A − T₀)·(1 − exp(−g·n / (10⁶·(A − T₀)))), g·n / 10⁶
+        without A."""
+        n = np.asarray(samples, dtype=float)
+        g = self.table_growth_mb_per_m_samples
+        asymptote = self.asymptote_mb
+        if asymptote is None:
+            return g * n / 1e6
+        headroom = max(asymptote - (self.table_mb or 0.0), 0.0)
+        if headroom == 0.0 or g == 0.0:
+            return np.zeros(n.shape)
+        with np.errstate(over="ignore"):  # a headroom of a few ulps: the exponent is −inf, G = A
+            return -headroom * np.expm1(-g * n / (1e6 * headroom))
+
     def ps_peak_mb(self, ps: Any, samples: Any = 0.0) -> Any:
-        """PS memory after training ``samples`` more samples; 0 where ``ps`` is 0 (no PS)."""
+        """PS memory at ``samples`` samples trained (n); 0 where ``ps`` is 0 (no PS)."""
         p = np.asarray(ps, dtype=float)
         n = np.asarray(samples, dtype=float)
         if self.allreduce:
@@ -86,25 +125,20 @@ class MemoryModel:
         return np.where(p > 0, self.ps_base_mb + self.ps_tables_mb(p, n), 0.0)
 
     def ps_tables_mb(self, ps: Any, samples: Any = 0.0) -> Any:
-        """One PS's share of the tables after training ``samples`` more samples (0 where ``ps`` is 0)."""
+        """One PS's share of the tables, G(n) / p, at ``samples`` samples trained (0 where ``ps`` is 0)."""
         p = np.asarray(ps, dtype=float)
         if self.allreduce:
             return np.zeros(np.broadcast(p, np.asarray(samples)).shape)
-        grown = self.table_mb + self.table_growth_mb_per_m_samples * np.asarray(samples, dtype=float) / 1e6
-        if self.table_capacity_mb is not None:
-            grown = np.minimum(grown, max(self.table_capacity_mb, self.table_mb))
+        grown = self.table_mb + self.table_growth_mb(samples)
         return np.where(p > 0, grown / np.where(p > 0, p, 1.0), 0.0)
 
     def worker_peak_mb(self, batch_size: Any, samples: Any = 0.0) -> Any:
-        """Worker memory at ``batch_size``; an all-reduce worker's after training ``samples``
-        more samples (it holds the whole tables; a PS job's worker holds none)."""
+        """Worker memory at ``batch_size``; an all-reduce worker's at ``samples``
+        samples trained (it holds the whole tables; a PS job's worker holds none)."""
         peak = self.worker_base_mb + self.activation_mb_per_sample * np.asarray(batch_size, dtype=float)
         if not self.allreduce or not self.table_growth_mb_per_m_samples:
             return peak
-        grown = self.table_growth_mb_per_m_samples * np.asarray(samples, dtype=float) / 1e6
-        if self.table_capacity_mb is not None:
-            grown = np.minimum(grown, self.table_capacity_mb)
-        return peak + grown
+        return peak + self.table_growth_mb(samples)
 
     def ps_request_mb(self, ps: Any, samples: Any = 0.0) -> Any:
         """The request (``memory_request_mb``) for a PS's peak, with room for a second copy of its
@@ -119,7 +153,7 @@ class MemoryModel:
         return memory_request_mb(self.worker_peak_mb(batch_size, samples))
 
     def with_table_growth(self, mb_per_m_samples: float) -> "MemoryModel":
-        """The same model with another growth of the whole table (sum over PS), MB per 10⁶ samples."""
+        """The same model with another initial growth g of the whole tables (sum over PS), MB per 10⁶ samples."""
         return replace(self, table_growth_mb_per_m_samples=max(float(mb_per_m_samples), 0.0))
 
     def to_dict(self) -> dict[str, Any]:
@@ -156,9 +190,10 @@ def has_memory_usage(table: pd.DataFrame) -> bool:
 def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity_mb: float | None = None) -> MemoryModel:
     """Fit the memory model from a sample table with ``ps_memory_used_mb`` (PS jobs) and
     ``worker_memory_used_mb`` (per-node means; rows with empty usage are ignored) and, when
-    present, ``samples_seen`` (samples trained when the window was measured).
+    present, ``samples_seen`` (samples trained when the window was measured): the line by NNLS,
+    the curve where the samples show the growth slowing (see the module docstring).
     ``validated``: ``samples`` is what :func:`validate_samples` returned (not checked again);
-    ``table_capacity_mb``: the layout's bound on the tables (see the module docstring)."""
+    ``table_capacity_mb``: the layout's bound on the tables."""
     table = samples if validated else validate_samples(samples)
     allreduce = is_allreduce(table)
     for column in memory_columns(allreduce):
@@ -173,12 +208,16 @@ def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity
     ps_rows = table[table["ps_memory_used_mb"].notna()]
     inverse_ps = 1.0 / ps_rows["ps"].to_numpy(float)
     seen = _samples_seen(ps_rows)
+    used = ps_rows["ps_memory_used_mb"].to_numpy(float)
     ps, pinned = _nnls_fit(
         {"ps_base_mb": np.ones_like(inverse_ps), "table_mb": inverse_ps, "growth": seen / 1e6 * inverse_ps},
-        ps_rows["ps_memory_used_mb"].to_numpy(float),
+        used,
         {"table_mb": "ps never varies: the whole PS memory counts as base",
          "growth": "no samples_seen that varies: table growth unknown (0)"},
     )
+    start = None if "table_mb" in pinned else "table_mb"
+    ps, asymptote, why = _fit_curve({"ps_base_mb": np.ones_like(inverse_ps)}, inverse_ps, seen, used, ps, start,
+                                    table_capacity_mb)
     worker_rows = table[table["worker_memory_used_mb"].notna()]
     batch = worker_rows["batch_size"].to_numpy(float)
     worker, pinned_w = _nnls_fit(
@@ -186,10 +225,9 @@ def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity
         worker_rows["worker_memory_used_mb"].to_numpy(float),
         {"activation_mb_per_sample": "batch_size never varies: worker memory is taken as constant"},
     )
-    pinned = {("table_growth_mb_per_m_samples" if k == "growth" else k): v for k, v in pinned.items()}
     return MemoryModel(
         ps["ps_base_mb"], ps["table_mb"], worker["worker_base_mb"], worker["activation_mb_per_sample"],
-        ps["growth"], pinned | pinned_w, table_capacity_mb,
+        ps["growth"], _growth_pinned(pinned, why) | pinned_w, table_capacity_mb, asymptote, _most(seen),
     )
 
 
@@ -198,20 +236,88 @@ def _samples_seen(rows: pd.DataFrame) -> np.ndarray:
     return np.nan_to_num(np.broadcast_to(np.asarray(seen, dtype=float), (len(rows),)))
 
 
+def _most(seen: np.ndarray) -> float:
+    return float(seen.max()) if len(seen) else 0.0
+
+
+def _growth_pinned(pinned: dict[str, str], why: str | None) -> dict[str, str]:
+    """``pinned`` under the model's names, with why the asymptote was not fitted (``why``)."""
+    out = {("table_growth_mb_per_m_samples" if k == "growth" else k): v for k, v in pinned.items()}
+    return out | ({"table_asymptote_mb": why} if why else {})
+
+
+def _fit_curve(terms: dict[str, np.ndarray], share: np.ndarray, seen: np.ndarray, y: np.ndarray,
+               line: dict[str, float], start: str | None, capacity: float | None,
+               ) -> tuple[dict[str, float], float | None, str | None]:
+    """The curve y = Σ_j c_j·x_j + share·G(n) (``terms``: the x_j beside the tables; ``start``:
+    the name of T₀'s coefficient, None: T₀ = 0) by bounded least squares from the line's values
+    ``line`` (NNLS; ``growth``: g), with A = T₀ + s·(capacity − T₀), s ∈ [0, 1] (A = T₀ + s,
+    s ≥ 0 without a capacity). Returns (values, A, None) where an F-test rejects the line at
+    ``MEMORY_CURVE_SIGNIFICANCE``, else (``line``, None, why) — why None where nothing grows."""
+    if line["growth"] <= 0:
+        return line, None, None
+    bound = ("the asymptote is the layout's capacity" if capacity is not None
+             else "growth taken as linear (no capacity known)")
+    if len(np.unique(seen)) < C.MEMORY_CURVE_MIN_POINTS:
+        return line, None, f"fewer than {C.MEMORY_CURVE_MIN_POINTS} distinct samples_seen: {bound}"
+    if line["growth"] * np.ptp(seen) / 1e6 * np.median(share) < C.MEMORY_CURVE_MIN_RISE_MB:
+        return line, None, f"the tables rose < {C.MEMORY_CURVE_MIN_RISE_MB:g} MB a node over the samples: {bound}"
+    first, *rest = terms
+    names = [first] + [k for k in rest if np.ptp(terms[k]) > 0]  # as _nnls_fit: a constant column stays 0
+    x = np.column_stack([terms[k] for k in names])
+    top = np.inf if capacity is None else float(capacity)
+
+    def parts(theta: np.ndarray) -> tuple[np.ndarray, float, float, float]:
+        t0 = theta[len(names)] if start else 0.0
+        g, s = theta[-2], theta[-1]
+        return theta[:len(names)], t0, g, s * max(top - t0, 0.0) if capacity is not None else s
+
+    def predict(theta: np.ndarray) -> np.ndarray:
+        c, t0, g, headroom = parts(theta)
+        return x @ c + share * (t0 - headroom * np.expm1(-g * seen / (1e6 * max(headroom, 1e-12))))
+
+    lower = [0.0] * (len(names) + bool(start) + 2)
+    upper = [np.inf] * len(names) + ([top] if start else []) + [np.inf, 1.0 if capacity is not None else np.inf]
+    t0 = min(line[start], top) if start else 0.0
+    rise = line["growth"] * np.ptp(seen) / 1e6
+    best = None
+    for g_factor, rise_factor in itertools.product((1.0, 3.0), (0.5, 1.0, 3.0)):
+        headroom = rise * rise_factor
+        s0 = min(headroom / max(top - t0, 1e-9), 1.0) if capacity is not None else headroom
+        theta0 = [line[k] for k in names] + ([t0] if start else []) + [line["growth"] * g_factor, s0]
+        result = least_squares(lambda th: predict(th) - y, theta0, bounds=(lower, upper), x_scale="jac")
+        if best is None or result.cost < best.cost:
+            best = result
+    start_mb = line[start] if start else 0.0
+    line_sse = float(np.sum((x @ [line[k] for k in names] + share * (start_mb + line["growth"] * seen / 1e6) - y) ** 2))
+    curve_sse = 2.0 * float(best.cost)
+    dof = len(y) - len(best.x)
+    if dof < 1:
+        return line, None, f"no more rows than the curve's parameters: {bound}"
+    noise = max(curve_sse / dof, C.MEMORY_NOISE_FLOOR_MB ** 2)
+    if f_dist.sf((line_sse - curve_sse) / noise, 1, dof) >= C.MEMORY_CURVE_SIGNIFICANCE:
+        return line, None, f"growth not seen slowing (F-test at {C.MEMORY_CURVE_SIGNIFICANCE:g}): {bound}"
+    c, t0, g, headroom = parts(best.x)
+    values = dict(line) | dict(zip(names, map(float, c))) | {"growth": float(g)} | ({start: float(t0)} if start else {})
+    return values, float(t0 + headroom), None
+
+
 def _fit_allreduce_memory(table: pd.DataFrame, table_capacity_mb: float | None) -> MemoryModel:
     """The workers' part of the model, with the tables' growth on each worker (no PS part)."""
     rows = table[table["worker_memory_used_mb"].notna()]
     batch = rows["batch_size"].to_numpy(float)
+    seen = _samples_seen(rows)
+    used = rows["worker_memory_used_mb"].to_numpy(float)
+    terms = {"worker_base_mb": np.ones_like(batch), "activation_mb_per_sample": batch}
     worker, pinned = _nnls_fit(
-        {"worker_base_mb": np.ones_like(batch), "activation_mb_per_sample": batch, "growth": _samples_seen(rows) / 1e6},
-        rows["worker_memory_used_mb"].to_numpy(float),
+        terms | {"growth": seen / 1e6}, used,
         {"activation_mb_per_sample": "batch_size never varies: worker memory is taken as constant",
          "growth": "no samples_seen that varies: table growth unknown (0)"},
     )
-    pinned = {("table_growth_mb_per_m_samples" if k == "growth" else k): v for k, v in pinned.items()}
+    worker, asymptote, why = _fit_curve(terms, np.ones_like(batch), seen, used, worker, None, table_capacity_mb)
     no_ps = dict.fromkeys(("ps_base_mb", "table_mb"), not_identifiable(True))
     return MemoryModel(None, None, worker["worker_base_mb"], worker["activation_mb_per_sample"], worker["growth"],
-                       no_ps | pinned, table_capacity_mb)
+                       no_ps | _growth_pinned(pinned, why), table_capacity_mb, asymptote, _most(seen))
 
 
 @dataclass(frozen=True)

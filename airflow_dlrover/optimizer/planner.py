@@ -410,7 +410,7 @@ def plan(
     if not (allowed & mem.fits).any():
         tables = "each worker's tables" if allreduce else "the PS tables"
         growth = (
-            f" ({tables} grow by {memory.table_growth_mb_per_m_samples * samples / 1e6:,.0f} MB over {samples:g} samples)"
+            f" ({tables} grow by {float(memory.table_growth_mb(samples)):,.0f} MB over {samples:g} samples)"
             if samples and memory is not None and memory.table_growth_mb_per_m_samples else ""
         )
         raise InfeasibleQuotaError(

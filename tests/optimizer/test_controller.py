@@ -1,9 +1,10 @@
 """``controller.step``: recovery, healing and fine-tuning decisions, driven directly."""
 
 import json
+from dataclasses import replace
 
+import numpy as np
 import pandas as pd
-
 import pytest
 
 from airflow_dlrover.optimizer import constants as C
@@ -297,3 +298,106 @@ def test_a_resize_leaves_room_for_what_a_healed_node_holds_above_its_role():
     assert resizes, "the fine-tune never resized the small job"
     assert all(c.cores + extra <= quota.cpu + 1e-9 for c in resizes)
     assert max(c.cores for c in resizes) > quota.cpu - extra - 4  # it did use what was left
+
+
+# ---------------------------------------------------------------------------------------------
+# The memory model refitted from the running job
+# ---------------------------------------------------------------------------------------------
+
+
+def _tables(n, table=8000.0, asymptote=12000.0, growth=4000.0):
+    """The tables (sum over PS) after n samples: a saturating curve, 4000 MB per 10⁶ samples at first."""
+    headroom = asymptote - table
+    return table + headroom * (1 - np.exp(-growth * n / (1e6 * headroom)))
+
+
+def _flattening_job(capacity=20_000.0):
+    """A profile over the first 50,000 samples (where the tables still grow as a line) and the
+    model fitted on it, bounded by the layout's capacity."""
+    from airflow_dlrover.optimizer.job_model import fit_job_model
+    from synthetic import model_samples
+
+    profile = model_samples(noise=0.02, seed=3)
+    profile["samples_seen"] = np.linspace(0, 5e4, len(profile))
+    profile["ps_memory_used_mb"] = 400 + _tables(profile["samples_seen"]) / profile["ps"]
+    return profile, fit_job_model(profile, table_capacity_mb=capacity, leave_one_out=False)
+
+
+def _memory_windows(config, seen, now):
+    from synthetic import true_throughput
+
+    x = float(true_throughput(pd.DataFrame([config.to_row()]))[0])
+    return tuple(dict(config.to_row(), throughput=x, timestamp=now + k, samples_seen=n, worker_memory_used_mb=1156.0,
+                      ps_memory_used_mb=400 + _tables(n) / config.ps) for k, n in enumerate(seen))
+
+
+def test_a_refit_on_windows_whose_ps_memory_flattened_forecasts_a_lower_peak_and_keeps_the_capacity():
+    profile, fitted = _flattening_job()
+    assert fitted.memory.table_asymptote_mb is None and fitted.memory.table_capacity_mb == 20_000.0
+    config = Configuration(2, 2, 1.0, 1.0, 4096, 12288, 0, 512)
+    state = ControllerState(Quota(cpu=64, memory_mb=512 * 1024), model=fitted,
+                            profile=tuple(profile.to_dict("records")))
+    total = 1e8
+    state, _ = step(state, Observation(100.0, config, samples_done=1.02e6, samples_total=total,
+                                       windows=_memory_windows(config, (1e6, 1.01e6, 1.02e6), 90.0)))
+    memory = state.model.memory
+    assert memory.table_capacity_mb == 20_000.0  # carried through the refit
+    assert memory.table_asymptote_mb == pytest.approx(12_000, rel=0.02)
+    assert memory.ps_peak_mb(2, total) == pytest.approx(400 + 12_000 / 2, rel=0.02)
+    assert memory.ps_peak_mb(2, total) < fitted.memory.ps_peak_mb(2, total) - 3000  # the profile's: 400 + 20,000 / 2
+    assert memory.ps_request_mb(2, total) < fitted.memory.ps_request_mb(2, total)
+
+
+def test_the_memory_model_is_refitted_alone_each_time_the_samples_trained_double():
+    profile, fitted = _flattening_job()
+    config = Configuration(2, 2, 1.0, 1.0, 4096, 12288, 0, 512)
+    state = ControllerState(Quota(cpu=64, memory_mb=512 * 1024), model=fitted,
+                            profile=tuple(profile.to_dict("records")))
+    fitted_at = []
+    for k, seen in enumerate([(1e5, 1.1e5), (1.2e5, 1.3e5), (1.4e5, 1.5e5), (1.6e5,), (4e5,), (5e5,), (9e5,), (3e6,)]):
+        state, _ = step(state, Observation(100.0 * k, config, samples_done=seen[-1], samples_total=1e8,
+                                           windows=_memory_windows(config, seen, 100.0 * k - 10)))
+        fitted_at.append(state.model.memory.fitted_samples_seen)
+    # Refits: the configuration's first windows (1.1e5) and its sixth (1.5e5, the throughput's), then the
+    # memory alone at twice the samples of its last fit (4e5, 9e5, 3e6), not between.
+    assert fitted_at == [1.1e5, 1.1e5, 1.5e5, 1.5e5, 4e5, 4e5, 9e5, 3e6]
+    assert state.model.memory.table_asymptote_mb == pytest.approx(12_000, rel=0.02)
+
+
+def _ps_growing_on_the_curve(limit):
+    """Two PS whose tables (1000 MB, every row: 2000 MB) grow at 8000 MB per 10⁶ samples at first, at
+    1000 samples/s: by t = 150 s each PS holds ~1250 MB, still rising 1.2 MB/s, 150 MB below its
+    asymptote (1400 MB); the state holds the model and the windows that measured the speed."""
+    from airflow_dlrover.optimizer.job_model import JobModel
+    from airflow_dlrover.optimizer.memory import MemoryModel
+    from airflow_dlrover.optimizer.model import fit_throughput
+    from synthetic import model_samples
+
+    memory = MemoryModel(400.0, 1000.0, 900.0, 0.5, 8000.0, table_capacity_mb=2000.0)
+    config = Configuration(2, 2, 1.0, 0.5, 2048, limit)
+    model = JobModel(fit_throughput(model_samples(), leave_one_out=False), memory)
+    windows = tuple(dict(config.to_row(), throughput=1000.0, timestamp=float(t)) for t in (100, 110, 120))
+    rows = tuple(usage(float(t), f"ps-{i}", "ps", 0.3, 0.5, float(memory.ps_peak_mb(2, 1000.0 * t)), limit)
+                 for t in range(123, 151, 3) for i in range(2))
+    ps = {f"ps_{i}": {"memory_mb": limit} for i in range(2)}
+    obs = Observation(150.0, config, samples_done=1.5e5, samples_total=1e6, nodes=nodes(**ps), usage=rows)
+    return ControllerState(Quota(cpu=8.0, memory_mb=64 * 1024), model=model, windows=windows), obs, memory
+
+
+def test_a_ps_whose_tables_flatten_below_its_limit_is_not_grown_for_a_line():
+    state, obs, _ = _ps_growing_on_the_curve(limit=1500.0)
+    _, actions = step(replace(state, model=None), obs)  # no memory model: the trend, a line, reaches 1500 MB
+    assert [a.reason for a in actions if isinstance(a, Resize)] == [Reason.OOM_RISK, Reason.OOM_RISK]
+    _, actions = step(state, obs)  # the model's curve stays under 1400 MB
+    assert not [a for a in actions if isinstance(a, Resize)]
+
+
+def test_a_ps_whose_curve_reaches_its_limit_grows_to_the_models_request_for_the_job():
+    state, obs, memory = _ps_growing_on_the_curve(limit=1380.0)
+    _, actions = step(state, obs)
+    resize = next(a for a in actions if isinstance(a, Resize))
+    assert resize.reason == Reason.OOM_RISK and resize.numbers["forecast"] == "memory model"
+    # The PS's level is the model's, so its forecast to the job's end is the model's request for the job.
+    assert resize.config.ps_memory_mb == memory.ps_request_mb(2, 1e6)
+    copy = memory.ps_tables_mb(2, 1e6)  # the checkpoint's
+    assert resize.config.ps_memory_mb >= memory.ps_peak_mb(2, 1e6) + copy

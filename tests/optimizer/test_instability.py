@@ -4,7 +4,7 @@ import pytest
 
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.instability import detect, detect_hot_ps, detect_oom_risk, detect_stragglers
-from airflow_dlrover.optimizer.memory import memory_request_mb
+from airflow_dlrover.optimizer.memory import fit_trend, memory_request_mb
 from airflow_dlrover.optimizer.types import InvalidInputError
 
 
@@ -101,3 +101,43 @@ def test_no_ps_no_hot_ps():
                     memory_limit_mb=2048, throughput=100.0) for t in (1, 2, 3) for i in range(3)]
     assert detect_hot_ps(metrics(workers)) == []
     assert [e for e in detect(metrics(workers)) if e.kind == "hot_ps"] == []
+
+
+def _flattening_ps(limit, seconds=np.arange(123.0, 151.0, 3.0), speed=1000.0):
+    """One PS (p = 1) whose tables grow on the memory model's curve at ``speed`` samples/s: 4 MB/s at
+    first, slowing towards 1900 MB (400 MB base + tables of 1000 → 1500 MB), about 150 MB below it by
+    t = 150 s, where it still rises 1.2 MB/s; and that PS's growth from t = 150 s on the curve."""
+    from airflow_dlrover.optimizer.memory import MemoryModel
+
+    model = MemoryModel(400.0, 1000.0, 900.0, 0.0, 4000.0, table_capacity_mb=1500.0)
+    rows = [dict(time_s=t, node="ps-0", role="ps", memory_used_mb=float(model.ps_peak_mb(1, speed * t)),
+                 memory_limit_mb=limit) for t in seconds]
+    now = speed * seconds[-1]
+    return metrics(rows), lambda s: float(model.ps_peak_mb(1, now + speed * s) - model.ps_peak_mb(1, now)), model
+
+
+def test_a_ps_whose_tables_flatten_is_no_oom_risk_on_the_models_curve_where_a_line_would_be():
+    table, growth, model = _flattening_ps(limit=2000.0)
+    [line] = detect_oom_risk(table)  # 1.2 MB/s from ~1750 MB: the line reaches 2000 MB within the horizon
+    assert line.evidence["forecast"] == "trend" and line.evidence["seconds_to_limit"] < C.OOM_HORIZON_S
+    assert detect_oom_risk(table, ps_growth_mb=growth) == []  # the curve never passes 1900 MB
+    # A worker's series is forecast by its trend whatever the PS's curve.
+    worker = table.assign(node="worker-0", role="worker")
+    assert [e.evidence["forecast"] for e in detect_oom_risk(worker, ps_growth_mb=growth)] == ["trend"]
+
+
+def test_a_ps_whose_curve_reaches_its_limit_is_at_risk_and_its_new_limit_holds_a_checkpoint_copy():
+    table, growth, model = _flattening_ps(limit=1880.0)
+    [event] = detect_oom_risk(table, ps_growth_mb=growth, ps_transient_mb=1500.0)
+    used = float(model.ps_peak_mb(1, 150e3))
+    level = max(used, fit_trend(table["time_s"], table["memory_used_mb"]).at(150.0))  # a GC drop is no level
+    assert event.evidence["forecast"] == "memory model" and level == pytest.approx(used, abs=5)
+    # level + (1900 − used)·(1 − exp(−0.008·s)) = 1880 (0.008/s: 4 MB/s over the 500 MB the tables had left)
+    seconds = -np.log(1 - (1880 - level) / (1900 - used)) / 0.008
+    assert event.evidence["seconds_to_limit"] == pytest.approx(seconds, rel=1e-3) and seconds < C.OOM_HORIZON_S
+    peak = level + growth(C.OOM_HORIZON_S)
+    assert event.evidence["forecast_peak_mb"] == pytest.approx(peak) and peak < 1900 + 5
+    assert event.action.value == memory_request_mb(peak, 1500.0)
+    [later] = detect_oom_risk(table, remaining_s=3600, ps_growth_mb=growth)  # to the job's end, no checkpoint copy
+    assert later.evidence["forecast_peak_mb"] == pytest.approx(level + growth(3600))
+    assert later.action.value == memory_request_mb(level + growth(3600))

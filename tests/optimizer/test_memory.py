@@ -84,17 +84,88 @@ def test_theil_sen_is_scipys(points):
 
 
 def test_ps_memory_saturates_at_the_layouts_tables():
-    from airflow_dlrover.optimizer.memory import MemoryModel
-
     model = MemoryModel(ps_base_mb=100.0, table_mb=50.0, worker_base_mb=200.0, activation_mb_per_sample=0.1,
                         table_growth_mb_per_m_samples=400.0, table_capacity_mb=250.0)
     assert model.ps_peak_mb(2, 0.0) == pytest.approx(125.0)
-    assert model.ps_peak_mb(2, 0.25e6) == pytest.approx(100.0 + 150.0 / 2)  # growing ...
+    # G(n) = 50 + 200·(1 − exp(−400·n / (10⁶·200))): growing, slower than the line 50 + 400·n/10⁶ ...
+    assert model.ps_peak_mb(2, 0.25e6) == pytest.approx(100.0 + (50.0 + 200.0 * (1 - np.exp(-0.5))) / 2)
+    assert model.ps_peak_mb(2, 0.25e6) < 100.0 + 150.0 / 2
     assert model.ps_peak_mb(2, 1e9) == pytest.approx(100.0 + 250.0 / 2)  # ... never past every row touched
-    unbounded = MemoryModel(100.0, 50.0, 200.0, 0.1, 400.0)
-    assert unbounded.ps_peak_mb(2, 1e9) > 1e5
+    unbounded = MemoryModel(100.0, 50.0, 200.0, 0.1, 400.0)  # no capacity, no asymptote: the line, as before
+    assert unbounded.ps_peak_mb(2, 1e9) == pytest.approx(100.0 + (50.0 + 400.0 * 1e3) / 2)
     table = model_samples()
     assert fit_memory(table, table_capacity_mb=250.0).table_capacity_mb == 250.0
+    below = MemoryModel(100.0, 300.0, 200.0, 0.1, 400.0, table_capacity_mb=250.0)  # measured past the layout's bound
+    assert below.ps_peak_mb(2, 1e9) == pytest.approx(250.0)  # no growth
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.floats(0, 1e5), st.floats(0, 1e5), st.floats(1e-3, 1e5), st.sampled_from([1, 2, 7]), st.booleans())
+def test_the_curve_starts_with_slope_g_rises_and_never_passes_its_asymptote(table, headroom, growth, ps, fitted):
+    asymptote = table + headroom
+    model = MemoryModel(100.0, table, 200.0, 0.0, growth,
+                        table_capacity_mb=None if fitted else asymptote,
+                        table_asymptote_mb=asymptote if fitted else None)
+    n = np.concatenate([[0.0], np.geomspace(1.0, 1e12, 200)])
+    tables = model.ps_tables_mb(ps, n) * ps
+    assert tables[0] == pytest.approx(table)
+    assert np.all(np.diff(tables) >= -1e-9 * max(asymptote, 1.0))  # monotone
+    assert np.all(tables <= asymptote * (1 + 1e-12) + 1e-9)  # bounded by A
+    if headroom > 1e-3:  # the initial slope is g (MB per 10⁶ samples)
+        n0 = 1e-6 * headroom / growth * 1e6
+        assert model.table_growth_mb(n0) / n0 * 1e6 == pytest.approx(growth, rel=1e-5)
+
+
+def saturating(n, table=8000.0, asymptote=12000.0, growth=4000.0):
+    """G(n) of the module docstring."""
+    headroom = asymptote - table
+    return table + headroom * (1 - np.exp(-growth * n / (1e6 * headroom)))
+
+
+def saturating_samples(seen, noise=0.0, seed=0, **curve):
+    """The synthetic profile's rows (PS base 400 MB), measured at ``seen`` samples trained."""
+    rng = np.random.default_rng(seed)
+    table = model_samples()
+    table = table.loc[np.arange(len(seen)) % len(table)].reset_index(drop=True)
+    table["samples_seen"] = seen
+    table["ps_memory_used_mb"] = 400.0 + saturating(table["samples_seen"].to_numpy(), **curve) / table["ps"]
+    table["ps_memory_used_mb"] += noise * rng.standard_normal(len(table))
+    return table
+
+
+@pytest.mark.parametrize("capacity", [20_000.0, None])
+def test_a_fit_on_a_saturating_curve_recovers_its_asymptote_below_the_capacity(capacity):
+    table = saturating_samples(np.linspace(0, 3e6, 27))
+    model = fit_memory(table, table_capacity_mb=capacity)
+    assert model.table_asymptote_mb == pytest.approx(12000, rel=1e-3)
+    assert model.table_growth_mb_per_m_samples == pytest.approx(4000, rel=1e-3)
+    assert model.table_mb == pytest.approx(8000, rel=1e-3) and model.ps_base_mb == pytest.approx(400, abs=1)
+    assert "table_asymptote_mb" not in model.pinned and model.fitted_samples_seen == 3e6
+    # the same initial slope, bent only by the capacity
+    line = MemoryModel(400.0, 8000.0, 900.0, 0.0, 4000.0, table_capacity_mb=capacity)
+    assert model.ps_peak_mb(4, 1e8) == pytest.approx(400 + 12000 / 4, rel=1e-3)
+    assert model.ps_peak_mb(4, 1e8) < line.ps_peak_mb(4, 1e8) - 1000
+
+
+def test_a_noisy_saturating_curve_is_recovered_and_a_noisy_line_stays_a_line():
+    seen = np.repeat(np.linspace(0, 3e6, 9), 3)
+    model = fit_memory(saturating_samples(seen, noise=5.0, seed=1), table_capacity_mb=20_000.0)
+    assert model.table_asymptote_mb == pytest.approx(12000, rel=0.03)
+    line = saturating_samples(seen, noise=5.0, seed=1, asymptote=1e9, growth=300.0)  # 300 MB / 10⁶, no bend
+    fitted = fit_memory(line, table_capacity_mb=20_000.0)
+    assert fitted.table_asymptote_mb is None and "F-test" in fitted.pinned["table_asymptote_mb"]
+    assert fitted.table_growth_mb_per_m_samples == pytest.approx(300, rel=0.05)
+    few = fit_memory(saturating_samples(np.repeat([0.0, 3e6], 9)), table_capacity_mb=20_000.0)  # two points
+    assert few.table_asymptote_mb is None and "distinct samples_seen" in few.pinned["table_asymptote_mb"]
+
+
+def test_a_model_stored_before_the_curve_still_loads():
+    old = {"ps_base_mb": 400.0, "table_mb": 8000.0, "worker_base_mb": 900.0, "activation_mb_per_sample": 0.5,
+           "table_growth_mb_per_m_samples": 300.0, "pinned": {}, "table_capacity_mb": 20_000.0}
+    model = MemoryModel.from_dict(old)
+    assert model.table_asymptote_mb is None and model.fitted_samples_seen == 0.0
+    assert model.asymptote_mb == 20_000.0 and model.ps_peak_mb(4, 1e12) == pytest.approx(400 + 20_000 / 4)
+    assert MemoryModel.from_dict(model.to_dict()) == model
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,7 +202,8 @@ def test_an_allreduce_workers_tables_grow_with_the_samples_up_to_the_layouts_cap
     table["worker_memory_used_mb"] += 50 * table["samples_seen"] / 1e6  # the whole tables' growth, on each worker
     model = fit_memory(table, table_capacity_mb=400.0)
     assert model.table_growth_mb_per_m_samples == pytest.approx(50)
-    assert model.worker_peak_mb(512, 2e6) == pytest.approx(model.worker_peak_mb(512) + 100)
+    assert model.table_asymptote_mb is None  # a line: the curve's asymptote is the capacity
+    assert model.worker_peak_mb(512, 2e6) == pytest.approx(model.worker_peak_mb(512) + 400 * (1 - np.exp(-100 / 400)))
     assert model.worker_peak_mb(512, 1e9) == pytest.approx(model.worker_peak_mb(512) + 400)  # never past the cap
     assert model.worker_request_mb(512, 2e6) > model.worker_request_mb(512)
     assert model.with_table_growth(0).worker_peak_mb(512, 1e9) == model.worker_peak_mb(512)

@@ -340,3 +340,10 @@ def test_of_the_near_ties_the_plan_is_the_one_the_model_is_surest_of():
         if other["predicted_throughput"] >= (1 - C.PLAN_TIE_FRACTION) * fastest:
             row = features(other["workers"], other["ps"], other["worker_cpu"], other["ps_cpu"], 0, 512)[None, :]
             assert model.predict_features(row)[1][0] <= chosen.lower_throughput + 1e-6
+
+
+def test_a_memory_the_quota_cannot_hold_names_the_growth_on_the_tables_curve():
+    saturating = MemoryModel(400, 8000, 900, 0.5, table_growth_mb_per_m_samples=20, table_capacity_mb=9000)
+    with pytest.raises(InfeasibleQuotaError) as err:
+        plan(MODEL, saturating, Quota(64, 4096), samples=1e10)
+    assert "the PS tables grow by 1,000 MB over 1e+10 samples" in str(err.value)  # not the line's 200,000 MB
