@@ -445,7 +445,8 @@ def _finetune(state: ControllerState, obs: Observation) -> tuple[ControllerState
     model = state.model
     decision = decide(model.throughput, model.memory, _less_heals(state.quota, obs), config, measured, remaining, obs.now_s,
                       state.last_resize, state.rejected, objective=state.objective, deadline_s=deadline_s,
-                      restart_cost_s=obs.restart_cost_s, may_explore=state.explorations < C.EXPLORE_MAX_PER_RUN)
+                      restart_cost_s=obs.restart_cost_s, may_explore=state.explorations < C.EXPLORE_MAX_PER_RUN,
+                      samples_done=obs.samples_done)
     if decision.reason == Reason.EXPLORED:  # judged once: from now on a resize like any other
         state = replace(state, last_resize=replace(state.last_resize, exploring=False))
     if decision.action == "keep":

@@ -106,11 +106,13 @@ def decide(
     deadline_s: float | None = None,
     restart_cost_s: float | None = None,
     may_explore: bool = False,
+    samples_done: float = 0.0,
 ) -> Decision:
     """Keep, resize or revert; ``recent_throughput`` = measured windows since the last resize.
     ``objective`` is the plan's; ``deadline_s``: the seconds left until the deadline, for the
     ``deadline`` objective; ``restart_cost_s``: what a resize costs a job that restarts as a
-    whole (:func:`resize_cost_s`); ``may_explore``: an exploration is allowed (the run has not
+    whole (:func:`resize_cost_s`); ``samples_done``: those trained so far (the memory model's
+    tables grow on a curve of the samples trained); ``may_explore``: an exploration is allowed (the run has not
     used its ``EXPLORE_MAX_PER_RUN``)."""
     objective = Objective.parse(objective)
     check_kind(model, is_allreduce(current), "model", "the running configuration is")
@@ -147,7 +149,8 @@ def decide(
             if last_resize.exploring:
                 return Decision("keep", Reason.EXPLORED, judged)
 
-    best = _target(model, memory, quota, objective, remaining_samples, deadline_s, current.batch_size, tuple(rejected))
+    best = _target(model, memory, quota, objective, remaining_samples, deadline_s, current.batch_size, tuple(rejected),
+                   samples_done)
     target = best.config
     if shape(target) == shape(current):
         return Decision("keep", Reason.AT_BEST)
@@ -176,20 +179,21 @@ def decide(
                     predicted_saving_s=saving, resize_cost_s=cost)
 
 
-def _target(model, memory, quota, objective, remaining_samples, deadline_s, batch_size, rejected) -> Plan:
+def _target(model, memory, quota, objective, remaining_samples, deadline_s, batch_size, rejected, samples_done) -> Plan:
     """The refitted model's plan for the objective; a deadline that can no longer be met (or has
     passed) asks for the fastest plan instead."""
     if objective == Objective.DEADLINE:
         try:
             if deadline_s > 0:
                 return plan_within_quota(model, memory, quota, "deadline", samples=remaining_samples,
-                                         deadline_s=deadline_s, batch_size=batch_size, exclude=rejected)
+                                         deadline_s=deadline_s, batch_size=batch_size, exclude=rejected,
+                                         samples_done=samples_done)
         except InvalidInputError as err:
             if err.field != "deadline":
                 raise
         objective = Objective.THROUGHPUT
     return plan_within_quota(model, memory, quota, objective, samples=remaining_samples, batch_size=batch_size,
-                             exclude=rejected)
+                             exclude=rejected, samples_done=samples_done)
 
 
 def plan_within_quota(model: ThroughputModel, memory: MemoryModel | None, quota: Quota, objective: Objective | str,

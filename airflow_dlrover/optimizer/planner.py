@@ -362,10 +362,12 @@ def plan(
     worker_memory_mb: float | None = None,
     ps_memory_mb: float | None = None,
     exhaustive: bool = False,
+    samples_done: float = 0.0,
 ) -> Plan:
     """Choose the configuration for ``objective`` under ``quota``; see the module docstring.
 
-    ``samples`` (to train) makes PS memory include the table growth those samples bring;
+    ``samples`` (to train) makes PS memory include the table growth those samples bring, on the
+    memory model's curve from ``samples_done`` (those a running job trained already);
     ``exclude`` removes configurations (e.g. ones a fine-tune revert rejected). Memory per node
     is :func:`node_memory`'s: ``worker_memory_mb`` / ``ps_memory_mb`` when given, else the memory
     model's, else (``memory`` None: a model fitted on throughput only) an equal share of the
@@ -402,7 +404,7 @@ def plan(
     if rng.max_workers < 1 or (not allreduce and rng.max_ps < 1):
         raise InfeasibleQuotaError("cpu", quota.cpu, minimum)
 
-    mem = _NodeMemory.of(rng, quota, memory, batch, samples, worker_memory_mb, ps_memory_mb)
+    mem = _NodeMemory.of(rng, quota, memory, batch, samples_done + (samples or 0.0), worker_memory_mb, ps_memory_mb)
     excluded = _excluded_keys(rng, exclude)
     allowed = _allowed_pairs(rng, quota, exclude)
     if not allowed.any():
@@ -410,7 +412,8 @@ def plan(
     if not (allowed & mem.fits).any():
         tables = "each worker's tables" if allreduce else "the PS tables"
         growth = (
-            f" ({tables} grow by {float(memory.table_growth_mb(samples)):,.0f} MB over {samples:g} samples)"
+            f" ({tables} grow by {float(memory.table_growth_mb(samples_done + samples) - memory.table_growth_mb(samples_done)):,.0f}"
+            f" MB over {samples:g} samples)"
             if samples and memory is not None and memory.table_growth_mb_per_m_samples else ""
         )
         raise InfeasibleQuotaError(

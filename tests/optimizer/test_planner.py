@@ -347,3 +347,13 @@ def test_a_memory_the_quota_cannot_hold_names_the_growth_on_the_tables_curve():
     with pytest.raises(InfeasibleQuotaError) as err:
         plan(MODEL, saturating, Quota(64, 4096), samples=1e10)
     assert "the PS tables grow by 1,000 MB over 1e+10 samples" in str(err.value)  # not the line's 200,000 MB
+
+
+def test_a_running_jobs_plan_sizes_the_ps_for_its_tables_at_the_end_of_the_run_not_from_its_start():
+    growing = MemoryModel(400, 8000, 900, 0.5, table_growth_mb_per_m_samples=20, table_capacity_mb=40000)
+    quota = Quota(cpu=8, memory_mb=10**6)
+    fresh = plan(MODEL, growing, quota, samples=1e8)
+    late = plan(MODEL, growing, quota, samples=1e8, samples_done=9e8)
+    p = late.config.ps
+    assert late.config.ps_memory_mb == growing.ps_request_mb(p, 1e9) > growing.ps_request_mb(p, 1e8)
+    assert fresh.config.ps_memory_mb == growing.ps_request_mb(fresh.config.ps, 1e8)
