@@ -98,9 +98,10 @@ def _read_layout(path: str):
 
 def cmd_fit(args: argparse.Namespace) -> None:
     prior = JobModel.load(args.prior) if args.prior else None
-    capacity = _read_layout(args.layout).table_mb() if args.layout else None
+    layout = _read_layout(args.layout) if args.layout else None
     model = fit_job_model(_read_table(args.samples, "SAMPLES"), prior, leave_one_out=not args.no_loco or None,
-                          table_capacity_mb=capacity)
+                          table_capacity_mb=layout.table_mb() if layout else None,
+                          largest_table_mb=layout.largest_table_mb() if layout else None)
     model.save(args.output)
     _print_fit(model)
     print(f"wrote {args.output}")

@@ -57,5 +57,6 @@ def fit_profile(history: Any, run: int, samples: Any, prior: Any) -> Any:
     from airflow_dlrover.optimizer.types import EventKind
 
     profiled = [e for e in history.records(run, "event") if e.get("event") == EventKind.PROFILED]
-    capacity = profiled[-1].get("table_capacity_mb") if profiled else None
-    return fit_job_model(samples, prior, table_capacity_mb=capacity)
+    last = profiled[-1] if profiled else {}
+    return fit_job_model(samples, prior, table_capacity_mb=last.get("table_capacity_mb"),
+                         largest_table_mb=last.get("largest_table_mb"))

@@ -54,6 +54,7 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
             probes = design_probes(quota, batch_size=spec.batch_size, prior=prior.throughput if prior else None,
                                    memory=prior.memory if prior else None,
                                    table_mb=None if trainer else spec.layout.table_mb(),
+                                   largest_table_mb=None if trainer else spec.layout.largest_table_mb(),
                                    allreduce=bool(trainer) and trainer["kind"] == "allreduce")
         self.log.info("%s start: %d probes under %s", "warm" if prior else "cold", len(probes), quota)
         if probes.empty:  # a warm start: the prior plans, the fine-tune re-scales it (probes.py)
@@ -70,6 +71,7 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
         self.history.add_samples(run, table, stage="profile")
         self.history.add(run, "event", {"event": EventKind.PROFILED.value, "probes": len(probes), "measured": len(table),
                                         "table_capacity_mb": None if trainer else spec.layout.table_mb(),
+                                        "largest_table_mb": None if trainer else spec.layout.largest_table_mb(),
                                         "warm_start": prior is not None, "profile_s": profile_s,
                                         "trainer": bool(trainer), "time": time.time()})
         if table.empty:

@@ -76,6 +76,12 @@ MEMORY_MARGIN_FRACTION = 0.15
 #: a headroom) kept the demo's ~210 MB nodes at 42–46 % memory utilisation. (ours, measured)
 MEMORY_MIN_HEADROOM_MB = 64.0
 
+#: What a PS holds above its tables while it restores a checkpoint or grows a table, one table
+#: at a time, as a multiple of that table's share (``MemoryModel.ps_transient_mb``): the file's
+#: ids, rows and accumulators beside the table it fills, and their index temporaries. 1.16×
+#: measured by tracemalloc (tests/runtime/test_ps_master.py, 8 tables of 40,000 × 32). (ours)
+PS_TABLE_COPY_FACTOR = 1.25
+
 #: Memory requests are rounded up to this granularity, MB. (ours: readable Kubernetes quantities)
 MEMORY_GRANULARITY_MB = 64
 

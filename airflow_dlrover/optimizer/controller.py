@@ -399,14 +399,14 @@ def _ps_curve(state: ControllerState, obs: Observation) -> tuple[Callable[[float
     growth from now to ``s`` seconds ahead, ``ps_peak_mb(p, n(s)) − ps_peak_mb(p, n(now))`` with
     n(s) = samples done + the measured throughput × s, at most the samples of the job (None where
     the model has no tables' growth, or the job's size or speed is unknown: the trend forecasts);
-    and a PS's tables at the job's end (its checkpoint's copy, as ``MemoryModel.ps_request_mb``;
+    and what a PS holds twice for a moment at the job's end (``MemoryModel.ps_transient_mb``;
     0 without a model)."""
     memory = state.model.memory if state.model is not None else None
     config = obs.config
     if memory is None or memory.allreduce or config is None or is_allreduce(config):
         return None, 0.0
     end = obs.samples_total if obs.samples_total is not None else obs.samples_done
-    transient = float(memory.ps_tables_mb(config.ps, end))
+    transient = float(memory.ps_transient_mb(config.ps, end))
     measured = measured_since_resize(state, config)
     if memory.table_growth_mb_per_m_samples <= 0 or obs.samples_total is None or not measured:
         return None, transient
@@ -557,12 +557,14 @@ def _finite(value: Any) -> bool:
         return False
 
 
-def _table_capacity_mb(state: ControllerState) -> float | None:
-    """The layout's bound on the tables, as the job's current (else prior) memory model carries it."""
+def _layout_bounds(state: ControllerState) -> dict[str, float | None]:
+    """The layout's bounds on the tables (all of them, the largest), as the job's current (else
+    prior) memory model carries them: the keyword arguments of a memory fit."""
     for model in (state.model, state.prior):
         if model is not None and model.memory is not None and model.memory.table_capacity_mb is not None:
-            return model.memory.table_capacity_mb
-    return None
+            return {"table_capacity_mb": model.memory.table_capacity_mb,
+                    "largest_table_mb": model.memory.largest_table_mb}
+    return {"table_capacity_mb": None, "largest_table_mb": None}
 
 
 def refit_model(state: ControllerState) -> JobModel:
@@ -572,7 +574,7 @@ def refit_model(state: ControllerState) -> JobModel:
     the samples cannot be fitted (too few configurations and no prior)."""
     try:
         return fit_job_model(refit_table(state), state.prior, leave_one_out=False,
-                             table_capacity_mb=_table_capacity_mb(state), memory_samples=memory_refit_table(state))
+                             memory_samples=memory_refit_table(state), **_layout_bounds(state))
     except InvalidInputError:
         return state.model
 
@@ -591,7 +593,7 @@ def refit_memory(state: ControllerState) -> JobModel:
     """The current model with its memory refitted alone on ``memory_refit_table`` (unchanged when
     those samples cannot be fitted)."""
     try:
-        memory = fit_memory(memory_refit_table(state), table_capacity_mb=_table_capacity_mb(state))
+        memory = fit_memory(memory_refit_table(state), **_layout_bounds(state))
         return replace(state.model, memory=memory)
     except InvalidInputError:
         return state.model

@@ -43,8 +43,9 @@ fitted from ``worker_memory_used_mb`` (and ``samples_seen``). The tables as they
 measured are in ``worker_base_mb``, so once every row is touched the capacity over-reserves by at
 most those.
 A request is the forecast peak plus ``MEMORY_MARGIN_FRACTION`` of it (VPA's safety margin), at
-least ``MEMORY_MIN_HEADROOM_MB`` more, and for a PS at least its tables' share once more (a
-checkpoint's save or restore holds a second copy of its rows), rounded up to ``MEMORY_GRANULARITY_MB``.
+least ``MEMORY_MIN_HEADROOM_MB`` more, and for a PS at least its share of the largest table once
+more (restoring a checkpoint or growing a table holds a second copy of it, one table at a time:
+``ps_transient_mb``), rounded up to ``MEMORY_GRANULARITY_MB``.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ class MemoryModel:
     """Per-node memory in MB; see the module docstring for the equations. ``ps_base_mb`` and
     ``table_mb`` None: the model of an all-reduce job (no PS). ``table_asymptote_mb``: A where
     fitted (None: the capacity); ``fitted_samples_seen``: the most samples trained among the
-    rows it was fitted on (0: none)."""
+    rows it was fitted on (0: none); ``largest_table_mb``: the layout's largest table, every row
+    touched (None: unknown, taken as all of them)."""
 
     ps_base_mb: float | None
     table_mb: float | None
@@ -88,6 +90,7 @@ class MemoryModel:
     table_capacity_mb: float | None = None
     table_asymptote_mb: float | None = None
     fitted_samples_seen: float = 0.0
+    largest_table_mb: float | None = None
 
     @property
     def allreduce(self) -> bool:
@@ -141,13 +144,22 @@ class MemoryModel:
         return peak + self.table_growth_mb(samples)
 
     def ps_request_mb(self, ps: Any, samples: Any = 0.0) -> Any:
-        """The request (``memory_request_mb``) for a PS's peak, with room for a second copy of its
-        tables (``ParameterServer.save`` copies every row it holds before writing them,
-        ``restore`` reads the checkpoint's rows beside the tables it fills);
-        0 where ``ps`` is 0: nothing runs."""
-        request = memory_request_mb(self.ps_peak_mb(ps, samples), self.ps_tables_mb(ps, samples))
+        """The request (``memory_request_mb``) for a PS's peak, with room for what it holds twice
+        for a moment (``ps_transient_mb``); 0 where ``ps`` is 0: nothing runs."""
+        request = memory_request_mb(self.ps_peak_mb(ps, samples), self.ps_transient_mb(ps, samples))
         p = np.asarray(ps)
         return request if np.all(p > 0) else np.where(p > 0, request, 0.0)
+
+    def ps_transient_mb(self, ps: Any, samples: Any = 0.0) -> Any:
+        """What a PS holds twice for a moment: a table it restores from a checkpoint (read beside
+        the one it fills) or grows (copied into a larger array), one table at a time (a save
+        streams the rows: ``EmbeddingShard.export``) — ``PS_TABLE_COPY_FACTOR`` × its share of the
+        largest table, at most of them all."""
+        tables = self.ps_tables_mb(ps, samples)
+        if self.largest_table_mb is not None:
+            p = np.asarray(ps, dtype=float)
+            tables = np.minimum(tables, np.where(p > 0, self.largest_table_mb / np.where(p > 0, p, 1.0), 0.0))
+        return C.PS_TABLE_COPY_FACTOR * tables
 
     def worker_request_mb(self, batch_size: Any, samples: Any = 0.0) -> Any:
         return memory_request_mb(self.worker_peak_mb(batch_size, samples))
@@ -187,13 +199,14 @@ def has_memory_usage(table: pd.DataFrame) -> bool:
     return all(c in table and table[c].notna().any() for c in memory_columns(is_allreduce(table)))
 
 
-def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity_mb: float | None = None) -> MemoryModel:
+def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity_mb: float | None = None,
+               largest_table_mb: float | None = None) -> MemoryModel:
     """Fit the memory model from a sample table with ``ps_memory_used_mb`` (PS jobs) and
     ``worker_memory_used_mb`` (per-node means; rows with empty usage are ignored) and, when
     present, ``samples_seen`` (samples trained when the window was measured): the line by NNLS,
     the curve where the samples show the growth slowing (see the module docstring).
     ``validated``: ``samples`` is what :func:`validate_samples` returned (not checked again);
-    ``table_capacity_mb``: the layout's bound on the tables."""
+    ``table_capacity_mb``: the layout's bound on the tables; ``largest_table_mb``: its largest table's."""
     table = samples if validated else validate_samples(samples)
     allreduce = is_allreduce(table)
     for column in memory_columns(allreduce):
@@ -204,7 +217,7 @@ def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity
                 "The planner sizes memory from it.",
             )
     if allreduce:
-        return _fit_allreduce_memory(table, table_capacity_mb)
+        return replace(_fit_allreduce_memory(table, table_capacity_mb), largest_table_mb=largest_table_mb)
     ps_rows = table[table["ps_memory_used_mb"].notna()]
     inverse_ps = 1.0 / ps_rows["ps"].to_numpy(float)
     seen = _samples_seen(ps_rows)
@@ -227,7 +240,7 @@ def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity
     )
     return MemoryModel(
         ps["ps_base_mb"], ps["table_mb"], worker["worker_base_mb"], worker["activation_mb_per_sample"],
-        ps["growth"], _growth_pinned(pinned, why) | pinned_w, table_capacity_mb, asymptote, _most(seen),
+        ps["growth"], _growth_pinned(pinned, why) | pinned_w, table_capacity_mb, asymptote, _most(seen), largest_table_mb,
     )
 
 

@@ -46,6 +46,7 @@ def design_probes(
     memory: MemoryModel | None = None,
     count: int | None = None,
     table_mb: float | None = None,
+    largest_table_mb: float | None = None,
     allreduce: bool | None = None,
 ) -> pd.DataFrame:
     """Return the probe configurations (a configuration table, one row per probe).
@@ -54,8 +55,9 @@ def design_probes(
     kind, else a PS job. Memory per node comes from ``memory`` (a prior memory model) when given,
     else an equal share of ``PROBE_QUOTA_FRACTION`` of the quota's memory over the largest probe's
     nodes — and a PS never less than what its share of the layout's tables needs (``table_mb``:
-    every row touched, ``FeatureLayout.table_mb``), ``memory_request_mb(PS_PROCESS_BASE_MB +
-    table_mb / p, table_mb / p)`` (its checkpoint's copy too); an all-reduce worker, which holds every table, never less than
+    every row touched, ``FeatureLayout.table_mb``), with room for a second copy of its share of
+    the largest (``largest_table_mb``; None: of them all), as ``MemoryModel.ps_request_mb``; an
+    all-reduce worker, which holds every table, never less than
     ``memory_request_mb(PS_PROCESS_BASE_MB + table_mb)`` (a worker's process is at least a PS's).
     """
     if allreduce is None:
@@ -123,7 +125,8 @@ def design_probes(
                 where = "on every worker"
             else:
                 tables = table_mb / table["ps"].to_numpy(float)
-                need = memory_request_mb(C.PS_PROCESS_BASE_MB + tables, tables)  # as MemoryModel.ps_request_mb
+                largest = tables if largest_table_mb is None else np.minimum(tables, largest_table_mb / table["ps"])
+                need = memory_request_mb(C.PS_PROCESS_BASE_MB + tables, C.PS_TABLE_COPY_FACTOR * largest)  # as ps_request_mb
                 table["ps_memory_mb"] = np.maximum(share, need)
                 where = "over the PS"
             total = table["workers"] * table["worker_memory_mb"] + table["ps"] * table["ps_memory_mb"]

@@ -134,6 +134,11 @@ class FeatureLayout:
             total += (column.rows + ps) * BYTES_PER_SLOT + min(n, column.rows) * (BYTES_PER_ROW_DIM * column.dim + BYTES_PER_ROW)
         return total / 2**20
 
+    def largest_table_mb(self) -> float:
+        """``table_mb`` of the largest table alone, every row touched: what a PS holds twice at
+        most while it restores a checkpoint or grows a table (one table at a time)."""
+        return max((replace(self, sparse=(column,)).table_mb() for column in self.sparse), default=0.0)
+
 
 def _only(where: str, value: dict, keys: tuple[str, ...]) -> None:
     unknown = sorted(set(value) - set(keys))

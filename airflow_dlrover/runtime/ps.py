@@ -71,7 +71,9 @@ class EmbeddingShard:
         self.accumulator = np.empty((0, dim), dtype=np.float32)
         self.used = 0
 
-    def _slots(self, ids: np.ndarray) -> np.ndarray:
+    def _slots(self, ids: np.ndarray, initialise: bool = True) -> np.ndarray:
+        """The row slots of ``ids``, creating the missing rows (their initial values unless the
+        caller writes them: ``initialise`` False)."""
         local = ids // self.count
         slots = self.slot[local]
         new = slots < 0
@@ -82,8 +84,9 @@ class EmbeddingShard:
             self.used += len(fresh_ids)
             self.slot[fresh_ids // self.count] = np.arange(start, self.used)
             self.ids[start:self.used] = fresh_ids
-            self.rows[start:self.used] = initial_rows(self.seed, self.table, fresh_ids, self.dim)
-            self.accumulator[start:self.used] = ADAGRAD_INITIAL
+            if initialise:
+                self.rows[start:self.used] = initial_rows(self.seed, self.table, fresh_ids, self.dim)
+                self.accumulator[start:self.used] = ADAGRAD_INITIAL
             slots = self.slot[local]
         return slots
 
@@ -112,15 +115,21 @@ class EmbeddingShard:
         self.rows[slots] -= lr * grads / np.sqrt(acc)
 
     def export(self) -> dict[str, np.ndarray]:
+        """The rows in use, as views: valid while the caller holds the PS's lock (``save`` writes
+        them under it, and ``np.savez`` streams each array in chunks), so a checkpoint holds no
+        second copy of the tables."""
         n = self.used
-        return {"ids": self.ids[:n].copy(), "rows": self.rows[:n].copy(), "acc": self.accumulator[:n].copy()}
+        return {"ids": self.ids[:n], "rows": self.rows[:n], "acc": self.accumulator[:n]}
 
     def absorb(self, ids: np.ndarray, rows: np.ndarray, acc: np.ndarray) -> None:
-        """Take the rows of ``ids`` that this shard owns (re-partitioning)."""
+        """Take the rows of ``ids`` that this shard owns (re-partitioning; ids are unique). The
+        rows it takes are written, not initialised first, and copied only when it owns a part of
+        them: a restore holds the file's table beside the one it fills, nothing more."""
         mine = ids % self.count == self.index
-        ids, rows, acc = ids[mine], rows[mine], acc[mine]
+        if not mine.all():
+            ids, rows, acc = ids[mine], rows[mine], acc[mine]
         if len(ids):
-            slots = self._slots(ids)
+            slots = self._slots(ids, initialise=False)
             self.rows[slots] = rows
             self.accumulator[slots] = acc
 

@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -40,14 +42,18 @@ def test_request_adds_the_margin_or_the_headroom_and_rounds_up():
     assert np.all(requests % C.MEMORY_GRANULARITY_MB == 0)
 
 
-def test_a_ps_request_holds_a_checkpoint_copy_of_its_tables():
-    model = MemoryModel(ps_base_mb=136.0, table_mb=70.0, worker_base_mb=200.0, activation_mb_per_sample=0.0)
+def test_a_ps_request_holds_a_second_copy_of_its_largest_table_or_of_all_when_the_layout_is_unknown():
+    unknown = MemoryModel(ps_base_mb=136.0, table_mb=700.0, worker_base_mb=200.0, activation_mb_per_sample=0.0)
+    known = replace(unknown, largest_table_mb=100.0)
     for ps in (1, 2, 4):
-        tables = 70.0 / ps
-        assert model.ps_tables_mb(ps) == pytest.approx(tables)
-        assert model.ps_request_mb(ps) >= 136.0 + 2 * tables  # steady tables + the copy ParameterServer.save makes
-        assert model.ps_request_mb(ps) - (136.0 + 2 * tables) < C.MEMORY_GRANULARITY_MB + C.MEMORY_MIN_HEADROOM_MB
-    assert model.ps_request_mb(np.array([0, 1]))[0] == 0
+        tables = 700.0 / ps
+        assert unknown.ps_tables_mb(ps) == known.ps_tables_mb(ps) == pytest.approx(tables)
+        assert unknown.ps_transient_mb(ps) == pytest.approx(C.PS_TABLE_COPY_FACTOR * tables)
+        assert known.ps_transient_mb(ps) == pytest.approx(C.PS_TABLE_COPY_FACTOR * 100.0 / ps)  # one table at a time
+        for model in (unknown, known):
+            wanted = 136.0 + tables + max(float(model.ps_transient_mb(ps)), C.MEMORY_MIN_HEADROOM_MB)
+            assert wanted <= model.ps_request_mb(ps) < wanted + C.MEMORY_GRANULARITY_MB
+    assert unknown.ps_request_mb(np.array([0, 1]))[0] == 0
 
 
 def test_trend_is_robust_to_a_gc_drop():

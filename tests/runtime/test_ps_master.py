@@ -84,7 +84,7 @@ def test_restore_rolls_model_applied_batches_and_shards_back_to_the_checkpoint(c
     for _ in range(3):
         train_shard(master, peers, "w", rng)
     master.checkpoint()
-    saved = {k: p.tables[0].export() for k, p in enumerate(ps)}
+    saved = {k: {name: a.copy() for name, a in p.tables[0].export().items()} for k, p in enumerate(ps)}  # views
     for _ in range(2):
         train_shard(master, peers, "w", rng)
     old_generation = master.generation
@@ -501,3 +501,46 @@ def test_a_revoked_lease_whose_holder_finishes_anyway_costs_no_duplicate(cluster
     assert counts(accounting) == (1000, 0, 0)
     assert accounting["duplicates_refused"] == 2 * 100  # 4 batches, each refused once on each PS
     assert accounting["duplicates_refused_by"] == {"lease of w0 expired": 200}
+
+
+def test_a_checkpoint_holds_no_second_copy_of_the_tables_and_a_restore_one_table_at_a_time(tmp_path):
+    """The PS request's transient (``MemoryModel.ps_transient_mb``) is one table, not all: ``save``
+    streams the rows it holds, ``restore`` reads one table of one file at a time."""
+    import tracemalloc
+
+    spec = JobSpec(job_id="mem", samples=1000, shard_size=100, batch_size=25, table_sizes=(40_000,) * 8,
+                   embedding_dim=32, bottom_mlp=(8, 32), shard_timeout_s=60)
+    ps = ParameterServer(spec, 0, 1)
+    ps.generation = 0
+    rng = np.random.default_rng(0)
+    for table in ps.tables:
+        ids = np.arange(40_000)
+        table.apply_adagrad(ids, rng.standard_normal((len(ids), 32)).astype(np.float32), 0.1)
+    tables = sum(t.rows[: t.used].nbytes + t.accumulator[: t.used].nbytes + t.ids[: t.used].nbytes for t in ps.tables)
+    largest = max(t.rows[: t.used].nbytes + t.accumulator[: t.used].nbytes + t.ids[: t.used].nbytes for t in ps.tables)
+    path = str(tmp_path / "ps-0.npz")
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        ps.save(path)
+        saved = tracemalloc.get_traced_memory()[1] - base
+        fresh = ParameterServer(spec, 0, 1)
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        fresh.restore([path], generation=1)
+        after, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert saved < 0.1 * tables  # chunks of the writer, no copy of ~21 MB of rows
+    restored = after - before  # the tables it now holds (with the slack of their arrays' growth)
+    print(f"restore transient {(peak - before - restored) / largest:.2f} × the largest table, save {saved / tables:.3f} × the tables")
+    assert peak - before - restored <= 1.5 * largest < tables / 4  # the transient: about one table, not eight
+    np.testing.assert_array_equal(fresh.tables[3].rows[: fresh.tables[3].used], ps.tables[3].rows[: ps.tables[3].used])
+
+
+def test_the_largest_table_is_the_layouts_biggest_alone():
+    from airflow_dlrover.runtime.layout import FeatureLayout
+
+    layout = FeatureLayout.criteo(table_sizes=(100, 2000, 50), dim=8)
+    assert layout.largest_table_mb() == pytest.approx(FeatureLayout.criteo(table_sizes=(2000,), dim=8).table_mb())
+    assert layout.largest_table_mb() < layout.table_mb()
