@@ -154,10 +154,14 @@ NODE_CPU_TRUST_MULTIPLE = 2.0
 PLAN_TIE_FRACTION = 0.05
 
 #: A cold launch whose plan extrapolates past the probes (``Plan.extrapolation``) first measures
-#: it for one probe window on the running job, refits and plans again, at most this many times:
-#: the plan is then an interpolation, and its prediction rests on a measurement of it. The job
-#: trains at the plan meanwhile, so a check costs a resize, not lost samples. (ours)
+#: it for one probe window on the running job, refits and plans again, at most this many times
+#: (``controller.plan_needs_check``): the plan is then an interpolation, and its prediction rests
+#: on a measurement of it. The job trains at the plan meanwhile, so a check costs a resize, not
+#: lost samples. (ours)
 PLAN_CHECK_PROBES = 2
+#: ... and so does one whose shape the profile measured in fewer windows than this (a shape
+#: measured once and chosen for it was, in a cold demo, a window +25 % over the job's median).
+PLAN_CHECK_MIN_WINDOWS = 2
 
 #: Number of alternative plans reported beside the chosen one. (ours)
 PLAN_ALTERNATIVES = 5

@@ -307,7 +307,7 @@ def test_a_plan_past_the_probes_is_measured_refitted_and_planned_again_before_th
     try:
         events = history.records(first["run"], "event")
         checks = [e for e in events if e["event"] == "plan_checked"]
-        assert 1 <= len(checks) <= C.PLAN_CHECK_PROBES and all(c["extrapolation"] for c in checks)
+        assert 1 <= len(checks) <= C.PLAN_CHECK_PROBES and checks[0]["extrapolation"]
         profile = history.samples(job, run_id=first["run"], stage="profile")
         assert len(profile) == profiled + len(checks)
         keys = ("workers", "ps", "worker_cpu", "ps_cpu")
