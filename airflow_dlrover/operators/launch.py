@@ -100,22 +100,22 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
         return {**summary, "adopted": adopted, "launched_on": target.to_row()}
 
     def check_plan(self, run: int, spec: Any, chosen: Any, replan: Any) -> Any:
-        """Measure the plan on the job that profiled (a cold start: it runs) where
-        ``controller.plan_needs_check`` says so, add the window to the profile, refit and plan
-        again; at most ``PLAN_CHECK_PROBES`` times, each recorded as a ``plan_checked`` event."""
+        """Measure the plan (``PLAN_CHECK_WINDOWS`` probe windows) on the job that profiled (a cold
+        start: it runs) where ``controller.plan_needs_check`` says so, add the window to the
+        profile, refit and plan again; at most ``PLAN_CHECK_PROBES`` times, each recorded as a
+        ``plan_checked`` event."""
         import pandas as pd
 
         from airflow_dlrover.launchers.profiling import JobFinished, measure_probe
         from airflow_dlrover.operators.fit import fit_profile
         from airflow_dlrover.optimizer import constants as C
         from airflow_dlrover.optimizer.controller import plan_needs_check
-        from airflow_dlrover.optimizer.finetune import shape
         from airflow_dlrover.optimizer.types import EventKind
 
-        window_s = C.TRAINER_PROBE_WINDOW_S if spec.trainer else C.PROBE_WINDOW_S
+        window_s = C.PLAN_CHECK_WINDOWS * (C.TRAINER_PROBE_WINDOW_S if spec.trainer else C.PROBE_WINDOW_S)
         for _ in range(C.PLAN_CHECK_PROBES):
             samples = self.history.samples(self.job, run_id=run, stage="profile")
-            if samples.empty or not plan_needs_check(chosen, samples) or not self.launcher.exists(spec.job_id):
+            if samples.empty or not plan_needs_check(chosen) or not self.launcher.exists(spec.job_id):
                 return chosen
             try:
                 row = measure_probe(self.launcher, spec.job_id, chosen.config, window_s)
@@ -132,12 +132,11 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
             self.history.add(run, "event", {
                 "event": EventKind.PLAN_CHECKED.value, "config": checked.config.to_row(),
                 "extrapolation": checked.extrapolation, "predicted_throughput": checked.predicted_throughput,
-                "measured_before": int(sum(shape(r) == shape(checked.config) for r in samples.to_dict("records"))),
                 "measured_throughput": row["throughput"], "probe_s": row["probe_s"],
                 "replanned": chosen.config.to_row(), "replanned_throughput": chosen.predicted_throughput,
                 "time": time.time()})
             self.log.info("plan check: %s (extrapolating %s): predicted %.0f, measured %.0f samples/s; refitted plan %s",
-                          checked.config.describe(), checked.extrapolation or "nothing", checked.predicted_throughput,
+                          checked.config.describe(), checked.extrapolation, checked.predicted_throughput,
                           row["throughput"], chosen.config.describe())
         return chosen
 

@@ -159,9 +159,11 @@ PLAN_TIE_FRACTION = 0.05
 #: on a measurement of it. The job trains at the plan meanwhile, so a check costs a resize, not
 #: lost samples. (ours)
 PLAN_CHECK_PROBES = 2
-#: ... and so does one whose shape the profile measured in fewer windows than this (a shape
-#: measured once and chosen for it was, in a cold demo, a window +25 % over the job's median).
-PLAN_CHECK_MIN_WINDOWS = 2
+#: A plan check's window, in probe windows: the job trains on its plan meanwhile, so a longer
+#: window costs no training, and one 2 s window of the demo's plan ranged 38–57 k samples/s
+#: (checking, besides, every plan probed in one window only, with 2 s windows, took three cold
+#: demos' median error from 8 % to 20 %: the check's own noise). (ours, measured)
+PLAN_CHECK_WINDOWS = 4
 
 #: Number of alternative plans reported beside the chosen one. (ours)
 PLAN_ALTERNATIVES = 5

@@ -220,16 +220,10 @@ def initial_plan(model: JobModel, quota: Quota, objective: Objective | str, *, s
                              deadline_s=deadline_s, batch_size=batch_size)
 
 
-def plan_needs_check(plan: Plan, profile: pd.DataFrame) -> bool:
+def plan_needs_check(plan: Plan) -> bool:
     """Whether a cold launch measures its plan before it launches it (``PLAN_CHECK_PROBES``): the
-    plan extrapolates past the probes (``Plan.extrapolation``), or the profile measured its shape
-    in fewer than ``PLAN_CHECK_MIN_WINDOWS`` windows — picked as the best of noisy probes, a shape
-    measured once is the likeliest to have been measured high (the optimizer's curse, Smith &
-    Winkler 2006)."""
-    if plan.extrapolation:
-        return True
-    measured = sum(shape(row) == shape(plan.config) for row in profile.to_dict("records"))
-    return measured < C.PLAN_CHECK_MIN_WINDOWS
+    plan extrapolates past the probes (``Plan.extrapolation``)."""
+    return bool(plan.extrapolation)
 
 
 # -- 1. failed nodes --------------------------------------------------------------------------
