@@ -135,9 +135,9 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
                 "measured_throughput": row["throughput"], "probe_s": row["probe_s"],
                 "replanned": chosen.config.to_row(), "replanned_throughput": chosen.predicted_throughput,
                 "time": time.time()})
-            self.log.info("plan check: %s (extrapolating %s): predicted %.0f, measured %.0f samples/s; refitted plan %s",
-                          checked.config.describe(), checked.extrapolation, checked.predicted_throughput,
-                          row["throughput"], chosen.config.describe())
+            self.log.info("plan check: %s (extrapolating %s): predicted %.0f, measured %.0f samples/s; "
+                          "refitted plan %s", checked.config.describe(), checked.extrapolation,
+                          checked.predicted_throughput, row["throughput"], chosen.config.describe())
         return chosen
 
 

@@ -11,8 +11,8 @@ speed by enough. Ours asks the refitted model for the best plan and resizes only
 with at least ``MIN_RESIZE_INTERVAL_S`` between resizes. Where the pessimistic test refuses but
 the model is unsure (a wide band) and its mean says the resize and a possible revert pay, the
 policy *explores* (``EXPLORE_*``): it resizes, judges the shape on its own windows, keeps it
-(``explored``) or reverts it; the windows teach the refit a shape the probes never ran. The target is the refitted model's plan for
-the run's own objective (``planner.plan``): the highest throughput under the quota, the knee of the
+(``explored``) or reverts it; the windows teach the refit a shape the probes never ran. The
+target is the refitted model's plan for the run's own objective (``planner.plan``): the highest throughput under the quota, the knee of the
 Pareto front (``efficiency``), or the cheapest plan that still meets what is left of the deadline
 (``deadline``; once no plan can, the fastest one). The cost depends on the change: workers
 only (the others keep training), a per-node CPU/memory change (that node relaunches), or a PS
@@ -112,8 +112,8 @@ def decide(
     ``objective`` is the plan's; ``deadline_s``: the seconds left until the deadline, for the
     ``deadline`` objective; ``restart_cost_s``: what a resize costs a job that restarts as a
     whole (:func:`resize_cost_s`); ``samples_done``: those trained so far (the memory model's
-    tables grow on a curve of the samples trained); ``may_explore``: an exploration is allowed (the run has not
-    used its ``EXPLORE_MAX_PER_RUN``)."""
+    tables grow on a curve of the samples trained); ``may_explore``: an exploration is allowed
+    (the run has not used its ``EXPLORE_MAX_PER_RUN``)."""
     objective = Objective.parse(objective)
     check_kind(model, is_allreduce(current), "model", "the running configuration is")
     if objective == Objective.DEADLINE and deadline_s is None:

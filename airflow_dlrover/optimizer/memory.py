@@ -240,7 +240,8 @@ def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity
     )
     return MemoryModel(
         ps["ps_base_mb"], ps["table_mb"], worker["worker_base_mb"], worker["activation_mb_per_sample"],
-        ps["growth"], _growth_pinned(pinned, why) | pinned_w, table_capacity_mb, asymptote, _most(seen), largest_table_mb,
+        ps["growth"], _growth_pinned(pinned, why) | pinned_w, table_capacity_mb, asymptote, _most(seen),
+        largest_table_mb,
     )
 
 

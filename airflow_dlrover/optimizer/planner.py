@@ -411,9 +411,10 @@ def plan(
         raise InvalidInputError("exclude", len(exclude), "exclusions that leave a configuration")
     if not (allowed & mem.fits).any():
         tables = "each worker's tables" if allreduce else "the PS tables"
+        grown = memory.table_growth_mb(samples_done + (samples or 0.0)) - memory.table_growth_mb(samples_done) \
+            if memory is not None else 0.0
         growth = (
-            f" ({tables} grow by {float(memory.table_growth_mb(samples_done + samples) - memory.table_growth_mb(samples_done)):,.0f}"
-            f" MB over {samples:g} samples)"
+            f" ({tables} grow by {float(grown):,.0f} MB over {samples:g} samples)"
             if samples and memory is not None and memory.table_growth_mb_per_m_samples else ""
         )
         raise InfeasibleQuotaError(

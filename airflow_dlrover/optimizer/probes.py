@@ -126,7 +126,8 @@ def design_probes(
             else:
                 tables = table_mb / table["ps"].to_numpy(float)
                 largest = tables if largest_table_mb is None else np.minimum(tables, largest_table_mb / table["ps"])
-                need = memory_request_mb(C.PS_PROCESS_BASE_MB + tables, C.PS_TABLE_COPY_FACTOR * largest)  # as ps_request_mb
+                # as MemoryModel.ps_request_mb
+                need = memory_request_mb(C.PS_PROCESS_BASE_MB + tables, C.PS_TABLE_COPY_FACTOR * largest)
                 table["ps_memory_mb"] = np.maximum(share, need)
                 where = "over the PS"
             total = table["workers"] * table["worker_memory_mb"] + table["ps"] * table["ps_memory_mb"]
