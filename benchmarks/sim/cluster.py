@@ -584,10 +584,10 @@ class Cluster:
             job.state["probe"] = bigger(job.state["probe"])
             job.probes = [bigger(p) for p in job.probes]
             need = min(max(c.memory_mb for c in job.probes), job.limit.memory_mb, self.capacity.memory_mb)
-            if need > job.config.memory_mb:  # grow the reservation (if the cluster has room)
-                half = need / 2
-                self._try_config(job, Configuration(**{**probe_row(job.config), "worker_memory_mb": half,
-                                                       "ps_memory_mb": half}), cost_s=0.0)
+            if need > job.config.memory_mb:  # grow the reservation (if the cluster has room), as start() made it
+                grown = {"worker_memory_mb": need} if job.config.ps == 0 else {"worker_memory_mb": need / 2,
+                                                                              "ps_memory_mb": need / 2}
+                self._try_config(job, Configuration(**{**probe_row(job.config), **grown}), cost_s=0.0)
             job.pause_until = self.now + self.cfg.launch_s / 2
             job.stage_end = job.pause_until + self.cfg.probe_s
             self._schedule(job)

@@ -51,7 +51,7 @@ def test_every_data_route_requires_a_login(synthetic_client):
     routes = data_routes(synthetic_client.app_state)
     assert len(routes) == 13
     for path in routes:
-        query = {"cpu": "8", "memory": "16Gi"} if path.endswith("what-if") else {}
+        query = {"cpu": "8", "memory": "32Gi"} if path.endswith("what-if") else {}
         assert synthetic_client.get(path, params=query).status_code == 401, path
         assert synthetic_client.get(path, params=query, headers={"Authorization": "Bearer not-a-jwt"}).status_code == 403
         assert get(synthetic_client, path, **query).status_code == 200, path
@@ -164,15 +164,15 @@ def test_what_if_is_the_planner(synthetic_client, synthetic):
 @pytest.mark.parametrize(("path", "params", "status", "field", "allowed"), [
     ("/dlrover/api/runs/999", {}, 404, "run", "the id of a recorded run"),
     ("/dlrover/api/jobs/999/runs", {}, 404, "job", f"the id of a recorded job: 1 ({DAG_A}//ctr)"),
-    ("/dlrover/api/jobs/999/what-if", {"cpu": "8", "memory": "16Gi"}, 404, "job", "the id of a recorded job"),
-    ("/dlrover/api/jobs/1/what-if", {"cpu": "eight", "memory": "16Gi"}, 422, "cpu", "a number"),
-    ("/dlrover/api/jobs/1/what-if", {"cpu": "-2", "memory": "16Gi"}, 422, "cpu", "a number > 0"),
+    ("/dlrover/api/jobs/999/what-if", {"cpu": "8", "memory": "32Gi"}, 404, "job", "the id of a recorded job"),
+    ("/dlrover/api/jobs/1/what-if", {"cpu": "eight", "memory": "32Gi"}, 422, "cpu", "a number"),
+    ("/dlrover/api/jobs/1/what-if", {"cpu": "-2", "memory": "32Gi"}, 422, "cpu", "a number > 0"),
     ("/dlrover/api/jobs/1/what-if", {"cpu": "8", "memory": "12XB"}, 422, "memory", "a quantity like 512Mi"),
-    ("/dlrover/api/jobs/1/what-if", {"cpu": "0.6", "memory": "16Gi"}, 422, "cpu", "a quota of at least cpu=1"),
-    ("/dlrover/api/jobs/1/what-if", {"cpu": "8", "memory": "16Gi", "max_nodes": "1"}, 422, "max_nodes", "≥ 2"),
-    ("/dlrover/api/jobs/1/what-if", {"cpu": "8", "memory": "16Gi", "objective": "deadline", "samples": "1e9",
+    ("/dlrover/api/jobs/1/what-if", {"cpu": "0.6", "memory": "32Gi"}, 422, "cpu", "a quota of at least cpu=1"),
+    ("/dlrover/api/jobs/1/what-if", {"cpu": "8", "memory": "32Gi", "max_nodes": "1"}, 422, "max_nodes", "≥ 2"),
+    ("/dlrover/api/jobs/1/what-if", {"cpu": "8", "memory": "32Gi", "objective": "deadline", "samples": "1e9",
                                        "deadline": "1s"}, 422, "deadline", "≥"),
-    ("/dlrover/api/jobs/1/what-if", {"cpu": "8", "memory": "16Gi", "deadline": "soon"}, 422, "deadline",
+    ("/dlrover/api/jobs/1/what-if", {"cpu": "8", "memory": "32Gi", "deadline": "soon"}, 422, "deadline",
      "a duration like"),
     ("/dlrover/api/runs/1/curves", {"model": "5"}, 422, "model", "an index into the run's 2 models"),
 ])
@@ -204,7 +204,7 @@ def test_an_id_no_store_can_hold_is_refused_on_every_route(synthetic_client, nam
     paths = [route.path for route in synthetic_client.app_state.routes if f"{{{name}}}" in getattr(route, "path", "")]
     assert len(paths) == routes
     for path in paths:
-        query = {"cpu": "8", "memory": "16Gi"} if path.endswith("what-if") else {}
+        query = {"cpu": "8", "memory": "32Gi"} if path.endswith("what-if") else {}
         answer = get(synthetic_client, "/dlrover" + path.replace(f"{{{name}}}", str(value)), **query)
         assert answer.status_code == 422, (path, answer.text)
         [error] = answer.json()["detail"]
