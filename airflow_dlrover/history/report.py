@@ -10,11 +10,11 @@ import math
 import time
 from typing import Any
 
-import numpy as np
-
 
 def build_report(history: Any, run: int, job: dict[str, Any] | None, status: dict[str, Any]) -> dict[str, Any]:
     """The run's story from the history store and the finished job's summary."""
+    from airflow_dlrover.optimizer.finetune import shape
+
     plans = history.records(run, "plan")
     events = history.records(run, "event")
     decisions = history.records(run, "decision")
@@ -30,8 +30,7 @@ def build_report(history: Any, run: int, job: dict[str, Any] | None, status: dic
     plan = plans[-1] if plans else {}
     on_plan = finetune
     if not finetune.empty and plan:
-        keys = ("workers", "ps", "worker_cpu", "ps_cpu")
-        on_plan = finetune[np.logical_and.reduce([np.isclose(finetune[k].astype(float), float(plan[k])) for k in keys])]
+        on_plan = finetune[[shape(row) == shape(plan) for row in finetune.to_dict("records")]]
 
     report = {
         "status": "succeeded" if job and job["samples_lost"] == 0 and job["samples_trained"] >= (job["samples_expected"] or 0)
