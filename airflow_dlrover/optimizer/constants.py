@@ -82,8 +82,14 @@ MEMORY_MIN_HEADROOM_MB = 64.0
 #: measured by tracemalloc (tests/runtime/test_ps_master.py, 8 tables of 40,000 × 32). (ours)
 PS_TABLE_COPY_FACTOR = 1.25
 
-#: Memory requests are rounded up to this granularity, MB. (ours: readable Kubernetes quantities)
-MEMORY_GRANULARITY_MB = 64
+#: Memory requests are rounded up to this granularity, MB. VPA rounds nothing (its recommendations
+#: are bytes; ``--humanize-memory`` shows them in MiB to 0.01); 16 keeps a request a readable
+#: quantity ("272Mi") and costs a node at most 16 MB: 64 held the demo's ~200 MB PS at 53 % (a
+#: peak just past 192 MB requested 320). (VPA; ours, measured with benchmarks/demo_accuracy.py)
+MEMORY_GRANULARITY_MB = 16
+#: The least memory a node is given: less holds no Python process with numpy (a bare
+#: interpreter ~10 MB, numpy's import ~30 MB). (ours)
+NODE_MIN_MEMORY_MB = 64
 
 #: The PS tables' curve (``memory.fit_memory``) is fitted, beside the line, only on samples that
 #: were measured at this many distinct ``samples_seen``: through two points every line fits, and

@@ -339,8 +339,8 @@ class _NodeMemory:
         w, p = np.arange(rng.max_workers + 1)[:, None], np.arange(rng.max_ps + 1)[None, :]
         worker, ps, source = node_memory(memory, quota, w, p, batch, samples, worker_memory_mb, ps_memory_mb)
         total = w * worker + p * ps
-        fits = (total <= quota.memory_mb) & (worker >= C.MEMORY_GRANULARITY_MB) \
-            & ((p == 0) | (ps >= C.MEMORY_GRANULARITY_MB)) & (w > 0) & ((p > 0) | rng.allreduce)
+        fits = (total <= quota.memory_mb) & (worker >= C.NODE_MIN_MEMORY_MB) \
+            & ((p == 0) | (ps >= C.NODE_MIN_MEMORY_MB)) & (w > 0) & ((p > 0) | rng.allreduce)
         return cls(*np.broadcast_arrays(worker, ps), total, fits, source)
 
 

@@ -142,7 +142,7 @@ def test_infeasible_quota_names_the_minimum():
         plan(MODEL, MEMORY, Quota(cpu=64, memory_mb=2048))
     assert err.value.field == "memory"
     assert err.value.minimum["memory_mb"] == MEMORY.worker_request_mb(512) + MEMORY.ps_request_mb(1)
-    assert "memory_mb=19776" in str(err.value)  # 1344 worker + 18432 PS (8000 MB of tables + 1.25× them: a restore)
+    assert "memory_mb=19744" in str(err.value)  # 1344 worker + 18400 PS (8000 MB of tables + 1.25× them: a restore)
 
 
 @pytest.mark.parametrize(
