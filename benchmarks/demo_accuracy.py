@@ -8,7 +8,8 @@ other (the machine is small: run it alone). From each run's report (the report t
 ``report.json``): the plan's predicted throughput against the median of the fine-tune's windows
 on the plan, |predicted − measured| / measured; per-role memory and CPU utilisation (median
 used / allocated over the windows); the profiling share of the run (probes, and the launch's
-plan checks, ``Plan.extrapolation``); OOM kills. Prints one row per run and the medians.
+plan checks, ``Plan.extrapolation``) and its cost to the run (``report.profiling_cost_s``: the
+probes train the job); OOM kills. Prints one row per run and the medians.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def row(report: dict) -> dict:
     return {
         "predicted": predicted, "measured": measured, "error": abs(predicted - measured) / measured,
         "signed": predicted / measured - 1, "profile_share": report["profile_share"],
+        "profile_cost_share": report["profile_cost_share"],
         "probes": report["probes"], "checks": report.get("plan_checks", 0), "jct_s": report["jct_s"],
         "worker_memory": util["worker_memory"], "ps_memory": util["ps_memory"], "worker_cpu": util["worker_cpu"],
         "ps_cpu": util["ps_cpu"], "oom_kills": report["oom_kills"], "status": report["status"],
@@ -63,19 +65,19 @@ def main() -> None:
         subprocess.run(["rm", "-rf", str(home)], check=True)
         rows.append(row(run_demo(home)))
         print(f"run {k + 1}: {rows[-1]['plan']}", file=sys.stderr)
-    header = (f"{'run':>4} {'predicted':>10} {'measured':>10} {'error':>7} {'profiling':>10} {'probes':>7} "
+    header = (f"{'run':>4} {'predicted':>10} {'measured':>10} {'error':>7} {'profiling':>10} {'cost':>6} {'probes':>7} "
               f"{'w_mem':>6} {'ps_mem':>6} {'w_cpu':>6} {'ps_cpu':>6} {'OOM':>4} {'JCT s':>6}  status")
     print(header)
     print("-" * len(header))
     for k, r in enumerate(rows, 1):
         print(f"{k:>4} {r['predicted']:>10,.0f} {r['measured']:>10,.0f} {100 * r['signed']:>+6.1f}% "
-              f"{100 * r['profile_share']:>9.1f}% {r['probes']:>4}+{r['checks']:<2} {100 * r['worker_memory']:>5.0f}% "
+              f"{100 * r['profile_share']:>9.1f}% {100 * r['profile_cost_share']:>5.1f}% {r['probes']:>4}+{r['checks']:<2} {100 * r['worker_memory']:>5.0f}% "
               f"{100 * r['ps_memory']:>5.0f}% {100 * r['worker_cpu']:>5.0f}% {100 * r['ps_cpu']:>5.0f}% "
               f"{r['oom_kills']:>4} {r['jct_s']:>6.0f}  {r['status']}")
     median = {k: statistics.median(r[k] for r in rows) for k in
-              ("error", "profile_share", "worker_memory", "ps_memory", "jct_s")}
+              ("error", "profile_share", "profile_cost_share", "worker_memory", "ps_memory", "jct_s")}
     print(f"median |predicted − measured| / measured {100 * median['error']:.1f} %; profiling "
-          f"{100 * median['profile_share']:.1f} % of the run; memory utilisation worker "
+          f"{100 * median['profile_share']:.1f} % of the run (its cost to the run {100 * median['profile_cost_share']:.1f} %); memory utilisation worker "
           f"{100 * median['worker_memory']:.0f} %, PS {100 * median['ps_memory']:.0f} %; JCT {median['jct_s']:.0f} s")
     (out / "summary.json").write_text(json.dumps(rows, indent=1))
 

@@ -32,6 +32,9 @@ def build_report(history: Any, run: int, job: dict[str, Any] | None, status: dic
     if not finetune.empty and plan:
         on_plan = finetune[[shape(row) == shape(plan) for row in finetune.to_dict("records")]]
 
+    measured = float(on_plan["throughput"].median()) if not on_plan.empty else None
+    profile_cost_s = profiling_cost_s([(p["profile_s"], p.get("samples_trained")) for p in profiled[-1:]]
+                                      + [(c["probe_s"], c.get("samples_trained")) for c in checks], measured)
     report = {
         "status": "succeeded" if job and job["samples_lost"] == 0 and job["samples_trained"] >= (job["samples_expected"] or 0)
         else "failed",
@@ -39,6 +42,8 @@ def build_report(history: Any, run: int, job: dict[str, Any] | None, status: dic
         "jct_s": now - (profiled[-1]["time"] - profiled[-1]["profile_s"]) if profiled else None,
         "profile_s": profile_s,
         "profile_share": profile_s / (now - started),
+        "profile_cost_s": profile_cost_s,
+        "profile_cost_share": profile_cost_s / (now - started) if profile_cost_s is not None else None,
         "probes": profiled[-1]["measured"] if profiled else 0,
         "plan_checks": len(checks),
         "warm_start": bool(profiled and profiled[-1]["warm_start"]),
@@ -46,7 +51,7 @@ def build_report(history: Any, run: int, job: dict[str, Any] | None, status: dic
                                           "worker_gpu", "batch_size", "reason")},
         "predicted_throughput": plan.get("predicted_throughput"),
         "baseline": plan.get("baseline"),
-        "measured_throughput": float(on_plan["throughput"].median()) if not on_plan.empty else None,
+        "measured_throughput": measured,
         "utilisation": utilisation(finetune),
         "decisions": [{"action": d["action"], "reason": d["reason"], "text": d.get("text", d["reason"])}
                       for d in decisions],
@@ -61,6 +66,18 @@ def build_report(history: Any, run: int, job: dict[str, Any] | None, status: dic
     if job is None:
         report["error"] = f"the job ended in state {status['state']!r}"
     return report
+
+
+def profiling_cost_s(stages: list[tuple[float, float | None]], plan_throughput: float | None) -> float | None:
+    """What profiling added to the run, s. The probes and plan checks train the job itself
+    (``launchers.profiling``), so each stage (seconds, samples trained meanwhile as read off the
+    job's master) costs its time less the time the plan would have taken to train those samples:
+    Σ max(t − n / X_plan, 0), X_plan the plan's measured throughput. None without X_plan or a
+    stage's samples (a run recorded before they were)."""
+    stages = [(seconds, trained) for seconds, trained in stages if seconds]
+    if not plan_throughput or any(trained is None for _, trained in stages):
+        return None
+    return sum(max(seconds - trained / plan_throughput, 0.0) for seconds, trained in stages)
 
 
 #: used column, allocated column of each utilisation figure (per node: means over a role's nodes)
@@ -96,6 +113,10 @@ def format_report(report: dict[str, Any]) -> list[str]:
                  f"({100 * report['profile_share']:.1f} % of the run, {report['probes']} probes"
                  f"{f' + {n} plan check' + ('s' if n > 1 else '') if (n := report.get('plan_checks')) else ''}, "
                  f"{'warm' if report['warm_start'] else 'cold'} start)")
+    if report.get("profile_cost_s") is not None and report["profile_s"]:
+        lines.append(f"profiling cost the run {fmt(report['profile_cost_s'], ' s')} "
+                     f"({100 * report['profile_cost_share']:.1f} %): the job trained while it was profiled, "
+                     f"{fmt(report['profile_s'] - report['profile_cost_s'], ' s')}' worth at the plan's measured speed")
     lines.append(f"{'':12}{'workers':>8}{'w_cpu':>7}{'ps':>4}{'ps_cpu':>7}{'w_mem':>8}{'ps_mem':>8}{'pred/s':>10}")
     for name, row in (("chosen", {**plan, "predicted_throughput": report["predicted_throughput"]}), ("baseline", baseline)):
         if row:

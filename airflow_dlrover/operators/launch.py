@@ -118,6 +118,7 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
             if samples.empty or not plan_needs_check(chosen) or not self.launcher.exists(spec.job_id):
                 return chosen
             try:
+                trained_before = self.launcher.progress(spec.job_id)["samples_done"]
                 row = measure_probe(self.launcher, spec.job_id, chosen.config, window_s)
             except JobFinished:
                 return chosen
@@ -133,6 +134,7 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
                 "event": EventKind.PLAN_CHECKED.value, "config": checked.config.to_row(),
                 "extrapolation": checked.extrapolation, "predicted_throughput": checked.predicted_throughput,
                 "measured_throughput": row["throughput"], "probe_s": row["probe_s"],
+                "samples_trained": row["samples_seen"] - trained_before,
                 "replanned": chosen.config.to_row(), "replanned_throughput": chosen.predicted_throughput,
                 "time": time.time()})
             self.log.info("plan check: %s (extrapolating %s): predicted %.0f, measured %.0f samples/s; "

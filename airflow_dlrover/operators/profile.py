@@ -73,6 +73,7 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
                                         "table_capacity_mb": None if trainer else spec.layout.table_mb(),
                                         "largest_table_mb": None if trainer else spec.layout.largest_table_mb(),
                                         "warm_start": prior is not None, "profile_s": profile_s,
+                                        "samples_trained": float(table["samples_seen"].max()) if len(table) else 0.0,
                                         "trainer": bool(trainer), "time": time.time()})
         if table.empty:
             raise RuntimeError(f"no probe of job {job_id} was measured cleanly; see the task log")

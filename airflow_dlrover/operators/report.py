@@ -65,7 +65,7 @@ class DLRoverReportOperator(DLRoverBaseOperator):
             raise AirflowFailException(f"job {job_id} did not complete: {report.get('error', status['state'])}")
         if self.model_asset is not None:
             context["outlet_events"][self.model_asset].extra = model_event(job, run, context["run_id"])
-        return {key: report[key] for key in ("status", "jct_s", "profile_share", "measured_throughput",
+        return {key: report[key] for key in ("status", "jct_s", "profile_share", "profile_cost_share", "measured_throughput",
                                               "predicted_throughput", "samples_lost", "recoveries", "resizes")}
 
 

@@ -60,6 +60,7 @@ def test_cold_run_profiles_plans_trains_and_reports(dag):
     report = record["summary"]
     assert record["status"] == "succeeded"
     assert report["probes"] == 5 and not report["warm_start"]  # every probe under 1.5 cores
+    assert 0 <= report["profile_cost_s"] < report["profile_s"]  # the probes trained the job itself
     assert report["samples_lost"] == 0 and report["job"]["samples_trained"] >= SMALL["samples"]
     assert report["job"]["eval_auc"] > 0.6
     plan = history.records(record["id"], "plan")[-1]

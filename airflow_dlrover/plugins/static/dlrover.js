@@ -156,6 +156,7 @@
       ["status", run.status], ["Airflow run", run.run_key], ["started", (run.started || "").replace("T", " ").slice(0, 19)],
       ["JCT", s.jct_s == null ? "—" : `${num(s.jct_s)} s`],
       ["profiling", s.profile_s == null ? "—" : `${num(s.profile_s)} s (${pct(s.profile_share)}, ${s.probes} probes, ${s.warm_start ? "warm" : "cold"})`],
+      ["profiling cost", s.profile_cost_s == null ? "—" : `${num(s.profile_cost_s)} s (${pct(s.profile_cost_share)}: the job trained while profiled)`],
       ["predicted / measured", `${num(s.predicted_throughput)} / ${num(s.measured_throughput)} samples/s`],
       ["CPU used (w / ps)", `${pct(u.worker_cpu)} / ${pct(u.ps_cpu)}`], ["memory used (w / ps)", `${pct(u.worker_memory)} / ${pct(u.ps_memory)}`],
       ["resizes", num(s.resizes)], ["recoveries", num((s.recoveries || []).length)],
