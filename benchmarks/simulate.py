@@ -23,7 +23,7 @@ from airflow_dlrover.optimizer.types import InvalidInputError, parse_memory_mb
 
 def run(args: argparse.Namespace) -> None:
     from sim.dlrover_bridge import DLRoverUnavailable
-    from sim.run import by_days, format_table, of_truth, simulate, write_outputs
+    from sim.run import by_days, format_table, of_truth, profiling, simulate, write_outputs
     from sim.workload import SimConfig
 
     if args.jobs < 1:
@@ -64,6 +64,11 @@ def run(args: argparse.Namespace) -> None:
     if large is not None:
         print(f"\nlarge families ({int((runs[0].jobs['truth'] == 'large').sum())} jobs: hundreds of workers, more than 64 PS at best)")
         print(format_table(*large))
+    for policy_run in runs:
+        if (profiled := profiling(policy_run.jobs)) is not None:
+            print(f"\n{policy_run.name}: profiling of the {profiled['jobs']} profiled jobs of ≥ 1 h, median share of the "
+                  f"JCT: {100 * profiled['wall_share']:.1f} % of its wall time, {100 * profiled['cost_share']:.1f} % its cost "
+                  "(the probes train the job)")
     paths = write_outputs(Path(args.out), summary, cis, runs, cfg, days)
     print("wrote " + ", ".join(str(p) for p in paths))
 

@@ -146,6 +146,7 @@ class JobRun:
     mem_alloc_s: float = 0.0
     mem_used_s: float = 0.0
     profile_s: float = 0.0
+    profile_cost_s: float = 0.0  # profile_s less the plan's true time for what the probes trained
     resizes: int = 0
     deferred: int = 0
     pending: Any = None  # the resize waiting for room (a Resize), applied when it fits
@@ -543,6 +544,8 @@ class Cluster:
             return
         config = self.policy.after_profile(job, job.probe_rows)
         self._check_config(job, config)
+        plan_rate = self._truth(job.spec.family.truth, config, config.ps_cpu)[0] * self.rate_factors[job.spec.id]
+        job.profile_cost_s = max(job.profile_s - job.samples_done / plan_rate, 0.0)
         self._release(job)
         job.config = None
         job.state.pop("probe", None)

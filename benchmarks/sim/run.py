@@ -35,7 +35,7 @@ from sim.workload import SimConfig, generate_trace
 SUMMARY_COLUMNS = ("policy", "median_jct_s", "p90_jct_s", "median_run_s", "cpu_util", "mem_util", "completion_rate",
                    "resource_hours", "queue_delay_s")
 JOB_COLUMNS = ("policy", "job", "family", "day", "truth", "arrival_s", "samples", "status", "jct_s", "run_s", "queue_s",
-               "profile_s", "cpu_alloc_core_h", "cpu_used_core_h", "mem_alloc_gb_h", "mem_used_gb_h",
+               "profile_s", "profile_cost_s", "cpu_alloc_core_h", "cpu_used_core_h", "mem_alloc_gb_h", "mem_used_gb_h",
                "cpu_util", "mem_util", "workers", "ps", "worker_cpu", "ps_cpu", "worker_memory_mb", "ps_memory_mb",
                "resizes", "deferred", "refused", "failures", "ooms", "wasted_samples", "trained_samples",
                "peak_true_rate", "bound_run_s")
@@ -61,7 +61,7 @@ def job_table(name: str, jobs: list[JobRun], bounds: dict | None = None) -> pd.D
             arrival_s=spec.arrival_s, samples=spec.samples, status=job.phase,
             jct_s=(job.end_s - spec.arrival_s) if job.phase == "done" else np.inf,
             run_s=(job.end_s - job.start_s) if job.phase == "done" else np.inf, queue_s=job.queue_s,
-            profile_s=job.profile_s, cpu_alloc_core_h=job.cpu_alloc_s / 3600, cpu_used_core_h=job.cpu_used_s / 3600,
+            profile_s=job.profile_s, profile_cost_s=job.profile_cost_s, cpu_alloc_core_h=job.cpu_alloc_s / 3600, cpu_used_core_h=job.cpu_used_s / 3600,
             mem_alloc_gb_h=job.mem_alloc_s / 3600 / 1024, mem_used_gb_h=job.mem_used_s / 3600 / 1024,
             cpu_util=job.cpu_used_s / job.cpu_alloc_s if job.cpu_alloc_s else np.nan,
             mem_util=job.mem_used_s / job.mem_alloc_s if job.mem_alloc_s else np.nan,
@@ -73,6 +73,17 @@ def job_table(name: str, jobs: list[JobRun], bounds: dict | None = None) -> pd.D
             peak_true_rate=job.peak_true_rate, bound_run_s=bounds[spec.id][0] if bounds else np.nan,
         ))
     return pd.DataFrame(rows, columns=list(JOB_COLUMNS))
+
+
+def profiling(table: pd.DataFrame, min_jct_s: float = 3600.0) -> dict | None:
+    """The profiled jobs that completed within at least ``min_jct_s``: how many, and the median of
+    their profiling's wall time and of its cost (``profile_cost_s``: the wall time less the plan's
+    true time for the samples the probes trained), each as a share of the job's JCT. None: none."""
+    jobs = table[(table["profile_s"] > 0) & np.isfinite(table["jct_s"]) & (table["jct_s"] >= min_jct_s)]
+    if jobs.empty:
+        return None
+    return dict(jobs=len(jobs), wall_share=float((jobs["profile_s"] / jobs["jct_s"]).median()),
+                cost_share=float((jobs["profile_cost_s"] / jobs["jct_s"]).median()))
 
 
 def _truth_name(truth) -> str:

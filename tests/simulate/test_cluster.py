@@ -455,6 +455,9 @@ def test_ours_profiles_on_a_familys_first_day_and_warm_starts_from_its_own_runs_
     jobs = run_policy(cfg, "ours").jobs
     cold, warm = jobs[jobs["day"] == 0], jobs[jobs["day"] == 1]
     assert (cold["profile_s"] > 0).all()  # no history on the first day: every job profiles
+    profiled = cold[cold["status"] == "done"]
+    # the probes train the job: profiling costs less than its wall time
+    assert ((profiled["profile_cost_s"] < profiled["profile_s"]) & (profiled["profile_cost_s"] >= 0)).all()
     finished_first = set(cold.loc[cold["status"] == "done", "family"])
     warm_started = warm[warm["family"].isin(finished_first) & (warm["arrival_s"] > cold["jct_s"].max())]
     assert len(warm_started) > 0 and (warm_started["profile_s"] == 0).mean() > 0.75  # most plan from their prior
