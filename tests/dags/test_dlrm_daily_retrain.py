@@ -13,6 +13,7 @@ import pytest
 from airflow_dlrover.history.store import HistoryStore
 from airflow_dlrover.launchers.cgroups import CgroupManager
 from airflow_dlrover.launchers.local import LocalLauncher
+from airflow_dlrover.optimizer import constants as C
 
 DAG_FILE = Path(__file__).parents[2] / "dags" / "dlrm_daily_retrain.py"
 JOB = "dlrm_daily_retrain"
@@ -60,7 +61,10 @@ def test_cold_run_profiles_plans_trains_and_reports(dag):
     report = record["summary"]
     assert record["status"] == "succeeded"
     assert report["probes"] == 5 and not report["warm_start"]  # every probe under 1.5 cores
-    assert 0 <= report["profile_cost_s"] < report["profile_s"]  # the probes trained the job itself
+    [profiled] = [e for e in history.records(record["id"], "event") if e["event"] == "profiled"]
+    assert profiled["samples_trained"] > 0  # the probes trained the job itself ...
+    if report["measured_throughput"] is not None:  # ... so profiling cost less than its time (a fine-tune window on the plan)
+        assert 0 <= report["profile_cost_s"] < report["profile_s"]
     assert report["samples_lost"] == 0 and report["job"]["samples_trained"] >= SMALL["samples"]
     assert report["job"]["eval_auc"] > 0.6
     plan = history.records(record["id"], "plan")[-1]
@@ -104,7 +108,8 @@ def test_an_oom_kill_is_relaunched_with_more_memory_exactly_once(dag):
     assert failure["nodes"][0]["state"] == "oom_killed"
     [recovery] = report["recoveries"]
     planned = history.records(record["id"], "plan")[-1]["worker_memory_mb"]
-    assert recovery["memory_mb"] == -(-planned * 1.5 // 64) * 64
+    granule = C.MEMORY_GRANULARITY_MB
+    assert recovery["memory_mb"] == -(-planned * C.OOM_MEMORY_GROWTH // granule) * granule
     job_dir = LocalLauncher(Path(os.environ["AIRFLOW_HOME"]) / "dlrover" / "jobs").job_dir(report["job"]["job_id"])
     nodes = json.loads((job_dir / "job.json").read_text())["nodes"]
     assert nodes["worker-0"]["memory_mb"] == recovery["memory_mb"] and nodes["worker-0"]["restarts"] == 1

@@ -195,7 +195,7 @@ def test_an_oom_killed_worker_relaunches_the_group_with_more_memory_once(server,
         "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]})
     [record] = launcher.recover(JOB, Quota(cpu=16, memory_mb=64 * 1024))
     assert record["action"] == "relaunch" and record["node"] == "worker-1"
-    grown = -(-2048 * C.OOM_MEMORY_GROWTH // 64) * 64
+    grown = -(-2048 * C.OOM_MEMORY_GROWTH // C.MEMORY_GRANULARITY_MB) * C.MEMORY_GRANULARITY_MB
     assert record["memory_mb"] == grown
     assert {p.spec.containers[0].resources.limits["memory"] for p in pods(v1).values()} == {f"{int(grown)}Mi"}
     assert launcher.read_job(JOB)["config"]["worker_memory_mb"] == grown
