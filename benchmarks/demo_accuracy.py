@@ -71,13 +71,15 @@ def main() -> None:
     print("-" * len(header))
     for k, r in enumerate(rows, 1):
         print(f"{k:>4} {r['predicted']:>10,.0f} {r['measured']:>10,.0f} {100 * r['signed']:>+6.1f}% "
-              f"{100 * r['profile_share']:>9.1f}% {100 * r['profile_cost_share']:>5.1f}% {r['probes']:>4}+{r['checks']:<2} {100 * r['worker_memory']:>5.0f}% "
+              f"{100 * r['profile_share']:>9.1f}% {100 * r['profile_cost_share']:>5.1f}% "
+              f"{r['probes']:>4}+{r['checks']:<2} {100 * r['worker_memory']:>5.0f}% "
               f"{100 * r['ps_memory']:>5.0f}% {100 * r['worker_cpu']:>5.0f}% {100 * r['ps_cpu']:>5.0f}% "
               f"{r['oom_kills']:>4} {r['jct_s']:>6.0f}  {r['status']}")
     median = {k: statistics.median(r[k] for r in rows) for k in
               ("error", "profile_share", "profile_cost_share", "worker_memory", "ps_memory", "jct_s")}
     print(f"median |predicted − measured| / measured {100 * median['error']:.1f} %; profiling "
-          f"{100 * median['profile_share']:.1f} % of the run (its cost to the run {100 * median['profile_cost_share']:.1f} %); memory utilisation worker "
+          f"{100 * median['profile_share']:.1f} % of the run (its cost to the run "
+          f"{100 * median['profile_cost_share']:.1f} %); memory utilisation worker "
           f"{100 * median['worker_memory']:.0f} %, PS {100 * median['ps_memory']:.0f} %; JCT {median['jct_s']:.0f} s")
     (out / "summary.json").write_text(json.dumps(rows, indent=1))
 

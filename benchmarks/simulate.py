@@ -66,9 +66,9 @@ def run(args: argparse.Namespace) -> None:
         print(format_table(*large))
     for policy_run in runs:
         if (profiled := profiling(policy_run.jobs)) is not None:
-            print(f"\n{policy_run.name}: profiling of the {profiled['jobs']} profiled jobs of ≥ 1 h, median share of the "
-                  f"JCT: {100 * profiled['wall_share']:.1f} % of its wall time, {100 * profiled['cost_share']:.1f} % its cost "
-                  "(the probes train the job)")
+            print(f"\n{policy_run.name}: profiling of the {profiled['jobs']} profiled jobs of ≥ 1 h, median share "
+                  f"of the JCT: {100 * profiled['wall_share']:.1f} % of its wall time, "
+                  f"{100 * profiled['cost_share']:.1f} % its cost (the probes train the job)")
     paths = write_outputs(Path(args.out), summary, cis, runs, cfg, days)
     print("wrote " + ", ".join(str(p) for p in paths))
 

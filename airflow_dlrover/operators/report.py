@@ -65,8 +65,9 @@ class DLRoverReportOperator(DLRoverBaseOperator):
             raise AirflowFailException(f"job {job_id} did not complete: {report.get('error', status['state'])}")
         if self.model_asset is not None:
             context["outlet_events"][self.model_asset].extra = model_event(job, run, context["run_id"])
-        return {key: report[key] for key in ("status", "jct_s", "profile_share", "profile_cost_share", "measured_throughput",
-                                              "predicted_throughput", "samples_lost", "recoveries", "resizes")}
+        return {key: report[key] for key in ("status", "jct_s", "profile_share", "profile_cost_share",
+                                              "measured_throughput", "predicted_throughput", "samples_lost",
+                                              "recoveries", "resizes")}
 
 
 def model_event(job: dict[str, Any], run: int, dag_run: str) -> dict[str, Any]:

@@ -116,7 +116,8 @@ def design_probes(
     else:
         most_nodes = int((table["workers"] + table["ps"]).max())  # an all-reduce job's: its workers
         share = quota.memory_mb * C.PROBE_QUOTA_FRACTION / most_nodes
-        share = max(float(np.floor(share / C.MEMORY_GRANULARITY_MB) * C.MEMORY_GRANULARITY_MB), float(C.NODE_MIN_MEMORY_MB))
+        share = max(float(np.floor(share / C.MEMORY_GRANULARITY_MB) * C.MEMORY_GRANULARITY_MB),
+                    float(C.NODE_MIN_MEMORY_MB))
         table["worker_memory_mb"] = share
         table["ps_memory_mb"] = 0.0 if allreduce else share
         if table_mb:

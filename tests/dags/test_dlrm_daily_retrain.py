@@ -63,7 +63,7 @@ def test_cold_run_profiles_plans_trains_and_reports(dag):
     assert report["probes"] == 5 and not report["warm_start"]  # every probe under 1.5 cores
     [profiled] = [e for e in history.records(record["id"], "event") if e["event"] == "profiled"]
     assert profiled["samples_trained"] > 0  # the probes trained the job itself ...
-    if report["measured_throughput"] is not None:  # ... so profiling cost less than its time (a fine-tune window on the plan)
+    if report["measured_throughput"] is not None:  # ... so, measured on the plan, it cost less than its time
         assert 0 <= report["profile_cost_s"] < report["profile_s"]
     assert report["samples_lost"] == 0 and report["job"]["samples_trained"] >= SMALL["samples"]
     assert report["job"]["eval_auc"] > 0.6

@@ -97,7 +97,7 @@ def test_a_node_at_oom_risk_grows_its_whole_role_and_is_judged_afresh():
     rows = tuple(usage(3 * t, "worker-0", "worker", 0.9, 1.0, 1960 + t % 2, 2048, 100.0) for t in range(8))
     state, (resize,) = step(ControllerState(QUOTA), observe(nodes=nodes(), usage=rows))
     assert isinstance(resize, Resize) and resize.reason == Reason.OOM_RISK
-    assert resize.config == Configuration(2, 2, 1.0, 0.5, 2256, 1024)  # the request for 1961 MB: +15 % (≥ +64), up to 16 MB
+    assert resize.config == Configuration(2, 2, 1.0, 0.5, 2256, 1024)  # the request for 1961 MB: +15 %, on 16 MB
     _, (refused,) = step(ControllerState(Quota(cpu=4.0, memory_mb=6000)), observe(nodes=nodes(), usage=rows))
     assert refused.reason == Reason.PAST_QUOTA
     assert not [r for r in state.node_history if r["role"] == "worker"]
