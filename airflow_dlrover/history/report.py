@@ -26,15 +26,17 @@ def build_report(history: Any, run: int, job: dict[str, Any] | None, status: dic
     now = time.time()
     started = run_row["started"].timestamp()
     checks = [e for e in events if e.get("event") == "plan_checked"]
-    profile_s = (profiled[-1]["profile_s"] if profiled else 0.0) + sum(c["probe_s"] for c in checks)
+    # (seconds, samples trained meanwhile) of the profile and of each plan check
+    profile_stages = ([(p["profile_s"], p.get("samples_trained")) for p in profiled[-1:]]
+                      + [(c["probe_s"], c.get("samples_trained")) for c in checks])
+    profile_s = float(sum(seconds for seconds, _ in profile_stages))
     plan = plans[-1] if plans else {}
     on_plan = finetune
     if not finetune.empty and plan:
         on_plan = finetune[[shape(row) == shape(plan) for row in finetune.to_dict("records")]]
 
     measured = float(on_plan["throughput"].median()) if not on_plan.empty else None
-    profile_cost_s = profiling_cost_s([(p["profile_s"], p.get("samples_trained")) for p in profiled[-1:]]
-                                      + [(c["probe_s"], c.get("samples_trained")) for c in checks], measured)
+    profile_cost_s = profiling_cost_s(profile_stages, measured)
     report = {
         "status": "succeeded" if job and job["samples_lost"] == 0 and job["samples_trained"] >= (job["samples_expected"] or 0)
         else "failed",
