@@ -67,6 +67,14 @@ class Start:
 
 
 @dataclass(frozen=True)
+class CheckPlan:
+    """A policy's answer to a finished profile: measure ``config`` for one more probe, the job
+    training on it, before it is launched (``after_profile`` is asked again)."""
+
+    config: Configuration
+
+
+@dataclass(frozen=True)
 class Resize:
     config: Configuration
     reason: str = ""
@@ -186,7 +194,7 @@ class Policy:
     def start(self, job: JobRun) -> Start:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def after_profile(self, job: JobRun, samples: list[dict]) -> Configuration:  # pragma: no cover
+    def after_profile(self, job: JobRun, samples: list[dict]) -> Configuration | CheckPlan:  # pragma: no cover
         raise NotImplementedError
 
     def check(self, job: JobRun, obs: Observation) -> list:
@@ -542,13 +550,27 @@ class Cluster:
             self._begin_probe(job)
             self._schedule(job)
             return
-        config = self.policy.after_profile(job, job.probe_rows)
-        self._check_config(job, config)
+        decision = self.policy.after_profile(job, job.probe_rows)
+        self._check_config(job, getattr(decision, "config", decision))
+        if isinstance(decision, CheckPlan):  # one more probe, on the plan's own resources
+            job.probes.append(decision.config)
+            self._release(job)
+            job.config = None
+            self._enqueue(job, ("profile", decision.config))
+            self._dispatch()
+            return
+        config = decision
         plan_rate = self._truth(job.spec.family.truth, config, config.ps_cpu)[0] * self.rate_factors[job.spec.id]
         job.profile_cost_s = max(job.profile_s - job.samples_done / plan_rate, 0.0)
+        job.state.pop("probe", None)
+        if config == job.config:  # the checked plan: it runs on as it is, no relaunch
+            job.phase = "running"
+            job.next_check = self.now + self.policy.check_interval(job)
+            self._set_rate(job)
+            self._schedule(job)
+            return
         self._release(job)
         job.config = None
-        job.state.pop("probe", None)
         self._enqueue(job, ("run", config))
         self._dispatch()
 

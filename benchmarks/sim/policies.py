@@ -50,13 +50,15 @@ import pandas as pd
 
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.controller import (
-    ControllerState, Fail, Heal, Observation as Seen, Relaunch, Resize as ResizeAction, initial_plan, step,
+    ControllerState, Fail, Heal, Observation as Seen, Relaunch, Resize as ResizeAction, initial_plan, plan_needs_check,
+    step,
 )
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
 from airflow_dlrover.optimizer.planner import Configurations, configurations, knee, pareto_front, search_range
 from airflow_dlrover.optimizer.probes import design_probes
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, NodeState, NodeStatus, Quota, Reason
 from sim.cluster import (
+    CheckPlan,
     JobRun,
     Observation,
     Policy,
@@ -192,17 +194,28 @@ class OursPolicy(Policy):
             return Start(config=self._launch(job, prior, job.spec.samples))
         return Start(probes=[Configuration(**row) for row in probes.to_dict("records")])
 
-    def after_profile(self, job: JobRun, samples: list[dict]) -> Configuration:
+    def after_profile(self, job: JobRun, samples: list[dict]) -> Configuration | CheckPlan:
+        """The fit task's model and the launch task's plan, checked as the launch task checks it
+        (``LaunchOperator.check_plan``): a plan that extrapolates past the probes is measured
+        first, at most ``PLAN_CHECK_PROBES`` times, and planned again on the refit."""
         state: ControllerState = job.state["controller"]
         model = fit_job_model(pd.DataFrame(samples), state.prior)
         self.fits += 1
         job.state["controller"] = replace(state, profile=tuple(samples))
-        return self._launch(job, model, job.remaining)
+        chosen = self._plan(job, model, job.remaining)
+        checks = job.state.get("plan_checks", 0)
+        if checks < C.PLAN_CHECK_PROBES and plan_needs_check(chosen):
+            job.state["plan_checks"] = checks + 1
+            return CheckPlan(chosen.config)
+        return chosen.config
 
     def _launch(self, job: JobRun, model: JobModel, samples: float) -> Configuration:
-        config = initial_plan(model, job.limit, self.objective, samples=samples, batch_size=BATCH).config
+        return self._plan(job, model, samples).config
+
+    def _plan(self, job: JobRun, model: JobModel, samples: float):
+        chosen = initial_plan(model, job.limit, self.objective, samples=samples, batch_size=BATCH)
         job.state["controller"] = replace(job.state["controller"], model=model, since_s=self.cluster.now)
-        return config
+        return chosen
 
     # --- the fine-tune and the guard: observe, step, apply
     def check(self, job: JobRun, obs: Observation) -> list:

@@ -11,8 +11,9 @@ import pytest
 from simulate import main
 from airflow_dlrover.optimizer.types import Configuration
 from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover.optimizer.finetune import shape
 from sim.bound import bound_table, check, peak_throughput
-from sim.cluster import Cluster, Policy, QuotaExceededError, Resize, Start, rate_factor
+from sim.cluster import CheckPlan, Cluster, Policy, QuotaExceededError, Resize, Start, rate_factor
 from sim.dlrover_bridge import DLRoverUnavailable, default_venv, venv_python
 from sim.policies import planner_configurations
 from sim.run import SUMMARY_COLUMNS, run_policy, summarise
@@ -462,3 +463,63 @@ def test_ours_profiles_on_a_familys_first_day_and_warm_starts_from_its_own_runs_
     warm_started = warm[warm["family"].isin(finished_first) & (warm["arrival_s"] > cold["jct_s"].max())]
     assert len(warm_started) > 0 and (warm_started["profile_s"] == 0).mean() > 0.75  # most plan from their prior
     assert warm_started["profile_s"].sum() < 0.25 * cold["profile_s"].sum()
+
+
+class CheckingPolicy(Policy):
+    """One probe, then a check of ``PLAN`` (``CheckPlan``), then ``PLAN`` or another plan."""
+
+    name = "checking"
+    PROBE = Configuration(2, 1, 1.0, 1.0, 2048.0, 2048.0, 0, 512)
+    PLAN = Configuration(4, 2, 1.0, 1.0, 2048.0, 2048.0, 0, 512)
+    OTHER = Configuration(3, 2, 1.0, 1.0, 2048.0, 2048.0, 0, 512)
+
+    def __init__(self, final):
+        self.final, self.rows, self.checks_at, self.profiled_at = final, [], [], None
+
+    def start(self, job):
+        user = job.spec.family.user  # memory the job's tables fit in
+        self.memory = dict(worker_memory_mb=user.worker_memory_mb, ps_memory_mb=2 * user.ps_memory_mb)
+        return Start(probes=[replace(self.PROBE, **self.memory)])
+
+    def after_profile(self, job, samples):
+        self.rows = list(samples)
+        if len(samples) == 2:
+            return CheckPlan(replace(self.PLAN, **self.memory))
+        self.profiled_at = self.cluster.now
+        return replace(self.final, **self.memory)
+
+    def check(self, job, obs):
+        self.checks_at.append((self.cluster.now, obs.config))
+        return []
+
+
+@pytest.mark.parametrize("final", [CheckingPolicy.PLAN, CheckingPolicy.OTHER])
+def test_a_plan_check_measures_the_plan_on_the_job_and_only_another_plan_relaunches(final):
+    cfg = SMALL.without_instability()
+    policy = CheckingPolicy(final)
+    job = Cluster(cfg, generate_trace(cfg)[:1], policy).run()[0]
+    assert job.phase == "done"
+    # two windows of the probe, then two of the plan: the check is a probe of the profile
+    assert [(r["workers"], r["ps"]) for r in policy.rows] == [(2, 1), (2, 1), (4, 2), (4, 2)]
+    assert job.profile_s == pytest.approx(2 * (cfg.launch_s / 2 + cfg.probe_s))
+    first_check_at, config = policy.checks_at[0]
+    relaunch = 0.0 if final == CheckingPolicy.PLAN else cfg.launch_s  # the checked plan runs on as it is
+    assert first_check_at == pytest.approx(policy.profiled_at + relaunch + cfg.check_s)
+    assert shape(config) == shape(final)
+
+
+def test_ours_checks_an_extrapolating_plan_as_the_launch_task_does():
+    from sim.policies import OursPolicy
+
+    cfg = SMALL.without_instability()
+    policy = OursPolicy()
+    jobs = Cluster(cfg, generate_trace(cfg), policy).run()
+    checked = [job for job in jobs if job.state.get("plan_checks")]
+    assert checked, "no cold plan extrapolated past its probes"
+    for job in jobs:
+        checks = job.state.get("plan_checks", 0)
+        assert checks <= C.PLAN_CHECK_PROBES
+        profile = job.state["controller"].profile
+        assert len(profile) == 2 * len(job.probes)  # two windows a probe, a check being one
+        if checks:  # the last check measured the plan of the profile and the checks before it
+            assert all(shape(row) == shape(job.probes[-1]) for row in profile[-2:])
