@@ -693,9 +693,13 @@ class Cluster:
                     continue
                 self._check_config(job, action.config)
                 cost = resize_cost_s(current, action.config)
-                # A healed hot PS keeps its extra cores (over the group's) through the resize.
-                healed = max(job.hot_ps_cpu - current.ps_cpu, 0.0) if job.hot_active else 0.0
-                hot_cpu = action.config.ps_cpu + healed if healed > 0 else None
+                # A healed hot PS keeps its extra cores (over the group's) through a resize that
+                # leaves the PS as they are; one that changes them restarts it at the group's CPU
+                # (``BaseLauncher.resize``), and the guard heals it again.
+                same_ps = (action.config.ps, action.config.ps_cpu, action.config.ps_memory_mb) == (
+                    current.ps, current.ps_cpu, current.ps_memory_mb)
+                healed = max(job.hot_ps_cpu - current.ps_cpu, 0.0) if job.hot_active and same_ps else 0.0
+                hot_cpu = action.config.ps_cpu + healed
                 if self._try_config(job, action.config, cost_s=cost, hot_cpu=hot_cpu, count_deferral=not retry):
                     job.resizes += 1
                     if action.config.ps != current.ps:  # PS change: checkpoint, re-partition, restart

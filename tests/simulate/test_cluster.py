@@ -13,7 +13,7 @@ from airflow_dlrover.optimizer.types import Configuration
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.finetune import shape
 from sim.bound import bound_table, check, peak_throughput
-from sim.cluster import CheckPlan, Cluster, Policy, QuotaExceededError, Resize, Start, rate_factor
+from sim.cluster import CheckPlan, Cluster, Policy, QuotaExceededError, Resize, SetHotPsCpu, Start, rate_factor
 from sim.dlrover_bridge import DLRoverUnavailable, default_venv, venv_python
 from sim.policies import planner_configurations
 from sim.run import SUMMARY_COLUMNS, run_policy, summarise
@@ -523,3 +523,41 @@ def test_ours_checks_an_extrapolating_plan_as_the_launch_task_does():
         assert len(profile) == 2 * len(job.probes)  # two windows a probe, a check being one
         if checks:  # the last check measured the plan of the profile and the checks before it
             assert all(shape(row) == shape(job.probes[-1]) for row in profile[-2:])
+
+
+
+class HealThenResize(Policy):
+    """Heal the hot PS (4 cores over the group's 2), then resize to 6 workers and ``target_ps`` PS."""
+
+    name = "heal-then-resize"
+
+    def __init__(self, target_ps):
+        self.target_ps, self.after, self.hot_after = target_ps, None, None
+
+    def start(self, job):
+        user = job.spec.family.user
+        self.before = Configuration(4, 2, 1.0, 2.0, user.worker_memory_mb, 2 * user.ps_memory_mb, 0, 512)
+        return Start(config=self.before)
+
+    def on_onset(self, job, kind):
+        return [SetHotPsCpu(4.0)] if kind == "hot_ps" else []
+
+    def check(self, job, obs):
+        if job.config == self.after and self.hot_after is None:
+            self.hot_after = (job.hot_ps_cpu, job.alloc_cpu)
+        if job.hot_active and self.after is None:
+            self.after = replace(self.before, workers=6, ps=self.target_ps)
+            return [Resize(self.after)]
+        return []
+
+
+@pytest.mark.parametrize("target_ps, hot_cpu", [(2, 4.0), (3, 2.0)])
+def test_a_heal_survives_a_resize_only_where_the_ps_stay_as_they_are(target_ps, hot_cpu):
+    """As ``BaseLauncher.resize``: a workers-only resize leaves the healed ps-0 alone; one that
+    changes the PS restarts them all at the group's CPU (and holds no extra core past the quota)."""
+    cfg = replace(SMALL.without_instability(), instability=True, hot_ps_probability=1.0)
+    spec = next(s for s in generate_trace(cfg) if s.hot_ps_at is not None and s.hot_ps_at < 0.5)
+    policy = HealThenResize(target_ps)
+    job = Cluster(cfg, [spec], policy).run()[0]
+    assert job.phase == "done" and job.config_final == policy.after
+    assert policy.hot_after == (hot_cpu, policy.after.cores + hot_cpu - policy.after.ps_cpu)
