@@ -56,7 +56,7 @@ from airflow_dlrover.optimizer.controller import (
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
 from airflow_dlrover.optimizer.planner import Configurations, configurations, knee, pareto_front, search_range
 from airflow_dlrover.optimizer.probes import design_probes
-from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, NodeState, NodeStatus, Quota, Reason
+from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, NodeState, NodeStatus, Plan, Quota, Reason
 from sim.cluster import (
     CheckPlan,
     JobRun,
@@ -191,7 +191,7 @@ class OursPolicy(Policy):
                                memory=prior.memory if prior else None, allreduce=is_allreduce(job),
                                table_mb=family.start_tables_mb)
         if probes.empty:  # a warm start: the prior is the run's model and plans (as the fit task)
-            return Start(config=self._launch(job, prior, job.spec.samples))
+            return Start(config=self._plan(job, prior, job.spec.samples).config)
         return Start(probes=[Configuration(**row) for row in probes.to_dict("records")])
 
     def after_profile(self, job: JobRun, samples: list[dict]) -> Configuration | CheckPlan:
@@ -209,10 +209,8 @@ class OursPolicy(Policy):
             return CheckPlan(chosen.config)
         return chosen.config
 
-    def _launch(self, job: JobRun, model: JobModel, samples: float) -> Configuration:
-        return self._plan(job, model, samples).config
-
-    def _plan(self, job: JobRun, model: JobModel, samples: float):
+    def _plan(self, job: JobRun, model: JobModel, samples: float) -> Plan:
+        """The launch task's plan of ``model``, which becomes the run's model."""
         chosen = initial_plan(model, job.limit, self.objective, samples=samples, batch_size=BATCH)
         job.state["controller"] = replace(job.state["controller"], model=model, since_s=self.cluster.now)
         return chosen
