@@ -30,7 +30,8 @@ configuration starts and resumes), timed from the SIGTERM to the first report of
 a failed node restarts the whole group of an ``allreduce`` trainer (as torchrun's elastic agent
 does) and only itself in a ``ps`` trainer. A node that exits non-zero before its first report,
 or reports nothing within ``report_timeout_s``, broke the contract: it reads as exit code
-``USER_ERROR_EXIT_CODE`` (no retry fixes it).
+``USER_ERROR_EXIT_CODE`` (no retry fixes it). A node that SIGKILL ended (``SIGKILL_EXIT_CODES``)
+failed by the cluster's doing, before its first report too.
 
 Every operation that changes the job (launch, relaunch, set_limits, resize, stop) holds the job's
 lock from its read of the record to its last write: two launcher processes (the fine-tune resizing
@@ -309,7 +310,7 @@ class Launcher:
         for name, node in record["nodes"].items():
             if node["role"] != "worker" or node.get("state") not in (RUNNING, FAILED, SUCCEEDED):
                 continue
-            if node["state"] == FAILED and node.get("exit_code") == C.USER_ERROR_EXIT_CODE:
+            if node["state"] == FAILED and node.get("exit_code") in (C.USER_ERROR_EXIT_CODE, *C.SIGKILL_EXIT_CODES):
                 continue
             if self._node_report(job_id, node)["reports"]:
                 continue

@@ -262,9 +262,9 @@ class LocalLauncher(Launcher):
             code = int(exit_file.read_text().strip())
             if code == 0:
                 return SUCCEEDED, 0, "exited 0", ooms
-            if ooms > 0 and code in (137, -9):
+            if ooms > 0 and code in C.SIGKILL_EXIT_CODES:
                 return OOM_KILLED, code, f"OOM-killed at its {node['memory_mb']:g} MB limit", ooms
-            reason = "killed (SIGKILL)" if code == 137 else f"exited {code}"
+            reason = "killed (SIGKILL)" if code in C.SIGKILL_EXIT_CODES else f"exited {code}"
             message = exit_file.with_suffix(".message")
             if code == C.USER_ERROR_EXIT_CODE and message.exists():
                 reason = message.read_text()

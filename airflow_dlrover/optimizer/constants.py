@@ -312,6 +312,12 @@ OOM_MIN_POINTS = 3
 #: steady worker's memory wanders ±5 MB between 3 s windows (our measurement: 196–206 MB over
 #: 70 s), which a 3-point Theil–Sen slope reads as 70 MB/min. (ours)
 OOM_MIN_RISE_MB = 32.0
+#: ... and forecasts at most this multiple of its own span ahead (a 3-window line 90 s, the
+#: detectors' full 30 s history 300 s): a node starved of CPU (its quota cut, a busy machine)
+#: ramps through its warm-up for longer than ``NODE_WARMUP_S``, and 9 s of that ramp read as a
+#: line crossed a 2 GB limit "in 311 s" for a worker that levels off near 250 MB (our
+#: measurement). A real leak is still caught with the trusted span's time to spare. (ours)
+OOM_TREND_EXTRAPOLATION = 10.0
 
 # --------------------------------------------------------------------------------------------
 # Launchers (time-outs and the master's size)
@@ -377,6 +383,11 @@ POD_POLL_S = 1.0
 #: its model module broken (sysexits' EX_DATAERR). The node writes why to its termination file
 #: (a pod's ``/dev/termination-log``); the controller fails the attempt without retry.
 USER_ERROR_EXIT_CODE = 65
+#: Exit codes of a node that SIGKILL ended (128 + 9 as a shell and the kubelet report it, −9 as
+#: ``Popen`` does): something outside the node killed it — the kernel's OOM killer, a lost node,
+#: a preemption, an operator's kill — so it is the cluster's failure at any time, even before a
+#: trainer's first report, and never a broken contract.
+SIGKILL_EXIT_CODES = (137, -9)
 #: A trainer of the user's (``launchers.contract``) gets this long between SIGTERM and SIGKILL to
 #: write its checkpoint (Kubernetes' default ``terminationGracePeriodSeconds``) ...
 TRAINER_GRACE_S = 30.0

@@ -14,7 +14,7 @@ evidence and a proposed action; nothing here acts.
               replace it (its shards are re-queued by the master).
 * OOM risk  — the forecast of a node's memory reaches its limit within ``OOM_HORIZON_S``, or
               usage is already ≥ ``OOM_USAGE_FRACTION`` of it. The forecast is the Theil–Sen
-              trend, or, for a PS whose tables' growth the memory model knows, its level now plus
+              trend (trusted ``OOM_TREND_EXTRAPOLATION`` × its span ahead), or, for a PS whose tables' growth the memory model knows, its level now plus
               the model's growth to come: used(now) + G(n(t)) / p − G(n(now)) / p, which slows
               as the tables saturate where a line would not. Action: a new limit = the request
               (peak + margin, and for a PS room for a checkpoint's copy of its tables) for the
@@ -214,6 +214,8 @@ def detect_oom_risk(
                 slope = trend.slope_mb_per_s
                 rising = slope * np.ptp(t) >= C.OOM_MIN_RISE_MB
                 seconds = trend.seconds_to(limit) if rising else float("inf")
+                if seconds > C.OOM_TREND_EXTRAPOLATION * np.ptp(t):  # past what the line's span supports
+                    seconds = float("inf")
             else:
                 seconds, slope = float("inf"), 0.0
             peak = max(used, trend.at(trend.last_time_s + ahead) if trend else used)

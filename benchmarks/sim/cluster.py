@@ -551,27 +551,24 @@ class Cluster:
             self._schedule(job)
             return
         decision = self.policy.after_profile(job, job.probe_rows)
-        self._check_config(job, getattr(decision, "config", decision))
-        if isinstance(decision, CheckPlan):  # one more probe, on the plan's own resources
-            job.probes.append(decision.config)
-            self._release(job)
-            job.config = None
-            self._enqueue(job, ("profile", decision.config))
-            self._dispatch()
-            return
-        config = decision
-        plan_rate = self._truth(job.spec.family.truth, config, config.ps_cpu)[0] * self.rate_factors[job.spec.id]
-        job.profile_cost_s = max(job.profile_s - job.samples_done / plan_rate, 0.0)
-        job.state.pop("probe", None)
-        if config == job.config:  # the checked plan: it runs on as it is, no relaunch
-            job.phase = "running"
-            job.next_check = self.now + self.policy.check_interval(job)
-            self._set_rate(job)
-            self._schedule(job)
-            return
+        checking = isinstance(decision, CheckPlan)
+        config = decision.config if checking else decision
+        self._check_config(job, config)
+        if checking:  # one more probe, on the plan's own resources
+            job.probes.append(config)
+        else:
+            plan_rate = self._truth(job.spec.family.truth, config, config.ps_cpu)[0] * self.rate_factors[job.spec.id]
+            job.profile_cost_s = max(job.profile_s - job.samples_done / plan_rate, 0.0)
+            job.state.pop("probe", None)
+            if config == job.config:  # the checked plan: it runs on as it is, no relaunch
+                job.phase = "running"
+                job.next_check = self.now + self.policy.check_interval(job)
+                self._set_rate(job)
+                self._schedule(job)
+                return
         self._release(job)
         job.config = None
-        self._enqueue(job, ("run", config))
+        self._enqueue(job, ("profile" if checking else "run", config))
         self._dispatch()
 
     def _lose_since_checkpoint(self, job: JobRun) -> None:

@@ -12,6 +12,7 @@ import pytest
 from airflow_dlrover.launchers.contract import TrainerSpec
 from airflow_dlrover.launchers.local import LocalLauncher
 from airflow_dlrover.launchers.run import run_job
+from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import Configuration, Fault, FaultKind
 from airflow_dlrover.runtime.spec import JobSpec
 
@@ -111,6 +112,24 @@ def test_a_trainer_that_fails_before_reporting_is_the_users_mistake(tmp_path):
     message = str(err.value)
     assert "exited 1 before its first report" in message and "unknown flag --lr" in message and "no retry" in message
     assert not (tmp_path / "jobs" / "bad" / "logs" / "worker-0.log").read_text().count("unknown flag") > 1  # not retried
+
+
+def test_a_trainer_killed_before_its_first_report_is_the_clusters_failure_and_relaunched(tmp_path):
+    # a busy node starts torch slowly: a SIGKILL (OOM killer, lost node) can land before any report
+    launcher = LocalLauncher(tmp_path / "jobs")
+    launcher.launch(trainer_spec("early", [sys.executable, "-c", "import time; time.sleep(3)\n" + REPORT_AND_WAIT]), ONE)
+    try:
+        launcher.kill_node("early", "worker-0")
+        deadline = time.monotonic() + 10
+        while not any(s.failed for s in launcher.status("early")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        [node] = launcher.status("early")
+        assert node.failed and node.exit_code in C.SIGKILL_EXIT_CODES and node.exit_code != C.USER_ERROR_EXIT_CODE
+        records = launcher.recover("early")
+        assert [(r.get("action"), r.get("reason")) for r in records] == [("relaunch", "node_failed")]
+        assert [s.state for s in launcher.status("early")] == ["running"]
+    finally:
+        launcher.stop("early")
 
 
 def test_a_trainer_that_never_reports_is_refused_after_its_report_timeout(tmp_path):

@@ -64,6 +64,17 @@ def test_oom_risk_forecasts_the_crossing_and_sizes_the_new_limit():
     assert longer.action.value == memory_request_mb(2600 + 10 * 3600)
 
 
+def test_a_short_ramp_forecasts_only_as_far_as_its_span_supports():
+    # 6 MB/s from 200 MB against 2048 MB: ~300 s away. 9 s of it (a CPU-starved node's warm-up)
+    # supports a line 90 s ahead, not an event; the same slope held over 30 s supports 300 s.
+    ramp = lambda span: [dict(time_s=t, node="worker-0", role="worker", memory_used_mb=200 + 6 * t,
+                              memory_limit_mb=2048) for t in np.linspace(0, span, 4)]
+    assert detect_oom_risk(metrics(ramp(9.0))) == []
+    [event] = detect_oom_risk(metrics(ramp(30.0)))
+    assert event.evidence["seconds_to_limit"] == pytest.approx((2048 - 380) / 6, rel=1e-6)
+    assert event.evidence["seconds_to_limit"] <= C.OOM_TREND_EXTRAPOLATION * 30.0
+
+
 def test_flat_or_slow_memory_is_not_a_risk_but_a_node_at_the_limit_is():
     flat = [dict(time_s=t, node="w-0", role="worker", memory_used_mb=3000) for t in range(0, 100, 10)]
     slow = [dict(time_s=t, node="w-1", role="worker", memory_used_mb=1000 + 0.1 * t) for t in range(0, 100, 10)]

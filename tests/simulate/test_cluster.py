@@ -15,7 +15,7 @@ from airflow_dlrover.optimizer.finetune import shape
 from sim.bound import bound_table, check, peak_throughput
 from sim.cluster import CheckPlan, Cluster, Policy, QuotaExceededError, Resize, SetHotPsCpu, Start, rate_factor
 from sim.dlrover_bridge import DLRoverUnavailable, default_venv, venv_python
-from sim.policies import planner_configurations
+from sim.policies import OursPolicy, planner_configurations
 from sim.run import SUMMARY_COLUMNS, run_policy, summarise
 from sim.truth import AllReduce, MovingHotShard, QueueingTable, Roofline, measured_roofline
 from sim.workload import SimConfig, generate_trace
@@ -509,8 +509,6 @@ def test_a_plan_check_measures_the_plan_on_the_job_and_only_another_plan_relaunc
 
 
 def test_ours_checks_an_extrapolating_plan_as_the_launch_task_does():
-    from sim.policies import OursPolicy
-
     cfg = SMALL.without_instability()
     policy = OursPolicy()
     jobs = Cluster(cfg, generate_trace(cfg), policy).run()
@@ -523,7 +521,6 @@ def test_ours_checks_an_extrapolating_plan_as_the_launch_task_does():
         assert len(profile) == 2 * len(job.probes)  # two windows a probe, a check being one
         if checks:  # the last check measured the plan of the profile and the checks before it
             assert all(shape(row) == shape(job.probes[-1]) for row in profile[-2:])
-
 
 
 class HealThenResize(Policy):
