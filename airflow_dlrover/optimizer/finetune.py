@@ -11,7 +11,10 @@ speed by enough. Ours asks the refitted model for the best plan and resizes only
 with at least ``MIN_RESIZE_INTERVAL_S`` between resizes. Where the pessimistic test refuses but
 the model is unsure (a wide band) and its mean says the resize and a possible revert pay, the
 policy *explores* (``EXPLORE_*``): it resizes, judges the shape on its own windows, keeps it
-(``explored``) or reverts it; the windows teach the refit a shape the probes never ran. The
+(``explored``) or reverts it; the windows teach the refit a shape the probes never ran. When
+the mean's plan is not worth exploring (or the job runs it already), the policy plans on one draw of the fit's posterior
+(Thompson sampling, ``posterior_draw``) and explores that plan on the same terms: a shape is tried
+about as often as it is plausibly the best, so a model wrong past its probes can still learn. The
 target is the refitted model's plan for the run's own objective (``planner.plan``): the highest throughput under the quota, the knee of the
 Pareto front (``efficiency``), or the cheapest plan that still meets what is left of the deadline
 (``deadline``; once no plan can, the fastest one). The cost depends on the change: workers
@@ -27,6 +30,7 @@ of ``controller.step``, which every caller goes through.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
@@ -34,7 +38,7 @@ import numpy as np
 
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel
-from airflow_dlrover.optimizer.model import ThroughputModel, features
+from airflow_dlrover.optimizer.model import PARAMETERS, ThroughputModel, features
 from airflow_dlrover.optimizer.planner import plan
 from airflow_dlrover.optimizer.types import (
     Configuration, InfeasibleQuotaError, InvalidInputError, Objective, Plan, Quota, Reason, check_kind, is_allreduce,
@@ -149,11 +153,32 @@ def decide(
             if last_resize.exploring:
                 return Decision("keep", Reason.EXPLORED, judged)
 
-    best = _target(model, memory, quota, objective, remaining_samples, deadline_s, current.batch_size, tuple(rejected),
-                   samples_done)
+    plan_args = (memory, quota, objective, remaining_samples, deadline_s, current.batch_size, tuple(rejected),
+                 samples_done)
+    best = _target(model, *plan_args)
+
+    def explore(mean_best: Plan | None) -> Decision | None:
+        """The mean's plan explored, else the plan of one posterior draw (Thompson sampling)."""
+        if not may_explore:
+            return None
+        explored = None
+        if mean_best is not None:
+            explored = _exploration(mean_best, model, model, current, x_now, remaining_samples, restart_cost_s)
+        if explored is None:
+            seed = _draw_seed(now_s, samples_done, current)
+            drawn = posterior_draw(model, seed)
+            try:
+                explored = _exploration(_target(drawn, *plan_args), drawn, model, current, x_now, remaining_samples,
+                                        restart_cost_s, seed)
+            except InfeasibleQuotaError:  # the draw's tables fit no plan: nothing to explore
+                return None
+        if explored is None:
+            return None
+        return replace(explored, numbers={"keep_s": remaining_samples / x_now} | explored.numbers)
+
     target = best.config
     if shape(target) == shape(current):
-        return Decision("keep", Reason.AT_BEST)
+        return explore(None) or Decision("keep", Reason.AT_BEST)
     x_current = float(model.predict_features(_features(current), band=False)[0])
     speedup = best.predicted_throughput / x_current
     speedup_low = best.lower_throughput / x_current
@@ -163,20 +188,57 @@ def decide(
     saving = keep_s - resize_s
     numbers = {"speedup": speedup, "speedup_low": speedup_low, "saving_s": saving, "keep_s": keep_s, "cost_s": cost}
     if speedup_low < C.MIN_RESIZE_SPEEDUP or saving < C.RESIZE_GAIN_MULTIPLE * cost:
-        expected_saving = keep_s - (cost + remaining_samples / (x_now * speedup))
-        band = (best.upper_throughput - best.lower_throughput) / best.predicted_throughput
-        if (may_explore and band >= C.EXPLORE_MIN_BAND and speedup >= C.EXPLORE_MIN_SPEEDUP
-                and expected_saving >= C.RESIZE_GAIN_MULTIPLE * 2 * cost):
-            return Decision("resize", Reason.EXPLORE,
-                            numbers | {"band": band, "expected_saving_s": expected_saving, "target": target.describe()},
-                            target=target, predicted_speedup=speedup, predicted_saving_s=expected_saving,
-                            resize_cost_s=cost)
+        explored = explore(best)
+        if explored is not None:
+            return explored
         return Decision("keep", Reason.NOT_WORTH_IT,
                         numbers | {"min_speedup": C.MIN_RESIZE_SPEEDUP, "gain_multiple": C.RESIZE_GAIN_MULTIPLE,
                                    "target": target.describe()},
                         target=target, predicted_speedup=speedup, predicted_saving_s=saving, resize_cost_s=cost)
     return Decision("resize", Reason.PAYS, numbers, target=target, predicted_speedup=speedup,
                     predicted_saving_s=saving, resize_cost_s=cost)
+
+
+def _exploration(option: Plan, predictor: ThroughputModel, model: ThroughputModel, current: Configuration,
+                 x_now: float, remaining_samples: float, restart_cost_s: float | None,
+                 draw_seed: int | None = None) -> Decision | None:
+    """An exploration of ``option`` (``EXPLORE_*``), the plan of ``predictor`` (the model, or its
+    posterior draw ``draw_seed``): where the model is unsure at the option (its band), the
+    predictor's speed-up is at least ``EXPLORE_MIN_SPEEDUP`` and its saving pays for the resize and
+    its revert; else None. The resize is judged against the predictor's speed-up."""
+    target = option.config
+    if shape(target) == shape(current):
+        return None
+    x_target, lower, upper = (float(v[0]) for v in model.predict_features(_features(target)))
+    x_current = float(model.predict_features(_features(current), band=False)[0])
+    band = (upper - lower) / x_target
+    speedup = option.predicted_throughput / float(predictor.predict_features(_features(current), band=False)[0])
+    cost = resize_cost_s(current, target, restart_cost_s)
+    expected_saving = remaining_samples / x_now - (cost + remaining_samples / (x_now * speedup))
+    if band < C.EXPLORE_MIN_BAND or speedup < C.EXPLORE_MIN_SPEEDUP or expected_saving < C.RESIZE_GAIN_MULTIPLE * 2 * cost:
+        return None
+    source = "the model" if draw_seed is None else f"a draw of the fit's posterior (seed {draw_seed})"
+    numbers = {"source": source, "draw_seed": draw_seed, "speedup": speedup, "mean_speedup": x_target / x_current,
+               "speedup_low": lower / x_current, "band": band, "expected_saving_s": expected_saving, "cost_s": cost,
+               "target": target.describe()}
+    return Decision("resize", Reason.EXPLORE, numbers, target=target, predicted_speedup=speedup,
+                    predicted_saving_s=expected_saving, resize_cost_s=cost)
+
+
+def posterior_draw(model: ThroughputModel, seed: int) -> ThroughputModel:
+    """One plausible model from the fit's posterior: φ = θ^q ~ N(φ̂, Σ) (the fit's covariance of
+    φ), clipped at 0 as the NNLS bounds it, θ = φ^(1/q). Planning on a draw is Thompson sampling:
+    it explores a shape in proportion to the chance that it is the best one."""
+    q = model.sharpness
+    variances, axes = np.linalg.eigh(model.covariance)  # Σ = U diag(s) Uᵀ; rounding's s < 0 taken as 0
+    z = np.random.default_rng(seed).standard_normal(len(variances))
+    draw = model.theta ** q + axes @ (np.sqrt(np.maximum(variances, 0.0)) * z)
+    return replace(model, params=dict(zip(PARAMETERS, np.maximum(draw, 0.0) ** (1.0 / q))))
+
+
+def _draw_seed(now_s: float, samples_done: float, current: Configuration) -> int:
+    """A decision's draw, reproducible from what the decision saw."""
+    return zlib.crc32(repr((round(now_s, 3), round(samples_done), shape(current))).encode())
 
 
 def _target(model, memory, quota, objective, remaining_samples, deadline_s, batch_size, rejected, samples_done) -> Plan:

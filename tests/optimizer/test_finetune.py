@@ -271,3 +271,41 @@ def test_an_exploration_is_judged_on_its_own_windows_kept_once_or_reverted_and_e
     worse = decide(model, MEMORY, quota, explore.target, [0.9 * x] * 3, 2e8, now, last)
     assert worse.action == "revert" and worse.reason == Reason.DID_NOT_DELIVER and worse.numbers["explored"]
     assert worse.target == current and worse.reject == explore.target
+
+
+def test_a_posterior_draw_is_reproducible_centred_on_the_fit_and_the_fit_itself_without_uncertainty():
+    from dataclasses import replace
+
+    from airflow_dlrover.optimizer.finetune import posterior_draw
+
+    model = MODEL  # fitted on many probes: most of its terms stand well clear of 0
+    q = model.sharpness
+    assert posterior_draw(model, 7).params == posterior_draw(model, 7).params != posterior_draw(model, 8).params
+    phi = np.array([posterior_draw(model, seed).theta ** q for seed in range(2000)])
+    assert (phi >= 0).all()  # the NNLS bound holds in every draw
+    sure = model.theta ** q > 6 * np.sqrt(np.diag(model.covariance))  # terms the clip at 0 cannot bias
+    assert sure.any()
+    assert phi.mean(axis=0)[sure] == pytest.approx((model.theta ** q)[sure], rel=0.05)
+    certain = replace(model, covariance=np.zeros_like(model.covariance))
+    assert posterior_draw(certain, 3).theta == pytest.approx(model.theta)
+
+
+def test_a_job_at_the_means_best_explores_the_plan_of_a_posterior_draw_now_and_then():
+    model, _, _ = _unsure()
+    quota = Quota(cpu=12, memory_mb=128 * 1024)
+    best = plan(model, MEMORY, quota, samples=2e8).config
+    x = float(model.predict(pd.DataFrame([best.to_row()]), band=False)[0])
+    assert decide(model, MEMORY, quota, best, [x] * 3, 2e8, now_s=0.0).reason == Reason.AT_BEST
+    decisions = [decide(model, MEMORY, quota, best, [x] * 3, 2e8, now_s=float(t), may_explore=True) for t in range(60)]
+    explored = [d for d in decisions if d.action == "resize"]
+    assert {d.reason for d in decisions} == {Reason.AT_BEST, Reason.EXPLORE} and 0 < len(explored) < len(decisions)
+    for d in explored:  # each on the same terms as the mean's: unsure there, and the draw's gain pays
+        assert d.numbers["source"].startswith("a draw of the fit's posterior") and d.target != best
+        assert d.numbers["band"] >= C.EXPLORE_MIN_BAND and d.predicted_speedup >= C.EXPLORE_MIN_SPEEDUP
+        assert d.predicted_saving_s >= C.RESIZE_GAIN_MULTIPLE * 2 * d.resize_cost_s
+        assert "a draw of the fit's posterior" in Reason.EXPLORE.describe(d.numbers)
+    t = decisions.index(explored[0])  # what the decision saw chooses its draw
+    assert decide(model, MEMORY, quota, best, [x] * 3, 2e8, now_s=float(t), may_explore=True) == explored[0]
+    # Too little left to pay for a resize and its revert: no draw explores.
+    assert all(decide(model, MEMORY, quota, best, [x] * 3, 5e5, now_s=float(t), may_explore=True).action == "keep"
+               for t in range(60))
