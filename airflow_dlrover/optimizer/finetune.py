@@ -215,7 +215,8 @@ def _exploration(option: Plan, predictor: ThroughputModel, model: ThroughputMode
     speedup = option.predicted_throughput / float(predictor.predict_features(_features(current), band=False)[0])
     cost = resize_cost_s(current, target, restart_cost_s)
     expected_saving = remaining_samples / x_now - (cost + remaining_samples / (x_now * speedup))
-    if band < C.EXPLORE_MIN_BAND or speedup < C.EXPLORE_MIN_SPEEDUP or expected_saving < C.RESIZE_GAIN_MULTIPLE * 2 * cost:
+    pays = expected_saving >= C.RESIZE_GAIN_MULTIPLE * 2 * cost
+    if band < C.EXPLORE_MIN_BAND or speedup < C.EXPLORE_MIN_SPEEDUP or not pays:
         return None
     source = "the model" if draw_seed is None else f"a draw of the fit's posterior (seed {draw_seed})"
     numbers = {"source": source, "draw_seed": draw_seed, "speedup": speedup, "mean_speedup": x_target / x_current,

@@ -14,9 +14,10 @@ evidence and a proposed action; nothing here acts.
               replace it (its shards are re-queued by the master).
 * OOM risk  — the forecast of a node's memory reaches its limit within ``OOM_HORIZON_S``, or
               usage is already ≥ ``OOM_USAGE_FRACTION`` of it. The forecast is the Theil–Sen
-              trend (trusted ``OOM_TREND_EXTRAPOLATION`` × its span ahead), or, for a PS whose tables' growth the memory model knows, its level now plus
-              the model's growth to come: used(now) + G(n(t)) / p − G(n(now)) / p, which slows
-              as the tables saturate where a line would not. Action: a new limit = the request
+              trend (trusted ``OOM_TREND_EXTRAPOLATION`` × its span ahead), or, for a PS whose
+              tables' growth the memory model knows, its level now plus the model's growth to
+              come: used(now) + G(n(t)) / p − G(n(now)) / p, which slows as the tables saturate
+              where a line would not. Action: a new limit = the request
               (peak + margin, and for a PS room for a checkpoint's copy of its tables) for the
               forecast at the end of the horizon (or of the job, when its remaining time is known).
 """

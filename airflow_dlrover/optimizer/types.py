@@ -623,10 +623,10 @@ _REASON_TEXT = {
                           "{gain_multiple:g}× the cost)"),
     Reason.PAYS: ("predicts ×{speedup:.2f} (pessimistic ×{speedup_low:.2f}): saves {saving_s:.0f}s of {keep_s:.0f}s "
                   "for a {cost_s:.0f}s resize"),
-    Reason.EXPLORE: ("exploring {target}: {source} predicts ×{speedup:.2f} (the model's mean ×{mean_speedup:.2f}, "
-                     "pessimistic ×{speedup_low:.2f}: it is unsure there, its 90 % band {band:.0%} of the prediction); "
-                     "expected to save {expected_saving_s:.0f}s of {keep_s:.0f}s, against a {cost_s:.0f}s resize and "
-                     "its revert"),
+    Reason.EXPLORE: ("exploring {target}: {source} predicts ×{speedup:.2f} (the model's mean "
+                     "×{mean_speedup:.2f}, pessimistic ×{speedup_low:.2f}: it is unsure there, its 90 % band "
+                     "{band:.0%} of the prediction); expected to save {expected_saving_s:.0f}s of {keep_s:.0f}s, "
+                     "against a {cost_s:.0f}s resize and its revert"),
     Reason.EXPLORED: "the exploration delivered ×{delivered:.2f} of a predicted ×{predicted:.2f}: kept",
     Reason.DID_NOT_DELIVER: ("last resize delivered ×{delivered:.2f} of a predicted ×{predicted:.2f} (needed "
                              "×{needed:.2f}): back to the configuration before it"),

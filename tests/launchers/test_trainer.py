@@ -117,7 +117,8 @@ def test_a_trainer_that_fails_before_reporting_is_the_users_mistake(tmp_path):
 def test_a_trainer_killed_before_its_first_report_is_the_clusters_failure_and_relaunched(tmp_path):
     # a busy node starts torch slowly: a SIGKILL (OOM killer, lost node) can land before any report
     launcher = LocalLauncher(tmp_path / "jobs")
-    launcher.launch(trainer_spec("early", [sys.executable, "-c", "import time; time.sleep(3)\n" + REPORT_AND_WAIT]), ONE)
+    slow_start = "import time; time.sleep(3)\n" + REPORT_AND_WAIT
+    launcher.launch(trainer_spec("early", [sys.executable, "-c", slow_start]), ONE)
     try:
         launcher.kill_node("early", "worker-0")
         deadline = time.monotonic() + 10
