@@ -256,10 +256,10 @@ REVERT_DELIVERED_FRACTION = 0.25
 #: ``RESIZE_GAIN_MULTIPLE`` × the cost of the resize *and* of its revert; at most
 #: ``EXPLORE_MAX_PER_RUN`` a run. It is judged and reverted as any resize (the revert excludes the
 #: shape), and its windows teach the refit what the probes could not. Where the mean's plan does not
-#: qualify, the plan of one draw of the fit's posterior is tried on the same terms, its speed-up
-#: the draw's (``finetune.posterior_draw``: Thompson sampling). (ours; act on a plausible model
-#: where the band is wide and the stake pays. Measured in the simulation: twice the resizes and
-#: fewer warm jobs far off the oracle, README)
+#: qualify (or already runs), the plan of one draw of the fit's posterior is tried on the same
+#: terms, its speed-up the draw's (``finetune.posterior_draw``: Thompson sampling). (ours; act on
+#: a plausible model where the band is wide and the stake pays. Measured in the simulation: ~2.7×
+#: the resizes, fewer warm jobs far off the oracle, a lower warm median JCT; README)
 EXPLORE_MIN_BAND = 0.3
 EXPLORE_MIN_SPEEDUP = 1.15
 EXPLORE_MAX_PER_RUN = 2
