@@ -12,9 +12,10 @@ with at least ``MIN_RESIZE_INTERVAL_S`` between resizes. Where the pessimistic t
 the model is unsure (a wide band) and its mean says the resize and a possible revert pay, the
 policy *explores* (``EXPLORE_*``): it resizes, judges the shape on its own windows, keeps it
 (``explored``) or reverts it; the windows teach the refit a shape the probes never ran. When
-the mean's plan is not worth exploring (or the job runs it already), the policy plans on one draw of the fit's posterior
-(Thompson sampling, ``posterior_draw``) and explores that plan on the same terms: a shape is tried
-about as often as it is plausibly the best, so a model wrong past its probes can still learn. The
+the mean's plan is not worth exploring (or the job runs it already), the policy plans on one
+draw of the fit's posterior (Thompson sampling, ``posterior_draw``) and explores that plan on the
+same terms: a shape is tried about as often as it is plausibly the best, so a model wrong past
+its probes can still learn. The
 target is the refitted model's plan for the run's own objective (``planner.plan``): the highest throughput under the quota, the knee of the
 Pareto front (``efficiency``), or the cheapest plan that still meets what is left of the deadline
 (``deadline``; once no plan can, the fastest one). The cost depends on the change: workers
@@ -158,8 +159,11 @@ def decide(
     best = _target(model, *plan_args)
 
     def explore(mean_best: Plan | None) -> Decision | None:
-        """The mean's plan explored, else the plan of one posterior draw (Thompson sampling)."""
-        if not may_explore:
+        """The mean's plan explored, else the plan of one posterior draw (Thompson sampling). No
+        exploration pays when keeping takes ≤ (2·RESIZE_GAIN_MULTIPLE + 1) × the cheapest resize
+        (its saving < keep time − cost): then nothing is planned."""
+        cheapest = restart_cost_s if restart_cost_s is not None else C.WORKER_RESIZE_COST_S
+        if not may_explore or remaining_samples / x_now <= (2 * C.RESIZE_GAIN_MULTIPLE + 1) * cheapest:
             return None
         explored = None
         if mean_best is not None:
@@ -172,9 +176,7 @@ def decide(
                                         restart_cost_s, seed)
             except InfeasibleQuotaError:  # the draw's tables fit no plan: nothing to explore
                 return None
-        if explored is None:
-            return None
-        return replace(explored, numbers={"keep_s": remaining_samples / x_now} | explored.numbers)
+        return explored
 
     target = best.config
     if shape(target) == shape(current):
@@ -214,14 +216,15 @@ def _exploration(option: Plan, predictor: ThroughputModel, model: ThroughputMode
     band = (upper - lower) / x_target
     speedup = option.predicted_throughput / float(predictor.predict_features(_features(current), band=False)[0])
     cost = resize_cost_s(current, target, restart_cost_s)
-    expected_saving = remaining_samples / x_now - (cost + remaining_samples / (x_now * speedup))
+    keep_s = remaining_samples / x_now
+    expected_saving = keep_s - (cost + keep_s / speedup)
     pays = expected_saving >= C.RESIZE_GAIN_MULTIPLE * 2 * cost
     if band < C.EXPLORE_MIN_BAND or speedup < C.EXPLORE_MIN_SPEEDUP or not pays:
         return None
     source = "the model" if draw_seed is None else f"a draw of the fit's posterior (seed {draw_seed})"
     numbers = {"source": source, "draw_seed": draw_seed, "speedup": speedup, "mean_speedup": x_target / x_current,
-               "speedup_low": lower / x_current, "band": band, "expected_saving_s": expected_saving, "cost_s": cost,
-               "target": target.describe()}
+               "speedup_low": lower / x_current, "band": band, "expected_saving_s": expected_saving, "keep_s": keep_s,
+               "cost_s": cost, "target": target.describe()}
     return Decision("resize", Reason.EXPLORE, numbers, target=target, predicted_speedup=speedup,
                     predicted_saving_s=expected_saving, resize_cost_s=cost)
 
