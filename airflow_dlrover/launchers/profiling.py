@@ -1,10 +1,12 @@
 """The profiling stage: measure the probe configurations the optimizer chose.
 
 ``profile_job`` profiles our DLRM runtime *on the job itself*: the job starts on the first probe
-and is resized through the others (ordered so that the PS change as rarely as possible); each
-probe is measured for ``PROBE_WINDOW_S`` once every worker has reported on it. The samples
-trained while profiling count for the job — nothing is thrown away, as DLRover-RM profiles on
-the job's first steps — so the launch that follows is a resize of the running job.
+and is resized through the others (the first few ordered so that the PS change as rarely as
+possible, the rest in the design's order), while the profile stays within its share of the job's
+run time (``probes.profile_continues``); each probe is measured for ``PROBE_WINDOW_S`` once every
+worker has reported on it. The samples trained while profiling count for the job — nothing is
+thrown away, as DLRover-RM profiles on the job's first steps — so the launch that follows is a
+resize of the running job.
 
 A trainer of the user's (``spec.trainer``, ``launchers.contract``) is profiled the same way: each
 probe is a group restart from its checkpoint; a window's throughput is the mean of its workers'
@@ -23,6 +25,7 @@ import pandas as pd
 
 from airflow_dlrover.launchers.watch import JobMeter, all_running
 from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover.optimizer.probes import profile_continues
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError
 from airflow_dlrover.runtime.spec import JobSpec
 
@@ -43,22 +46,50 @@ def order_probes(probes: pd.DataFrame) -> list[Configuration]:
     return [Configuration(**row) for row in pd.concat(groups).to_dict("records")]
 
 
+def visiting_order(probes: pd.DataFrame) -> list[Configuration]:
+    """The order a profile measures the design's probes in: the first ``MIN_PROBES_COLD`` (always
+    measured) in the cheapest order (:func:`order_probes`), the rest in the design's own order
+    (the most informative first), so that wherever the budget ends the profile
+    (``probes.profile_continues``) it has measured a prefix of the design."""
+    head = order_probes(probes.iloc[:C.MIN_PROBES_COLD]) if len(probes) else []
+    tail = probes.iloc[C.MIN_PROBES_COLD:].reindex(columns=list(CONFIG_COLUMNS)).to_dict("records")
+    return head + [Configuration(**row) for row in tail]
+
+
 def profile_job(launcher: Any, spec: JobSpec, probes: pd.DataFrame, window_s: float = C.PROBE_WINDOW_S) -> pd.DataFrame:
-    """Launch (or adopt) the job and measure it on each probe; returns the sample table with
-    ``probe_s`` (seconds the probe took, resize included)."""
-    rows = []
-    for index, config in enumerate(order_probes(probes)):
+    """Launch (or adopt) the job and measure it on the design's probes (``probes``, in the
+    design's order) in :func:`visiting_order`, while ``probes.profile_continues`` keeps the profile
+    within its share of the job's run time; returns the sample table with ``probe_s`` (seconds the
+    probe took, resize included)."""
+    rows: list[dict[str, Any]] = []
+    order = visiting_order(probes)
+    started = time.monotonic()
+    for index, config in enumerate(order):
+        if index and not _budget_allows(rows, index, len(order), time.monotonic() - started, spec.samples):
+            log.info("the profile ends after %d of %d probes: one more would pass %.0f %% of the job's run time",
+                     index, len(order), 100 * C.PROFILE_BUDGET_FRACTION)
+            break
         if index == 0:
             launcher.launch(spec, config)
         try:
             row = measure_probe(launcher, spec.job_id, config, window_s)
         except JobFinished:
-            log.info("the job finished while profiling: %d of %d probes measured", index, len(probes))
+            log.info("the job finished while profiling: %d of %d probes measured", index, len(order))
             break
         if row is not None:
             rows.append(row)
-            log.info("probe %d/%d %s: %.0f samples/s", index + 1, len(probes), config.describe(), row["throughput"])
+            log.info("probe %d/%d %s: %.0f samples/s", index + 1, len(order), config.describe(), row["throughput"])
     return pd.DataFrame(rows)
+
+
+def _budget_allows(rows: list[dict[str, Any]], measured: int, designed: int, elapsed_s: float, samples: float) -> bool:
+    """``probes.profile_continues`` on what the probes so far measured: the best throughput, and
+    the samples the job has left."""
+    if not rows:
+        return True
+    trained = max(float(row.get("samples_seen") or 0.0) for row in rows)
+    best = max(float(row["throughput"]) for row in rows)
+    return profile_continues(measured, designed, elapsed_s, samples - trained, best)
 
 
 class JobFinished(Exception):

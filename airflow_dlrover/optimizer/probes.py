@@ -140,3 +140,24 @@ def design_probes(
     table["worker_gpu"] = int(worker_gpu)
     table["batch_size"] = int(batch_size)
     return table[list(CONFIG_COLUMNS)]
+
+
+def profile_continues(measured: int, designed: int, elapsed_s: float, samples_left: float,
+                      best_throughput: float) -> bool:
+    """Whether a cold profile measures another of its ``designed`` probes after ``measured`` of them
+    (in the design's order: the most informative first) took ``elapsed_s``: always below
+    ``MIN_PROBES_COLD``; then while one more probe, at the mean time of those so far, keeps the
+    profile within ``PROFILE_BUDGET_FRACTION`` of the job's run time as measured so far,
+
+        elapsed + elapsed / measured ≤ f · (elapsed + samples_left / X_best),
+
+    X_best the best throughput a probe measured (samples/s; the plan, chosen over a range that
+    holds the probes, is expected at least as fast)."""
+    if measured >= designed:
+        return False
+    if measured < C.MIN_PROBES_COLD:
+        return True
+    if not best_throughput > 0:
+        return True
+    run_s = elapsed_s + max(samples_left, 0.0) / best_throughput
+    return elapsed_s * (1.0 + 1.0 / measured) <= C.PROFILE_BUDGET_FRACTION * run_s

@@ -197,6 +197,11 @@ class Policy:
     def after_profile(self, job: JobRun, samples: list[dict]) -> Configuration | CheckPlan:  # pragma: no cover
         raise NotImplementedError
 
+    def profile_continues(self, job: JobRun) -> bool:
+        """Whether the job measures its next probe (``job.probes[job.probe_index]``) or ends its
+        profile now (``after_profile`` is asked)."""
+        return True
+
     def check(self, job: JobRun, obs: Observation) -> list:
         return []
 
@@ -546,6 +551,8 @@ class Cluster:
             ))
         job.probe_index += 1
         job.oom_streak = 0
+        if job.probe_index < len(job.probes) and not self.policy.profile_continues(job):
+            del job.probes[job.probe_index:]
         if job.probe_index < len(job.probes):
             self._begin_probe(job)
             self._schedule(job)

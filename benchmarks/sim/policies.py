@@ -55,8 +55,8 @@ from airflow_dlrover.optimizer.controller import (
 )
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
 from airflow_dlrover.optimizer.planner import Configurations, configurations, knee, pareto_front, search_range
-from airflow_dlrover.optimizer.probes import design_probes
-from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, NodeState, NodeStatus, Plan, Quota, Reason
+from airflow_dlrover.optimizer.probes import design_probes, profile_continues
+from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError, NodeState, NodeStatus, Plan, Quota, Reason
 from sim.cluster import (
     CheckPlan,
     JobRun,
@@ -193,6 +193,12 @@ class OursPolicy(Policy):
         if probes.empty:  # a warm start: the prior is the run's model and plans (as the fit task)
             return Start(config=self._plan(job, prior, job.spec.samples).config)
         return Start(probes=[Configuration(**row) for row in probes.to_dict("records")])
+
+    def profile_continues(self, job: JobRun) -> bool:
+        """The profile task's budget (``probes.profile_continues``) over the probes measured so far."""
+        rows = pd.DataFrame(job.probe_rows)
+        best = float(rows.groupby(list(CONFIG_COLUMNS), sort=False)["throughput"].median().max())
+        return profile_continues(job.probe_index, len(job.probes), job.profile_s, job.remaining, best)
 
     def after_profile(self, job: JobRun, samples: list[dict]) -> Configuration | CheckPlan:
         """The fit task's model and the launch task's plan, checked as the launch task checks it
