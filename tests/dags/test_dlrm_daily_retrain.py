@@ -17,7 +17,8 @@ from airflow_dlrover.optimizer import constants as C
 
 DAG_FILE = Path(__file__).parents[2] / "dags" / "dlrm_daily_retrain.py"
 JOB = "dlrm_daily_retrain"
-#: small and quick: 1.5 cores → 5 cold probes
+#: small and quick: 1.5 cores → 5 cold probes designed, of which a job of about a minute measures
+#: the minimum (``PROFILE_BUDGET_FRACTION``)
 SMALL = {"samples": 1_200_000, "table_size": 5000, "quota_cpu": 1.5, "quota_memory": "4Gi"}
 #: the task group's prefix of the task ids
 GROUP = f"{JOB}."
@@ -60,8 +61,10 @@ def test_cold_run_profiles_plans_trains_and_reports(dag):
     assert dagrun.state == "success", {t: ti.state for t, ti in tis.items()}
     report = record["summary"]
     assert record["status"] == "succeeded"
-    assert report["probes"] == 5 and not report["warm_start"]  # every probe under 1.5 cores
-    [profiled] = [e for e in history.records(record["id"], "event") if e["event"] == "profiled"]
+    assert report["probes"] == C.MIN_PROBES_COLD and not report["warm_start"]
+    events = history.records(record["id"], "event")
+    [profiled] = [e for e in events if e["event"] == "profiled"]
+    assert profiled["probes"] == 5 and profiled["measured"] == C.MIN_PROBES_COLD  # the budget ended it
     assert profiled["samples_trained"] > 0  # the probes trained the job itself ...
     if report["measured_throughput"] is not None:  # ... so, measured on the plan, it cost less than its time
         assert 0 <= report["profile_cost_s"] < report["profile_s"]
@@ -72,7 +75,8 @@ def test_cold_run_profiles_plans_trains_and_reports(dag):
     assert cores <= SMALL["quota_cpu"] + 1e-9
     assert report["job"]["config"]["workers"] == plan["workers"]  # the job ran on the plan
     assert report["baseline"]["predicted_throughput"] > 0
-    assert len(history.samples(JOB, run_id=record["id"], stage="profile")) == 5
+    checks = [e for e in events if e["event"] == "plan_checked"]
+    assert len(history.samples(JOB, run_id=record["id"], stage="profile")) == C.MIN_PROBES_COLD + len(checks)
     assert not list(CgroupManager().groups(tis["launch"].xcom_pull(task_ids=GROUP + "launch")["job_id"]))
 
 

@@ -286,7 +286,8 @@ def test_the_json_of_a_run_recorded_by_the_example_dag(dlrover_client, recorded_
     samples = store.samples_of_run(run)
     assert detail["counts"]["samples"] == len(samples) > 0
     profile = get(dlrover_client, f"/dlrover/api/runs/{run}/samples", stage="profile").json()
-    assert len(profile) == (samples["stage"] == "profile").sum() == detail["summary"]["probes"]
+    checks = sum(e["event"] == "plan_checked" for e in store.records(run, "event"))
+    assert len(profile) == (samples["stage"] == "profile").sum() == detail["summary"]["probes"] + checks
 
     plans = get(dlrover_client, f"/dlrover/api/runs/{run}/plans").json()
     recorded_plan = store.records(run, "plan")[-1]
