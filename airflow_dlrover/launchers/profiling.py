@@ -82,10 +82,11 @@ def profile_job(launcher: Any, spec: JobSpec, probes: pd.DataFrame, window_s: fl
     return pd.DataFrame(rows)
 
 
-def _budget_allows(rows: list[dict[str, Any]], measured: int, designed: int, elapsed_s: float, samples: float) -> bool:
+def _budget_allows(rows: list[dict[str, Any]], measured: int, designed: int, elapsed_s: float,
+                   samples: float | None) -> bool:
     """``probes.profile_continues`` on what the probes so far measured: the best throughput, and
-    the samples the job has left."""
-    if not rows:
+    the samples the job has left (a job of no known size measures every probe)."""
+    if not rows or samples is None:
         return True
     trained = max(float(row.get("samples_seen") or 0.0) for row in rows)
     best = max(float(row["throughput"]) for row in rows)

@@ -216,8 +216,8 @@ MIN_PROBES_WARM = 0
 #: A cold profile measures the design's probes in its order (the most informative first) while
 #: one more keeps it within this fraction of the job's run time as it looks so far
 #: (``probes.profile_continues``), never fewer than ``MIN_PROBES_COLD``: a job of minutes is not
-#: profiled for a quarter of an hour. The fraction is issue 19's target for a job of ≥ 1 h; the
-#: paper profiles ~3 minutes of an hours-long job. (issue 19, DLRover-RM §5)
+#: profiled for a quarter of an hour. The fraction is issue 19's target for a job of ≥ 1 h (the
+#: paper profiles ~3 minutes of an hours-long job); not tuned on the simulation. (issue 19)
 PROFILE_BUDGET_FRACTION = 0.05
 #: Two candidate probes whose information gain is within this fraction count as equal, and the
 #: cheaper one (fewer cores) wins. (ours)

@@ -6,8 +6,10 @@ most increases log det of the information matrix AᵀA, where the rows are the f
 design rows X(θ₀)·f(x)), at the guess θ₀ = the prior model when there is one, else
 ``DESIGN_GUESS``. Among candidates within ``PROBE_TIE_FRACTION`` of the best gain, the one with
 fewest cores wins. A cold start takes max(``MIN_PROBES_COLD``, #parameters to identify +
-``PROBES_BEYOND_PARAMETERS``) probes; a warm start (a prior throughput *and* memory model)
-``MIN_PROBES_WARM``, none: the prior plans and the fine-tune re-scales it.
+``PROBES_BEYOND_PARAMETERS``) probes, of which the profile measures a prefix, the most informative
+first, within its share of the job's run time (:func:`profile_continues`); a warm start (a prior
+throughput *and* memory model) ``MIN_PROBES_WARM``, none: the prior plans and the fine-tune
+re-scales it.
 
 An all-reduce job (``allreduce``: no PS) is probed on p = 0 only: w from ``PROBE_WORKERS``, λw from
 ``PROBE_CPU``, ``ps_cpu`` and ``ps_memory_mb`` 0, the D-optimal choice over its own terms (the PS
