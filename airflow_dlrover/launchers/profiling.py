@@ -1,12 +1,12 @@
 """The profiling stage: measure the probe configurations the optimizer chose.
 
 ``profile_job`` profiles our DLRM runtime *on the job itself*: the job starts on the first probe
-and is resized through the others (the first few ordered so that the PS change as rarely as
-possible, the rest in the design's order), while the profile stays within its share of the job's
-run time (``probes.profile_continues``); each probe is measured for ``PROBE_WINDOW_S`` once every
-worker has reported on it. The samples trained while profiling count for the job — nothing is
-thrown away, as DLRover-RM profiles on the job's first steps — so the launch that follows is a
-resize of the running job.
+and is resized through the others — those that identify the model's parameters in the order that
+changes the PS least, then, while the profile stays within its share of the job's run time
+(``probes.profile_continues``), the rest in the design's order; each probe is measured for
+``PROBE_WINDOW_S`` once every worker has reported on it. The samples trained while profiling count
+for the job — nothing is thrown away, as DLRover-RM profiles on the job's first steps — so the
+launch that follows is a resize of the running job.
 
 A trainer of the user's (``spec.trainer``, ``launchers.contract``) is profiled the same way: each
 probe is a group restart from its checkpoint; a window's throughput is the mean of its workers'
@@ -25,7 +25,7 @@ import pandas as pd
 
 from airflow_dlrover.launchers.watch import JobMeter, all_running
 from airflow_dlrover.optimizer import constants as C
-from airflow_dlrover.optimizer.probes import profile_continues
+from airflow_dlrover.optimizer.probes import probes_always_measured, profile_continues
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError
 from airflow_dlrover.runtime.spec import JobSpec
 
@@ -47,12 +47,13 @@ def order_probes(probes: pd.DataFrame) -> list[Configuration]:
 
 
 def visiting_order(probes: pd.DataFrame) -> list[Configuration]:
-    """The order a profile measures the design's probes in: the first ``MIN_PROBES_COLD`` (always
-    measured) in the cheapest order (:func:`order_probes`), the rest in the design's own order
-    (the most informative first), so that wherever the budget ends the profile
-    (``probes.profile_continues``) it has measured a prefix of the design."""
-    head = order_probes(probes.iloc[:C.MIN_PROBES_COLD]) if len(probes) else []
-    tail = probes.iloc[C.MIN_PROBES_COLD:].reindex(columns=list(CONFIG_COLUMNS)).to_dict("records")
+    """The order a profile measures the design's probes in: those it always measures
+    (``probes.probes_always_measured``) in the cheapest order (:func:`order_probes`), the rest in
+    the design's own order (the most informative first), so that wherever the budget ends the
+    profile (``probes.profile_continues``) it has measured a prefix of the design."""
+    always = probes_always_measured(len(probes))
+    head = order_probes(probes.iloc[:always]) if always else []
+    tail = probes.iloc[always:].reindex(columns=list(CONFIG_COLUMNS)).to_dict("records")
     return head + [Configuration(**row) for row in tail]
 
 

@@ -213,11 +213,11 @@ PROBES_BEYOND_PARAMETERS = 2
 #: median JCT ×1.33, ×1.33, ×1.21 of the oracle's with no warm probe against ×1.41, ×1.43,
 #: ×1.65 with two)
 MIN_PROBES_WARM = 0
-#: A cold profile measures the design's probes in its order (the most informative first) while
-#: one more keeps it within this fraction of the job's run time as it looks so far
-#: (``probes.profile_continues``), never fewer than ``MIN_PROBES_COLD``: a job of minutes is not
-#: profiled for a quarter of an hour. The fraction is issue 19's target for a job of ≥ 1 h (the
-#: paper profiles ~3 minutes of an hours-long job); not tuned on the simulation. (issue 19)
+#: A cold profile measures the design's probes beyond those that identify the parameters
+#: (``probes.probes_always_measured``), the most informative first, while one more keeps it within
+#: this fraction of the job's run time as it looks so far (``probes.profile_continues``). The
+#: fraction is issue 19's target for a job of ≥ 1 h (the paper profiles ~3 minutes of an
+#: hours-long job); not tuned on the simulation. (issue 19)
 PROFILE_BUDGET_FRACTION = 0.05
 #: Two candidate probes whose information gain is within this fraction count as equal, and the
 #: cheaper one (fewer cores) wins. (ours)

@@ -6,8 +6,9 @@ most increases log det of the information matrix AᵀA, where the rows are the f
 design rows X(θ₀)·f(x)), at the guess θ₀ = the prior model when there is one, else
 ``DESIGN_GUESS``. Among candidates within ``PROBE_TIE_FRACTION`` of the best gain, the one with
 fewest cores wins. A cold start takes max(``MIN_PROBES_COLD``, #parameters to identify +
-``PROBES_BEYOND_PARAMETERS``) probes, of which the profile measures a prefix, the most informative
-first, within its share of the job's run time (:func:`profile_continues`); a warm start (a prior
+``PROBES_BEYOND_PARAMETERS``) probes, of which the profile measures those that identify the
+parameters and then, the most informative first, those that fit in its share of the job's run time
+(:func:`profile_continues`); a warm start (a prior
 throughput *and* memory model) ``MIN_PROBES_WARM``, none: the prior plans and the fine-tune
 re-scales it.
 
@@ -144,12 +145,21 @@ def design_probes(
     return table[list(CONFIG_COLUMNS)]
 
 
+def probes_always_measured(designed: int) -> int:
+    """How many of a cold design's probes its profile measures whatever they cost: those that
+    identify the model's parameters (the design less its ``PROBES_BEYOND_PARAMETERS``), at least
+    ``MIN_PROBES_COLD``. A term the probes cannot identify is pinned at 0 — a bottleneck the
+    planner then takes for absent, and the next days' warm plans with it — so the budget cuts only
+    the probes beyond the parameters (cross-validation of q, the out-of-sample error)."""
+    return min(designed, max(C.MIN_PROBES_COLD, designed - C.PROBES_BEYOND_PARAMETERS))
+
+
 def profile_continues(measured: int, designed: int, elapsed_s: float, samples_left: float,
                       best_throughput: float) -> bool:
     """Whether a cold profile measures another of its ``designed`` probes after ``measured`` of them
     (in the design's order: the most informative first) took ``elapsed_s``: always below
-    ``MIN_PROBES_COLD``; then while one more probe, at the mean time of those so far, keeps the
-    profile within ``PROFILE_BUDGET_FRACTION`` of the job's run time as measured so far,
+    :func:`probes_always_measured`; then while one more probe, at the mean time of those so far,
+    keeps the profile within ``PROFILE_BUDGET_FRACTION`` of the job's run time as measured so far,
 
         elapsed + elapsed / measured ≤ f · (elapsed + samples_left / X_best),
 
@@ -157,7 +167,7 @@ def profile_continues(measured: int, designed: int, elapsed_s: float, samples_le
     holds the probes, is expected at least as fast)."""
     if measured >= designed:
         return False
-    if measured < C.MIN_PROBES_COLD:
+    if measured < probes_always_measured(designed):
         return True
     if not best_throughput > 0:
         return True

@@ -3,7 +3,7 @@ import pytest
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel
 from airflow_dlrover.optimizer.model import ALLREDUCE_TERMS, fit_throughput
-from airflow_dlrover.optimizer.probes import design_probes, profile_continues
+from airflow_dlrover.optimizer.probes import design_probes, probes_always_measured, profile_continues
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, InvalidInputError, Quota
 from synthetic import TRUE_THETA, model_samples
 
@@ -137,18 +137,20 @@ def test_allreduce_probes_fit_a_quota_too_small_for_a_ps_job_and_give_each_worke
 
 
 def test_the_profile_budget_ends_a_short_jobs_profile_early_and_lets_a_long_one_finish():
-    designed = 10
-    # Four probes always, whatever they cost.
-    assert all(profile_continues(k, designed, 1e6, 1.0, 1e6) for k in range(C.MIN_PROBES_COLD))
-    # 4 probes in 360 s, 4e8 samples left at 1e5 samples/s: a run of 4,360 s allows 218 s of profile.
-    assert not profile_continues(4, designed, 360.0, 4e8, 1e5)
-    # The same probes on a job 20× as long: 87 k s of run time allows 4.4 k s, so a fifth probe.
-    assert profile_continues(4, designed, 360.0, 8e9, 1e5)
+    designed = 10  # eight parameters and two beyond
+    assert probes_always_measured(designed) == designed - C.PROBES_BEYOND_PARAMETERS == 8
+    assert probes_always_measured(5) == C.MIN_PROBES_COLD and probes_always_measured(3) == 3
+    # The probes that identify the parameters always, whatever they cost.
+    assert all(profile_continues(k, designed, 1e6, 1.0, 1e6) for k in range(8))
+    # 8 probes in 720 s, 4e8 samples left at 1e5 samples/s: a run of 4,720 s allows 236 s of profile.
+    assert not profile_continues(8, designed, 720.0, 4e8, 1e5)
+    # The same probes on a job 20× as long: 80 k s of run time allows 4 k s, so a ninth probe.
+    assert profile_continues(8, designed, 720.0, 8e9, 1e5)
     # exactly at the budget: elapsed · (1 + 1/k) = f · (elapsed + left / X)
-    elapsed, k = 400.0, 5
+    elapsed, k = 800.0, 9
     left = (elapsed * (1 + 1 / k) / C.PROFILE_BUDGET_FRACTION - elapsed) * 1e5
     assert profile_continues(k, designed, elapsed, left, 1e5)
     assert not profile_continues(k, designed, elapsed, left * 0.999, 1e5)
     # never past the design, nor past a finished job's
     assert not profile_continues(designed, designed, 1.0, 1e12, 1.0)
-    assert not profile_continues(6, designed, 100.0, 0.0, 1e5)
+    assert not profile_continues(8, designed, 100.0, 0.0, 1e5)
