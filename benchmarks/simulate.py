@@ -23,7 +23,7 @@ from airflow_dlrover.optimizer.types import InvalidInputError, parse_memory_mb
 
 def run(args: argparse.Namespace) -> None:
     from sim.dlrover_bridge import DLRoverUnavailable
-    from sim.run import by_days, format_table, of_truth, profiling, simulate, write_outputs
+    from sim.run import by_days, format_table, of_truth, per_job_against, profiling, simulate, write_outputs
     from sim.workload import SimConfig
 
     if args.jobs < 1:
@@ -64,6 +64,10 @@ def run(args: argparse.Namespace) -> None:
     if large is not None:
         print(f"\nlarge families ({int((runs[0].jobs['truth'] == 'large').sum())} jobs: hundreds of workers, more than 64 PS at best)")
         print(format_table(*large))
+    against = per_job_against(runs)
+    if against is not None:
+        print("\nper job, JCT over the oracle's (the same job; over jobs both completed, a failed job counted over 2× and 3×)")
+        print(against.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     for policy_run in runs:
         if (profiled := profiling(policy_run.jobs)) is not None:
             print(f"\n{policy_run.name}: profiling of the {profiled['jobs']} profiled jobs of ≥ 1 h, median share "

@@ -128,6 +128,33 @@ def by_days(runs: list[PolicyRun], resamples: int = 400, seed: int = 0) -> dict[
     return out
 
 
+def per_job_against(runs: list[PolicyRun], reference: str = "oracle") -> pd.DataFrame | None:
+    """Each policy's JCT over ``reference``'s, job by job (the same trace), for all jobs and, over
+    several days, the cold and the warm ones: the geometric mean and the median of the ratios
+    over the jobs both completed, the jobs over 2× and 3× (a job the policy failed counts there)
+    and the jobs the policy failed. None without ``reference``."""
+    by_name = {run.name: run.jobs.set_index("job") for run in runs}
+    if reference not in by_name:
+        return None
+    ref = by_name[reference]
+    rows = []
+    for name, jobs in by_name.items():
+        if name == reference:
+            continue
+        jobs = jobs.loc[ref.index]
+        ratio = jobs["jct_s"] / ref["jct_s"]
+        groups = {"all": np.ones(len(jobs), dtype=bool)}
+        if jobs["day"].nunique() > 1:
+            groups |= {"cold": (jobs["day"] == 0).to_numpy(), "warm": (jobs["day"] > 0).to_numpy()}
+        for label, mask in groups.items():
+            r = ratio[mask]
+            finite = r[np.isfinite(r)]
+            rows.append(dict(policy=name, jobs=label, geometric_mean=float(np.exp(np.log(finite).mean())),
+                             median=float(finite.median()), over_2x=int((r > 2).sum()), over_3x=int((r > 3).sum()),
+                             failed=int((~np.isfinite(jobs["jct_s"][mask])).sum())))
+    return pd.DataFrame(rows)
+
+
 def of_truth(runs: list[PolicyRun], truth: str, resamples: int = 400, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     """(summary, intervals) over the jobs of one truth family (the ``truth`` column, e.g. ``large``),
     ending with its ``bound`` row; None when the trace has none."""
