@@ -8,9 +8,8 @@ design rows X(θ₀)·f(x)), at the guess θ₀ = the prior model when there is 
 fewest cores wins. A cold start takes max(``MIN_PROBES_COLD``, #parameters to identify +
 ``PROBES_BEYOND_PARAMETERS``) probes, of which the profile measures those that identify the
 parameters and then, the most informative first, those that fit in its share of the job's run time
-(:func:`profile_continues`); a warm start (a prior
-throughput *and* memory model) ``MIN_PROBES_WARM``, none: the prior plans and the fine-tune
-re-scales it.
+(:func:`profile_continues`); a warm start (a prior throughput *and* memory model)
+``MIN_PROBES_WARM``, none: the prior plans and the fine-tune re-scales it.
 
 An all-reduce job (``allreduce``: no PS) is probed on p = 0 only: w from ``PROBE_WORKERS``, λw from
 ``PROBE_CPU``, ``ps_cpu`` and ``ps_memory_mb`` 0, the D-optimal choice over its own terms (the PS

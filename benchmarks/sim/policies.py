@@ -15,8 +15,9 @@
              DLRover 0.6.1 has no straggler handling for PS jobs.
 ``ours``     the product's loop, as the DAG runs it: probes (``design_probes``, given the size of the
              tables the job starts from, as the DAG gives the layout's: a cold start's; a
-             warm start, from the family's earlier runs in this simulation, has none) whose time
-             and samples are the job's, ``fit_job_model`` (the fit task), ``controller.initial_plan`` (the launch task,
+             warm start, from the family's earlier runs in this simulation, has none) in the
+             design's order, as far as the profile's budget goes (``probes.profile_continues``,
+             as the profile task), whose time and samples are the job's, ``fit_job_model`` (the fit task), ``controller.initial_plan`` (the launch task,
              under the job's quota), then every period ``controller.step`` on what the period
              measured — its windows, every node's status, the per-node usage — and the actions it
              returns, applied as the cluster can; an OOM kill is a failed node's observation, the
@@ -56,7 +57,9 @@ from airflow_dlrover.optimizer.controller import (
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
 from airflow_dlrover.optimizer.planner import Configurations, configurations, knee, pareto_front, search_range
 from airflow_dlrover.optimizer.probes import design_probes, profile_continues
-from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError, NodeState, NodeStatus, Plan, Quota, Reason
+from airflow_dlrover.optimizer.types import (
+    CONFIG_COLUMNS, Configuration, InvalidInputError, NodeState, NodeStatus, Plan, Quota, Reason,
+)
 from sim.cluster import (
     CheckPlan,
     JobRun,
