@@ -66,7 +66,8 @@ def run(args: argparse.Namespace) -> None:
         print(format_table(*large))
     against = per_job_against(runs)
     if against is not None:
-        print("\nper job, JCT over the oracle's (the same job; over jobs both completed, a failed job counted over 2× and 3×)")
+        print("\nper job, JCT over the oracle's (the same job; over jobs both completed, "
+              "a failed job counted over 2× and 3×)")
         print(against.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     for policy_run in runs:
         if (profiled := profiling(policy_run.jobs)) is not None:

@@ -17,9 +17,9 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
     The job is profiled on itself, through the launcher: it starts on the first probe and is
     resized through the others, each measured for a bounded window (``launchers.profiling``), and
     the samples it trains meanwhile count. It measures the probes that identify the model, and the
-    rest as far as ``PROFILE_BUDGET_FRACTION`` of the job's run time allows. That holds for our runtime and for a trainer of the
-    user's (``job_args.trainer``, ``docs/trainers.md``), whose probes are all-reduce ones
-    (``ps = 0``) when it is an ``allreduce`` trainer.
+    rest as far as ``PROFILE_BUDGET_FRACTION`` of the job's run time allows. That holds for our
+    runtime and for a trainer of the user's (``job_args.trainer``, ``docs/trainers.md``), whose
+    probes are all-reduce ones (``ps = 0``) when it is an ``allreduce`` trainer.
 
     :param job_args: the job: samples, data (``synthetic``, or a Parquet/CSV/TSV dataset: a file, folder,
         glob or fsspec URL), layout, model, export, eval_fraction, eval_files, max_bad_rows, table_size,
