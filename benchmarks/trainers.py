@@ -67,7 +67,7 @@ def measure(example: str, quota: Quota, window_s: float, out: Path, reports: str
     job = spec(example, f"{example.replace('_', '-')}-profile", samples * 100, reports)  # never finishes while profiling
     started = time.monotonic()
     try:
-        table = profile_job(launcher, job, probes, window_s=window_s)
+        table = profile_job(launcher, job, probes, quota, window_s=window_s)
         restarts = [e["restart_s"] for e in launcher.read_job(job.job_id)["events"] if e.get("event") == "restart"]
         charged = launcher.restart_cost_s(job.job_id)
     finally:

@@ -25,8 +25,8 @@ import pandas as pd
 
 from airflow_dlrover.launchers.watch import JobMeter, all_running
 from airflow_dlrover.optimizer import constants as C
-from airflow_dlrover.optimizer.probes import probes_always_measured, profile_continues
-from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError
+from airflow_dlrover.optimizer.probes import probe_sized, probes_always_measured, profile_continues
+from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError, Quota
 from airflow_dlrover.runtime.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -57,23 +57,30 @@ def visiting_order(probes: pd.DataFrame) -> list[Configuration]:
     return head + [Configuration(**row) for row in tail]
 
 
-def profile_job(launcher: Any, spec: JobSpec, probes: pd.DataFrame, window_s: float = C.PROBE_WINDOW_S) -> pd.DataFrame:
+def profile_job(launcher: Any, spec: JobSpec, probes: pd.DataFrame, quota: Quota,
+                window_s: float = C.PROBE_WINDOW_S) -> pd.DataFrame:
     """Launch (or adopt) the job and measure it on the design's probes (``probes``, in the
     design's order) in :func:`visiting_order`, while ``probes.profile_continues`` keeps the profile
-    within its share of the job's run time; returns the sample table with ``probe_s`` (seconds the
-    probe took, resize included)."""
+    within its share of the job's run time, each probe's memory raised to what the job used on
+    the probes before it (``probes.probe_sized``; one that then passes ``quota`` is skipped);
+    returns the sample table with ``probe_s`` (seconds the probe took, resize included)."""
     rows: list[dict[str, Any]] = []
     order = visiting_order(probes)
     started = time.monotonic()
-    for index, config in enumerate(order):
+    for index, designed in enumerate(order):
         if index and not _budget_allows(rows, index, len(order), time.monotonic() - started, spec.samples):
             log.info("the profile ends after %d of %d probes: one more would pass %.0f %% of the job's run time",
                      index, len(order), 100 * C.PROFILE_BUDGET_FRACTION)
             break
+        config = probe_sized(designed, pd.DataFrame(rows), quota)
+        if config is None:
+            log.warning("probe %s skipped: with the memory the job's nodes used, it passes the quota %s",
+                        designed.describe(), quota)
+            continue
         if index == 0:
             launcher.launch(spec, config)
         try:
-            row = measure_probe(launcher, spec.job_id, config, window_s)
+            row = measure_probe(launcher, spec.job_id, config, window_s, quota)
         except JobFinished:
             log.info("the job finished while profiling: %d of %d probes measured", index, len(order))
             break
@@ -98,14 +105,16 @@ class JobFinished(Exception):
     """The job trained its last sample before a probe could be measured."""
 
 
-def measure_probe(launcher: Any, job_id: str, config: Configuration, window_s: float) -> dict[str, Any] | None:
+def measure_probe(launcher: Any, job_id: str, config: Configuration, window_s: float,
+                  quota: Quota) -> dict[str, Any] | None:
     """Resize the running job to ``config`` (when it is not on it), wait until every worker reported
     on it, and measure it for ``window_s``: a sample row with ``probe_s`` (seconds, resize
-    included); None when it was not measured cleanly. Raises :class:`JobFinished`."""
+    included); None when it was not measured cleanly. Raises :class:`JobFinished`. ``quota`` bounds
+    the memory a node killed for it is relaunched with."""
     started = time.monotonic()
     if Configuration(**launcher.read_job(job_id)["config"]) != config:
         launcher.resize(job_id, config)
-    if not _settle(launcher, job_id, time.time()):
+    if not _settle(launcher, job_id, time.time(), quota):
         raise JobFinished(job_id)
     meter = JobMeter(launcher, job_id)
     status = {"state": "training"}
@@ -127,7 +136,7 @@ def _window_reported(meter: JobMeter, window_s: float) -> bool:
     return meter.elapsed_s >= C.PROBE_WINDOW_REPORT_FACTOR * window_s or meter.reported()
 
 
-def _settle(launcher: Any, job_id: str, since: float) -> bool:
+def _settle(launcher: Any, job_id: str, since: float, quota: Quota) -> bool:
     """Wait until every active worker reported ``PROBE_REPORT_AFTER_S`` after ``since``;
     False when the job is done."""
     trainer = launcher.trainer(job_id)
@@ -143,7 +152,7 @@ def _settle(launcher: Any, job_id: str, since: float) -> bool:
             raise InvalidInputError("trainer" if trainer else "job", broken.name, "a job that keeps the contract "
                                     "(docs/trainers.md)", broken.reason)
         if any(s.failed for s in nodes):  # a probe too small for the job (an OOM kill): recovered as the guard does
-            for record in launcher.recover(job_id):
+            for record in launcher.recover(job_id, quota):
                 log.warning("while profiling: %s", record.get("text") or record)
             since = time.time()
             continue

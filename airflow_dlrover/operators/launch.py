@@ -67,7 +67,7 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
             chosen = initial_plan(model, quota, objective, samples=spec.samples, deadline_s=deadline_s,
                                   batch_size=spec.batch_size)
         if not self.plan_only and start_on is None:
-            chosen = self.check_plan(run, spec, chosen, lambda m: initial_plan(
+            chosen = self.check_plan(run, spec, chosen, quota, lambda m: initial_plan(
                 m, quota, objective, samples=spec.samples, deadline_s=deadline_s, batch_size=spec.batch_size))
         with user_errors():
             check_fault_nodes(faults, start_on or chosen.config)
@@ -99,7 +99,7 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
                                         "resize": resize, "config": target.to_row()})
         return {**summary, "adopted": adopted, "launched_on": target.to_row()}
 
-    def check_plan(self, run: int, spec: Any, chosen: Any, replan: Any) -> Any:
+    def check_plan(self, run: int, spec: Any, chosen: Any, quota: Any, replan: Any) -> Any:
         """Measure the plan (``PLAN_CHECK_WINDOWS`` probe windows) on the job that profiled (a cold
         start: it runs) where ``controller.plan_needs_check`` says so, add the window to the
         profile, refit and plan again; at most ``PLAN_CHECK_PROBES`` times, each recorded as a
@@ -119,7 +119,7 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
                 return chosen
             try:
                 trained_before = self.launcher.progress(spec.job_id)["samples_done"]
-                row = measure_probe(self.launcher, spec.job_id, chosen.config, window_s)
+                row = measure_probe(self.launcher, spec.job_id, chosen.config, window_s, quota)
             except JobFinished:
                 return chosen
             if row is None:

@@ -66,7 +66,7 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
             return {**summary, "throughput_min": None, "throughput_max": None}
         started = time.monotonic()
         with user_errors():  # a trainer that breaks its contract
-            table = profile_job(self.launcher, spec, probes, window_s=window_s)
+            table = profile_job(self.launcher, spec, probes, quota, window_s=window_s)
         profile_s = time.monotonic() - started
         self.history.clear_samples(run, "profile")  # a retry profiles again: keep one table
         self.history.add_samples(run, table, stage="profile")

@@ -596,10 +596,12 @@ def _memory_refit_due(state: ControllerState) -> bool:
 
 
 def refit_memory(state: ControllerState) -> JobModel:
-    """The current model with its memory refitted alone on ``memory_refit_table`` (unchanged when
+    """The current model with its memory refitted alone on ``memory_refit_table``, its PS base the
+    current model's (else the prior's) where the windows' PS count never varies (unchanged when
     those samples cannot be fitted)."""
     try:
-        memory = fit_memory(memory_refit_table(state), **_layout_bounds(state))
+        memory = fit_memory(memory_refit_table(state), base_from=state.model.memory or (
+            state.prior.memory if state.prior else None), **_layout_bounds(state))
         return replace(state.model, memory=memory)
     except InvalidInputError:
         return state.model

@@ -68,12 +68,12 @@ def fit_job_model(samples: pd.DataFrame, prior: JobModel | None = None, *, table
                   **kwargs: Any) -> JobModel:
     """Fit throughput (warm-started from ``prior``) and, when memory was measured, memory (its
     tables bounded by ``table_capacity_mb``, the job's layout, when given, whose largest table is
-    ``largest_table_mb``) on ``memory_samples``
-    (default: ``samples``)."""
+    ``largest_table_mb``) on ``memory_samples`` (default: ``samples``), the PS base the prior's
+    where the PS count never varies (``memory.fit_memory``'s ``base_from``)."""
     table = validate_samples(samples)
     throughput = fit_throughput(table, prior.throughput if prior else None, validated=True, **kwargs)
     memory_table = table if memory_samples is None else validate_samples(memory_samples)
     memory = (fit_memory(memory_table, validated=True, table_capacity_mb=table_capacity_mb,
-                         largest_table_mb=largest_table_mb)
+                         largest_table_mb=largest_table_mb, base_from=prior.memory if prior else None)
               if has_memory_usage(memory_table) else (prior.memory if prior else None))
     return JobModel(throughput, memory)

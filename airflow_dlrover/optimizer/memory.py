@@ -200,13 +200,15 @@ def has_memory_usage(table: pd.DataFrame) -> bool:
 
 
 def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity_mb: float | None = None,
-               largest_table_mb: float | None = None) -> MemoryModel:
+               largest_table_mb: float | None = None, base_from: MemoryModel | None = None) -> MemoryModel:
     """Fit the memory model from a sample table with ``ps_memory_used_mb`` (PS jobs) and
     ``worker_memory_used_mb`` (per-node means; rows with empty usage are ignored) and, when
     present, ``samples_seen`` (samples trained when the window was measured): the line by NNLS,
     the curve where the samples show the growth slowing (see the module docstring).
     ``validated``: ``samples`` is what :func:`validate_samples` returned (not checked again);
-    ``table_capacity_mb``: the layout's bound on the tables; ``largest_table_mb``: its largest table's."""
+    ``table_capacity_mb``: the layout's bound on the tables; ``largest_table_mb``: its largest table's;
+    ``base_from``: an earlier model of the job whose PS base is kept where the samples' PS count
+    never varies (:func:`_split_at_base`)."""
     table = samples if validated else validate_samples(samples)
     allreduce = is_allreduce(table)
     for column in memory_columns(allreduce):
@@ -231,6 +233,9 @@ def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity
     start = None if "table_mb" in pinned else "table_mb"
     ps, asymptote, why = _fit_curve({"ps_base_mb": np.ones_like(inverse_ps)}, inverse_ps, seen, used, ps, start,
                                     table_capacity_mb)
+    if "table_mb" in pinned and base_from is not None and not base_from.allreduce and "table_mb" not in base_from.pinned:
+        ps, asymptote, pinned = _split_at_base(ps, asymptote, pinned, float(ps_rows["ps"].iloc[0]), base_from,
+                                               table_capacity_mb)
     worker_rows = table[table["worker_memory_used_mb"].notna()]
     batch = worker_rows["batch_size"].to_numpy(float)
     worker, pinned_w = _nnls_fit(
@@ -243,6 +248,24 @@ def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity
         ps["growth"], _growth_pinned(pinned, why) | pinned_w, table_capacity_mb, asymptote, _most(seen),
         largest_table_mb,
     )
+
+
+def _split_at_base(ps: dict[str, float], asymptote: float | None, pinned: dict[str, str], count: float,
+                   base_from: MemoryModel, capacity: float | None,
+                   ) -> tuple[dict[str, float], float | None, dict[str, str]]:
+    """A PS fit on one PS count p cannot tell the process's base from its share of the tables: its
+    base b' = b + T₀/p. The process's base b does not change with the data; so keep the earlier
+    model's (``base_from``, fitted over several PS counts), at most b', and T₀ = (b' − b)·p — the
+    tables then divide over another PS count (as DLRover-RM §5 sizes a PS by its share of the
+    rows). The fitted asymptote, relative to T₀ = 0, moves up by T₀ (at most the capacity).
+    Without this a warm run's refit took a PS's memory at 34 PS for one at 9 (the simulation's
+    next day's PS were killed for memory twice and the job failed)."""
+    base = min(float(base_from.ps_base_mb), ps["ps_base_mb"])
+    tables = (ps["ps_base_mb"] - base) * count
+    if asymptote is not None:
+        asymptote = asymptote + tables if capacity is None else min(asymptote + tables, max(capacity, tables))
+    kept = {k: v for k, v in pinned.items() if k != "table_mb"}
+    return ps | {"ps_base_mb": base, "table_mb": tables}, asymptote, kept
 
 
 def _samples_seen(rows: pd.DataFrame) -> np.ndarray:

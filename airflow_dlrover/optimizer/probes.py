@@ -26,7 +26,7 @@ import pandas as pd
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel, memory_request_mb
 from airflow_dlrover.optimizer.model import PARAMETERS, ThroughputModel, features
-from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, InvalidInputError, Quota, check_kind
+from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError, Quota, check_kind
 
 #: θ₀ for a cold-start design: only its rough proportions matter (which term dominates where).
 #: From a fit of our queueing simulation of a small CPU DLRM (benchmarks/accuracy.py). The
@@ -55,8 +55,9 @@ def design_probes(
 
     ``allreduce``: probe an all-reduce job (p = 0 only) rather than a PS job; None: the prior's
     kind, else a PS job. Memory per node comes from ``memory`` (a prior memory model) when given,
-    else an equal share of ``PROBE_QUOTA_FRACTION`` of the quota's memory over the largest probe's
-    nodes — and a PS never less than what its share of the layout's tables needs (``table_mb``:
+    else an equal share of ``PROBE_QUOTA_FRACTION`` of the quota's memory over the probe's own
+    nodes (the probes run one at a time; :func:`probe_sized` raises a later probe's nodes to what
+    the earlier ones used) — and a PS never less than what its share of the layout's tables needs (``table_mb``:
     every row touched, ``FeatureLayout.table_mb``), with room for a second copy of its share of
     the largest (``largest_table_mb``; None: of them all), as ``MemoryModel.ps_request_mb``; an
     all-reduce worker, which holds every table, never less than
@@ -116,15 +117,14 @@ def design_probes(
         table["worker_memory_mb"] = float(memory.worker_request_mb(batch_size))
         table["ps_memory_mb"] = memory.ps_request_mb(table["ps"].to_numpy())
     else:
-        most_nodes = int((table["workers"] + table["ps"]).max())  # an all-reduce job's: its workers
-        share = quota.memory_mb * C.PROBE_QUOTA_FRACTION / most_nodes
-        share = max(float(np.floor(share / C.MEMORY_GRANULARITY_MB) * C.MEMORY_GRANULARITY_MB),
-                    float(C.NODE_MIN_MEMORY_MB))
+        nodes = (table["workers"] + table["ps"]).to_numpy(float)  # an all-reduce job's: its workers
+        share = np.maximum(np.floor(quota.memory_mb * C.PROBE_QUOTA_FRACTION / nodes / C.MEMORY_GRANULARITY_MB)
+                           * C.MEMORY_GRANULARITY_MB, float(C.NODE_MIN_MEMORY_MB))
         table["worker_memory_mb"] = share
         table["ps_memory_mb"] = 0.0 if allreduce else share
         if table_mb:
             if allreduce:
-                table["worker_memory_mb"] = max(share, float(memory_request_mb(C.PS_PROCESS_BASE_MB + table_mb)))
+                table["worker_memory_mb"] = np.maximum(share, float(memory_request_mb(C.PS_PROCESS_BASE_MB + table_mb)))
                 where = "on every worker"
             else:
                 tables = table_mb / table["ps"].to_numpy(float)
@@ -172,3 +172,28 @@ def profile_continues(measured: int, designed: int, elapsed_s: float, samples_le
         return True
     run_s = elapsed_s + max(samples_left, 0.0) / best_throughput
     return elapsed_s * (1.0 + 1.0 / measured) <= C.PROFILE_BUDGET_FRACTION * run_s
+
+
+def probe_sized(probe: Configuration, measured: pd.DataFrame, quota: Quota) -> Configuration | None:
+    """``probe`` with each node's memory at least what the job's nodes of its role used on the
+    probes measured before it, with every request's margin (``memory.memory_request_mb`` of the
+    peak: the VPA rule, peak + margin): a worker's after any probe (a PS job's worker holds the
+    dense model and a batch, whatever the shape), a PS's after the probes with as many PS (its
+    share of the tables depends on their count; a probe with another count restarts its PS on the
+    design's share of the layout's tables). None when, so sized, it passes the quota's memory.
+
+    The design's per-node share is a guess made before anything ran: without this, a probe with
+    more nodes than the one before shrinks a running node below what it uses — an OOM kill and a
+    lost window (~60 % of the simulation's cold profiles lost one to a worker sized ~2 GB that
+    needed 2.2–2.9 GB)."""
+    row = probe.to_row()
+    if len(measured):
+        worker_peak = measured["worker_memory_used_mb"].max() if "worker_memory_used_mb" in measured else np.nan
+        if np.isfinite(worker_peak):
+            row["worker_memory_mb"] = max(row["worker_memory_mb"], float(memory_request_mb(worker_peak)))
+        if probe.ps and "ps_memory_used_mb" in measured:
+            ps_peak = measured.loc[measured["ps"] == probe.ps, "ps_memory_used_mb"].max()
+            if np.isfinite(ps_peak):
+                row["ps_memory_mb"] = max(row["ps_memory_mb"], float(memory_request_mb(ps_peak)))
+    sized = Configuration(**row)
+    return sized if sized.memory_mb <= quota.memory_mb else None

@@ -197,10 +197,10 @@ class Policy:
     def after_profile(self, job: JobRun, samples: list[dict]) -> Configuration | CheckPlan:  # pragma: no cover
         raise NotImplementedError
 
-    def profile_continues(self, job: JobRun) -> bool:
-        """Whether the job measures its next probe (``job.probes[job.probe_index]``) or ends its
-        profile now (``after_profile`` is asked)."""
-        return True
+    def next_probe(self, job: JobRun) -> Configuration | None:
+        """The probe the job measures next (``job.probes[job.probe_index]``, as the policy sizes
+        it), or None: the profile ends now (``after_profile`` is asked)."""
+        return job.probes[job.probe_index]
 
     def check(self, job: JobRun, obs: Observation) -> list:
         return []
@@ -551,8 +551,14 @@ class Cluster:
             ))
         job.probe_index += 1
         job.oom_streak = 0
-        if job.probe_index < len(job.probes) and not self.policy.profile_continues(job):
-            del job.probes[job.probe_index:]
+        if job.probe_index < len(job.probes):
+            probe = self.policy.next_probe(job)
+            if probe is None:
+                del job.probes[job.probe_index:]
+            else:
+                job.probes[job.probe_index] = probe
+                self._check_quota(job, probe.cores, probe.memory_mb)
+                self._reserve_for_probes(job)
         if job.probe_index < len(job.probes):
             self._begin_probe(job)
             self._schedule(job)
@@ -577,6 +583,15 @@ class Cluster:
         job.config = None
         self._enqueue(job, ("profile" if checking else "run", config))
         self._dispatch()
+
+    def _reserve_for_probes(self, job: JobRun) -> None:
+        """Grow a profiling job's reservation to its largest probe's memory (if the cluster has
+        room), as ``_arrive`` made it."""
+        need = min(max(c.memory_mb for c in job.probes), job.limit.memory_mb, self.capacity.memory_mb)
+        if need > job.config.memory_mb:
+            grown = {"worker_memory_mb": need} if job.config.ps == 0 else {"worker_memory_mb": need / 2,
+                                                                          "ps_memory_mb": need / 2}
+            self._try_config(job, Configuration(**{**probe_row(job.config), **grown}), cost_s=0.0)
 
     def _lose_since_checkpoint(self, job: JobRun) -> None:
         lost = min(job.since_checkpoint, job.samples_done)
@@ -612,11 +627,7 @@ class Cluster:
 
             job.state["probe"] = bigger(job.state["probe"])
             job.probes = [bigger(p) for p in job.probes]
-            need = min(max(c.memory_mb for c in job.probes), job.limit.memory_mb, self.capacity.memory_mb)
-            if need > job.config.memory_mb:  # grow the reservation (if the cluster has room), as start() made it
-                grown = {"worker_memory_mb": need} if job.config.ps == 0 else {"worker_memory_mb": need / 2,
-                                                                              "ps_memory_mb": need / 2}
-                self._try_config(job, Configuration(**{**probe_row(job.config), **grown}), cost_s=0.0)
+            self._reserve_for_probes(job)
             job.pause_until = self.now + self.cfg.launch_s / 2
             job.stage_end = job.pause_until + self.cfg.probe_s
             self._schedule(job)

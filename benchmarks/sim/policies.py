@@ -57,7 +57,7 @@ from airflow_dlrover.optimizer.controller import (
 )
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
 from airflow_dlrover.optimizer.planner import Configurations, configurations, knee, pareto_front, search_range
-from airflow_dlrover.optimizer.probes import design_probes, profile_continues
+from airflow_dlrover.optimizer.probes import design_probes, probe_sized, profile_continues
 from airflow_dlrover.optimizer.types import (
     CONFIG_COLUMNS, Configuration, InvalidInputError, NodeState, NodeStatus, Plan, Quota, Reason,
 )
@@ -198,11 +198,20 @@ class OursPolicy(Policy):
             return Start(config=self._plan(job, prior, job.spec.samples).config)
         return Start(probes=[Configuration(**row) for row in probes.to_dict("records")])
 
-    def profile_continues(self, job: JobRun) -> bool:
-        """The profile task's budget (``probes.profile_continues``) over the probes measured so far."""
+    def next_probe(self, job: JobRun) -> Configuration | None:
+        """As the profile task: the budget (``probes.profile_continues``) over the probes measured
+        so far, then the next probe sized to what they used (``probes.probe_sized``; one that no
+        longer fits the quota is skipped)."""
         rows = pd.DataFrame(job.probe_rows)
         best = float(rows.groupby(list(CONFIG_COLUMNS), sort=False)["throughput"].median().max())
-        return profile_continues(job.probe_index, len(job.probes), job.profile_s, job.remaining, best)
+        if not profile_continues(job.probe_index, len(job.probes), job.profile_s, job.remaining, best):
+            return None
+        while job.probe_index < len(job.probes):
+            sized = probe_sized(job.probes[job.probe_index], rows, job.limit)
+            if sized is not None:
+                return sized
+            del job.probes[job.probe_index]
+        return None
 
     def after_profile(self, job: JobRun, samples: list[dict]) -> Configuration | CheckPlan:
         """The fit task's model and the launch task's plan, checked as the launch task checks it

@@ -205,10 +205,11 @@ def test_an_oom_killed_worker_relaunches_the_group_with_more_memory_once(server,
 
 def test_probes_run_as_pods_and_are_measured_from_the_reports_and_the_metrics_api(server, cluster):
     launcher, kubelet, trainer, v1 = cluster
-    probes = design_probes(Quota(cpu=4, memory_mb=8192), batch_size=256, allreduce=True).head(3)
+    quota = Quota(cpu=4, memory_mb=8192)
+    probes = design_probes(quota, batch_size=256, allreduce=True).head(3)
     mark = len(list(server.emulator))
     try:
-        table = profile_job(launcher, spec(), probes, window_s=1.0)
+        table = profile_job(launcher, spec(), probes, quota, window_s=1.0)
     finally:
         launcher.stop(JOB)
     assert len(table) == 3 and (table.ps == 0).all()

@@ -153,6 +153,24 @@ def test_a_fit_on_a_saturating_curve_recovers_its_asymptote_below_the_capacity(c
     assert model.ps_peak_mb(4, 1e8) < line.ps_peak_mb(4, 1e8) - 1000
 
 
+@pytest.mark.parametrize("capacity", [20_000.0, None])
+def test_a_run_on_one_ps_count_keeps_the_earlier_base_and_divides_its_tables_over_another_count(capacity):
+    profile = fit_memory(saturating_samples(np.linspace(0, 3e6, 27)), table_capacity_mb=capacity)
+    run = saturating_samples(np.linspace(3e6, 2.4e7, 27))
+    run["ps"] = 8  # a warm run's windows: one PS count
+    run["ps_memory_used_mb"] = 400.0 + saturating(run["samples_seen"].to_numpy()) / 8
+    alone = fit_memory(run, table_capacity_mb=capacity)
+    assert alone.table_mb == 0 and "ps never varies" in alone.pinned["table_mb"]
+    refit = fit_memory(run, table_capacity_mb=capacity, base_from=profile)
+    assert "table_mb" not in refit.pinned and refit.ps_base_mb == pytest.approx(400, abs=1)
+    for ps in (2, 8, 32):  # the truth at 3·10⁷ samples, at the count run and at others
+        truth = 400.0 + saturating(np.array([3e7]))[0] / ps
+        assert refit.ps_peak_mb(ps, 3e7) == pytest.approx(truth, rel=0.02)
+    assert alone.ps_peak_mb(2, 3e7) < 0.5 * (400.0 + saturating(np.array([3e7]))[0] / 2)  # 8 PS's share for 2
+    # an earlier model that could not tell its base either gives nothing to keep
+    assert fit_memory(run, table_capacity_mb=capacity, base_from=alone).pinned["table_mb"] == alone.pinned["table_mb"]
+
+
 def test_a_noisy_saturating_curve_is_recovered_and_a_noisy_line_stays_a_line():
     seen = np.repeat(np.linspace(0, 3e6, 9), 3)
     model = fit_memory(saturating_samples(seen, noise=5.0, seed=1), table_capacity_mb=20_000.0)

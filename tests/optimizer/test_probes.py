@@ -3,8 +3,8 @@ import pytest
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel
 from airflow_dlrover.optimizer.model import ALLREDUCE_TERMS, fit_throughput
-from airflow_dlrover.optimizer.probes import design_probes, probes_always_measured, profile_continues
-from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, InvalidInputError, Quota
+from airflow_dlrover.optimizer.probes import design_probes, probe_sized, probes_always_measured, profile_continues
+from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError, Quota
 from synthetic import TRUE_THETA, model_samples
 
 
@@ -67,7 +67,10 @@ def test_cold_probes_give_each_ps_its_share_of_the_layouts_tables():
     plain = design_probes(quota)
     big = design_probes(quota, table_mb=6000.0)  # 26 tables of 1M rows, dim 16, partly
     need = (C.PS_PROCESS_BASE_MB + 6000.0 / big["ps"]) * (1 + C.MEMORY_MARGIN_FRACTION)
-    assert (big["ps_memory_mb"] >= need).all() and (big["ps_memory_mb"] >= plain["ps_memory_mb"].max()).all()
+    shape = ["workers", "ps", "worker_cpu", "ps_cpu"]
+    both = big.merge(plain, on=shape, suffixes=("", "_plain"))
+    assert len(both) == len(big) and (big["ps_memory_mb"] >= need).all()
+    assert (both["ps_memory_mb"] >= both["ps_memory_mb_plain"]).all()
     assert (big["workers"] * big["worker_memory_mb"] + big["ps"] * big["ps_memory_mb"] <= quota.memory_mb).all()
     with pytest.raises(InvalidInputError) as err:
         design_probes(Quota(cpu=8, memory_mb=4096), table_mb=6000.0)
@@ -94,8 +97,8 @@ def test_allreduce_probes_have_no_ps_and_identify_the_ring(cpu):
     assert len(probes) == 5 + C.PROBES_BEYOND_PARAMETERS  # overhead, worker_compute, the ring's two, io
     assert not probes.duplicated().any() and probes.workers.nunique() >= 3 and probes.worker_cpu.nunique() >= 2
     assert (probes.workers * probes.worker_cpu <= max(cpu * C.PROBE_QUOTA_FRACTION, 2)).all()
-    # Memory is shared over the workers alone (no PS takes a share).
-    assert (probes.worker_memory_mb == quota.memory_mb * C.PROBE_QUOTA_FRACTION / probes.workers.max()).all()
+    # Each probe's memory is shared over its workers alone (no PS takes a share).
+    assert (probes.worker_memory_mb == quota.memory_mb * C.PROBE_QUOTA_FRACTION / probes.workers).all()
     configs = list(probes[["workers", "ps", "worker_cpu", "ps_cpu"]].itertuples(index=False, name=None))
     model = fit_throughput(model_samples(ALLREDUCE_THETA, configs), sharpness=1.0, leave_one_out=False)
     assert model.allreduce and {"allreduce", "allreduce_latency", "worker_compute", "overhead"} <= set(model.identified)
@@ -154,3 +157,39 @@ def test_the_profile_budget_ends_a_short_jobs_profile_early_and_lets_a_long_one_
     # never past the design, nor past a finished job's
     assert not profile_continues(designed, designed, 1.0, 1e12, 1.0)
     assert not profile_continues(8, designed, 100.0, 0.0, 1e5)
+
+
+def test_each_probe_shares_the_probe_memory_over_its_own_nodes():
+    quota = Quota(cpu=64, memory_mb=65_536)
+    probes = design_probes(quota)
+    nodes = probes.workers + probes.ps
+    assert probes.workers.nunique() >= 2
+    assert (probes.worker_memory_mb == probes.ps_memory_mb).all()
+    assert (probes.worker_memory_mb * nodes <= quota.memory_mb * C.PROBE_QUOTA_FRACTION).all()
+    assert (probes.worker_memory_mb * nodes > quota.memory_mb * C.PROBE_QUOTA_FRACTION - nodes * C.MEMORY_GRANULARITY_MB).all()
+
+
+def test_a_probe_is_sized_to_what_the_earlier_probes_used():
+    import pandas as pd
+
+    quota = Quota(cpu=16, memory_mb=32_768)
+    probe = Configuration(8, 2, 1.0, 1.0, 1024.0, 1024.0)
+    assert probe_sized(probe, pd.DataFrame(), quota) == probe  # nothing measured yet: the design's
+    measured = pd.DataFrame([
+        dict(Configuration(2, 1, 1.0, 1.0, 4096.0, 4096.0).to_row(), worker_memory_used_mb=1500.0, ps_memory_used_mb=3000.0),
+        dict(Configuration(2, 2, 1.0, 1.0, 2048.0, 2048.0).to_row(), worker_memory_used_mb=1400.0, ps_memory_used_mb=1600.0),
+    ])
+    sized = probe_sized(probe, measured, quota)
+    # the workers' peak on any probe, the PS's on the probes with as many PS; each + its margin
+    assert sized.worker_memory_mb == 1728.0 and sized.ps_memory_mb == 1840.0  # ⌈1.15 · peak / 16⌉ · 16
+    assert sized.to_row() | {"worker_memory_mb": 0, "ps_memory_mb": 0} == probe.to_row() | {
+        "worker_memory_mb": 0, "ps_memory_mb": 0}
+    # never below the design's; a PS count not measured yet keeps the design's PS memory
+    assert probe_sized(Configuration(1, 4, 1.0, 1.0, 2048.0, 1024.0), measured, quota).to_row() == Configuration(
+        1, 4, 1.0, 1.0, 2048.0, 1024.0).to_row()
+    # a job without PS usage (an all-reduce trainer) is sized from its workers alone
+    allreduce = pd.DataFrame([dict(Configuration(2, 0, 1.0, 0.0, 2048.0, 0.0).to_row(), worker_memory_used_mb=3000.0,
+                                   ps_memory_used_mb=float("nan"))])
+    assert probe_sized(Configuration(4, 0, 1.0, 0.0, 1024.0, 0.0), allreduce, quota).worker_memory_mb == 3456.0
+    # a probe that, so sized, passes the quota's memory is not run
+    assert probe_sized(Configuration(16, 0, 1.0, 0.0, 1024.0, 0.0), allreduce, quota) is None
