@@ -182,10 +182,9 @@ def probe_sized(probe: Configuration, measured: pd.DataFrame, quota: Quota) -> C
     share of the tables depends on their count; a probe with another count restarts its PS on the
     design's share of the layout's tables). None when, so sized, it passes the quota's memory.
 
-    The design's per-node share is a guess made before anything ran: without this, a probe with
-    more nodes than the one before shrinks a running node below what it uses — an OOM kill and a
-    lost window (~60 % of the simulation's cold profiles lost one to a worker sized ~2 GB that
-    needed 2.2–2.9 GB)."""
+    The design's per-node share is a guess made before anything ran, smaller on a probe of more
+    nodes: without this, a resize to such a probe shrinks a running node below what it uses — an
+    OOM kill and a relaunch."""
     row = probe.to_row()
     if len(measured):
         worker_peak = measured["worker_memory_used_mb"].max() if "worker_memory_used_mb" in measured else np.nan

@@ -14,6 +14,7 @@ from airflow_dlrover.launchers import make_launcher
 from airflow_dlrover.launchers.contract import TrainerSpec
 from airflow_dlrover.launchers.profiling import profile_job
 from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover.optimizer.memory import memory_request_mb
 from airflow_dlrover.optimizer.probes import design_probes
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, Quota
 from airflow_dlrover.runtime.spec import JobSpec
@@ -205,8 +206,9 @@ def test_an_oom_killed_worker_relaunches_the_group_with_more_memory_once(server,
 
 def test_probes_run_as_pods_and_are_measured_from_the_reports_and_the_metrics_api(server, cluster):
     launcher, kubelet, trainer, v1 = cluster
-    quota = Quota(cpu=4, memory_mb=8192)
+    quota = Quota(cpu=4, memory_mb=4096)
     probes = design_probes(quota, batch_size=256, allreduce=True).head(3)
+    assert list(probes.worker_memory_mb) == [2048, 1024, 256]  # half the quota over each probe's workers
     mark = len(list(server.emulator))
     try:
         table = profile_job(launcher, spec(), probes, quota, window_s=1.0)
@@ -216,7 +218,10 @@ def test_probes_run_as_pods_and_are_measured_from_the_reports_and_the_metrics_ap
     # 1000 samples/s per core and worker, the mean of each window's reports
     assert (abs(table.throughput - 1000 * table.workers * table.worker_cpu) < 1e-6).all()
     assert (abs(table.worker_cpu_used - 0.9 * table.worker_cpu) < 1e-6).all() and (table.worker_memory_used_mb == 300).all()
-    created = [b["metadata"]["name"] for verb, path, _, b in requests_since(server, mark)
-               if verb == "POST" and path == f"/api/v1/namespaces/{NS}/pods"]
-    assert len(created) == int(probes.workers.sum())  # every probe's pods, none on the Airflow worker
+    # the last probe's workers would get 256 MB; the earlier probes measured 300 used: 300 + 64 headroom
+    assert list(table.worker_memory_mb) == [2048, 1024, memory_request_mb(300)] and memory_request_mb(300) == 368
+    posted = [b for verb, path, _, b in requests_since(server, mark)
+              if verb == "POST" and path == f"/api/v1/namespaces/{NS}/pods"]
+    assert len(posted) == int(probes.workers.sum())  # every probe's pods, none on the Airflow worker
+    assert [b["spec"]["containers"][0]["resources"]["limits"]["memory"] for b in posted[-8:]] == ["368Mi"] * 8
     assert pods(v1) == {}
