@@ -67,6 +67,7 @@ def profile_job(launcher: Any, spec: JobSpec, probes: pd.DataFrame, quota: Quota
     rows: list[dict[str, Any]] = []
     order = visiting_order(probes)
     started = time.monotonic()
+    launched = False
     for index, designed in enumerate(order):
         if index and not _budget_allows(rows, index, len(order), time.monotonic() - started, spec.samples):
             log.info("the profile ends after %d of %d probes: one more would pass %.0f %% of the job's run time",
@@ -77,8 +78,9 @@ def profile_job(launcher: Any, spec: JobSpec, probes: pd.DataFrame, quota: Quota
             log.warning("probe %s skipped: with the memory the job's nodes used, it passes the quota %s",
                         designed.describe(), quota)
             continue
-        if index == 0:
+        if not launched:
             launcher.launch(spec, config)
+            launched = True
         try:
             row = measure_probe(launcher, spec.job_id, config, window_s, quota)
         except JobFinished:

@@ -233,7 +233,8 @@ def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity
     start = None if "table_mb" in pinned else "table_mb"
     ps, asymptote, why = _fit_curve({"ps_base_mb": np.ones_like(inverse_ps)}, inverse_ps, seen, used, ps, start,
                                     table_capacity_mb)
-    if "table_mb" in pinned and base_from is not None and not base_from.allreduce and "table_mb" not in base_from.pinned:
+    base_known = base_from is not None and not base_from.allreduce and "table_mb" not in base_from.pinned
+    if "table_mb" in pinned and base_known:
         ps, asymptote, pinned = _split_at_base(ps, asymptote, pinned, float(ps_rows["ps"].iloc[0]), base_from,
                                                table_capacity_mb)
     worker_rows = table[table["worker_memory_used_mb"].notna()]
@@ -258,8 +259,8 @@ def _split_at_base(ps: dict[str, float], asymptote: float | None, pinned: dict[s
     model's (``base_from``, fitted over several PS counts), at most b', and T₀ = (b' − b)·p — the
     tables then divide over another PS count (as DLRover-RM §5 sizes a PS by its share of the
     rows). The fitted asymptote, relative to T₀ = 0, moves up by T₀ (at most the capacity).
-    Without this a warm run's refit took a PS's memory at 34 PS for one at 9 (the simulation's
-    next day's PS were killed for memory twice and the job failed)."""
+    Otherwise a refit on 34 PS sizes each of 9 PS for a 34th of the tables (in the simulation,
+    the next day's PS were killed for memory until the job failed)."""
     base = min(float(base_from.ps_base_mb), ps["ps_base_mb"])
     tables = (ps["ps_base_mb"] - base) * count
     if asymptote is not None:

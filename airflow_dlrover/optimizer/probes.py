@@ -57,9 +57,10 @@ def design_probes(
     kind, else a PS job. Memory per node comes from ``memory`` (a prior memory model) when given,
     else an equal share of ``PROBE_QUOTA_FRACTION`` of the quota's memory over the probe's own
     nodes (the probes run one at a time; :func:`probe_sized` raises a later probe's nodes to what
-    the earlier ones used) — and a PS never less than what its share of the layout's tables needs (``table_mb``:
-    every row touched, ``FeatureLayout.table_mb``), with room for a second copy of its share of
-    the largest (``largest_table_mb``; None: of them all), as ``MemoryModel.ps_request_mb``; an
+    the earlier ones used) — and a PS never less than what its share of the layout's tables needs
+    (``table_mb``: every row touched, ``FeatureLayout.table_mb``), with room for a second copy of
+    its share of the largest (``largest_table_mb``; None: of them all), as
+    ``MemoryModel.ps_request_mb``; an
     all-reduce worker, which holds every table, never less than
     ``memory_request_mb(PS_PROCESS_BASE_MB + table_mb)`` (a worker's process is at least a PS's).
     """

@@ -166,7 +166,8 @@ def test_each_probe_shares_the_probe_memory_over_its_own_nodes():
     assert probes.workers.nunique() >= 2
     assert (probes.worker_memory_mb == probes.ps_memory_mb).all()
     assert (probes.worker_memory_mb * nodes <= quota.memory_mb * C.PROBE_QUOTA_FRACTION).all()
-    assert (probes.worker_memory_mb * nodes > quota.memory_mb * C.PROBE_QUOTA_FRACTION - nodes * C.MEMORY_GRANULARITY_MB).all()
+    half = quota.memory_mb * C.PROBE_QUOTA_FRACTION
+    assert (probes.worker_memory_mb * nodes > half - nodes * C.MEMORY_GRANULARITY_MB).all()
 
 
 def test_a_probe_is_sized_to_what_the_earlier_probes_used():
@@ -176,8 +177,10 @@ def test_a_probe_is_sized_to_what_the_earlier_probes_used():
     probe = Configuration(8, 2, 1.0, 1.0, 1024.0, 1024.0)
     assert probe_sized(probe, pd.DataFrame(), quota) == probe  # nothing measured yet: the design's
     measured = pd.DataFrame([
-        dict(Configuration(2, 1, 1.0, 1.0, 4096.0, 4096.0).to_row(), worker_memory_used_mb=1500.0, ps_memory_used_mb=3000.0),
-        dict(Configuration(2, 2, 1.0, 1.0, 2048.0, 2048.0).to_row(), worker_memory_used_mb=1400.0, ps_memory_used_mb=1600.0),
+        dict(Configuration(2, 1, 1.0, 1.0, 4096.0, 4096.0).to_row(), worker_memory_used_mb=1500.0,
+             ps_memory_used_mb=3000.0),
+        dict(Configuration(2, 2, 1.0, 1.0, 2048.0, 2048.0).to_row(), worker_memory_used_mb=1400.0,
+             ps_memory_used_mb=1600.0),
     ])
     sized = probe_sized(probe, measured, quota)
     # the workers' peak on any probe, the PS's on the probes with as many PS; each + its margin
