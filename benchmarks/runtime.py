@@ -1,6 +1,6 @@
 """Measurements of the training runtime on this machine (run alone: they time real processes).
 
-    python benchmarks/runtime.py grid [--out airflow_dlrover/data/local_grid.csv]
+    python benchmarks/runtime.py grid [--out benchmarks/sim/data/local_grid.csv]
     python benchmarks/runtime.py overhead
     python benchmarks/runtime.py recovery
     python benchmarks/runtime.py memory
@@ -195,14 +195,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("grid")
-    p.add_argument("--out", default="airflow_dlrover/data/local_grid.csv")
+    p.add_argument("--out", default="benchmarks/sim/data/local_grid.csv")
     p.set_defaults(func=cmd_grid)
     p = sub.add_parser("overhead")
     p.add_argument("--repeats", type=int, default=3)
     p.set_defaults(func=cmd_overhead)
     sub.add_parser("recovery").set_defaults(func=cmd_recovery)
     p = sub.add_parser("memory")
-    p.add_argument("--grid", default="airflow_dlrover/data/local_grid.csv")
+    p.add_argument("--grid", default="benchmarks/sim/data/local_grid.csv")
     p.set_defaults(func=cmd_memory)
     args = parser.parse_args()
     args.func(args)
