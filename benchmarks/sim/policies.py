@@ -17,7 +17,8 @@
              tables the job starts from, as the DAG gives the layout's: a cold start's; a
              warm start, from the family's earlier runs in this simulation, has none) in the
              design's order, as far as the profile's budget goes (``probes.profile_continues``,
-             as the profile task), whose time and samples are the job's, ``fit_job_model`` (the
+             as the profile task), each sized to what the earlier ones used
+             (``probes.probe_sized``), whose time and samples are the job's, ``fit_job_model`` (the
              fit task), ``controller.initial_plan`` (the launch task, under the job's quota), then
              every period ``controller.step`` on what the period measured — its windows, every
              node's status, the per-node usage — and the actions it
