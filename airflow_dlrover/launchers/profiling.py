@@ -25,7 +25,7 @@ import pandas as pd
 
 from airflow_dlrover.launchers.watch import JobMeter, all_running
 from airflow_dlrover.optimizer import constants as C
-from airflow_dlrover.optimizer.probes import probe_sized, probes_always_measured, profile_continues
+from airflow_dlrover.optimizer.probes import next_probe, probes_always_measured, profile_continues
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError, Quota
 from airflow_dlrover.runtime.spec import JobSpec
 
@@ -62,25 +62,22 @@ def profile_job(launcher: Any, spec: JobSpec, probes: pd.DataFrame, quota: Quota
     """Launch (or adopt) the job and measure it on the design's probes (``probes``, in the
     design's order) in :func:`visiting_order`, while ``probes.profile_continues`` keeps the profile
     within its share of the job's run time, each probe's memory raised to what the job used on
-    the probes before it (``probes.probe_sized``; one that then passes ``quota`` is skipped);
+    the probes before it (``probes.next_probe``: one that then passes ``quota`` leaves the design);
     returns the sample table with ``probe_s`` (seconds the probe took, resize included)."""
     rows: list[dict[str, Any]] = []
     order = visiting_order(probes)
     started = time.monotonic()
-    launched = False
-    for index, designed in enumerate(order):
+    index = 0
+    while index < len(order):
         if index and not _budget_allows(rows, index, len(order), time.monotonic() - started, spec.samples):
             log.info("the profile ends after %d of %d probes: one more would pass %.0f %% of the job's run time",
                      index, len(order), 100 * C.PROFILE_BUDGET_FRACTION)
             break
-        config = probe_sized(designed, pd.DataFrame(rows), quota)
+        config = next_probe(order, index, pd.DataFrame(rows), quota)
         if config is None:
-            log.warning("probe %s skipped: with the memory the job's nodes used, it passes the quota %s",
-                        designed.describe(), quota)
-            continue
-        if not launched:
+            break
+        if index == 0:
             launcher.launch(spec, config)
-            launched = True
         try:
             row = measure_probe(launcher, spec.job_id, config, window_s, quota)
         except JobFinished:
@@ -89,6 +86,7 @@ def profile_job(launcher: Any, spec: JobSpec, probes: pd.DataFrame, quota: Quota
         if row is not None:
             rows.append(row)
             log.info("probe %d/%d %s: %.0f samples/s", index + 1, len(order), config.describe(), row["throughput"])
+        index += 1
     return pd.DataFrame(rows)
 
 

@@ -19,6 +19,7 @@ features are 0 there and drop out), memory shared over its workers.
 from __future__ import annotations
 
 import itertools
+import logging
 
 import numpy as np
 import pandas as pd
@@ -27,6 +28,8 @@ from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel, memory_request_mb
 from airflow_dlrover.optimizer.model import PARAMETERS, ThroughputModel, features
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError, Quota, check_kind
+
+log = logging.getLogger(__name__)
 
 #: θ₀ for a cold-start design: only its rough proportions matter (which term dominates where).
 #: From a fit of our queueing simulation of a small CPU DLRM (benchmarks/accuracy.py). The
@@ -197,3 +200,17 @@ def probe_sized(probe: Configuration, measured: pd.DataFrame, quota: Quota) -> C
                 row["ps_memory_mb"] = max(row["ps_memory_mb"], float(memory_request_mb(ps_peak)))
     sized = Configuration(**row)
     return sized if sized.memory_mb <= quota.memory_mb else None
+
+
+def next_probe(order: list[Configuration], index: int, measured: pd.DataFrame, quota: Quota) -> Configuration | None:
+    """``order[index]`` as :func:`probe_sized` sizes it after ``measured``; a probe that, so sized,
+    passes the quota leaves ``order`` (it is no longer designed) and the next is taken. None when
+    none is left."""
+    while index < len(order):
+        sized = probe_sized(order[index], measured, quota)
+        if sized is not None:
+            return sized
+        log.warning("probe %s skipped: with the memory the job's nodes used, it passes the quota %s",
+                    order[index].describe(), quota)
+        del order[index]
+    return None

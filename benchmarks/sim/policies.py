@@ -58,7 +58,7 @@ from airflow_dlrover.optimizer.controller import (
 )
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
 from airflow_dlrover.optimizer.planner import Configurations, configurations, knee, pareto_front, search_range
-from airflow_dlrover.optimizer.probes import design_probes, probe_sized, profile_continues
+from airflow_dlrover.optimizer.probes import design_probes, next_probe, profile_continues
 from airflow_dlrover.optimizer.types import (
     CONFIG_COLUMNS, Configuration, InvalidInputError, NodeState, NodeStatus, Plan, Quota, Reason,
 )
@@ -201,18 +201,12 @@ class OursPolicy(Policy):
 
     def next_probe(self, job: JobRun) -> Configuration | None:
         """As the profile task: the budget (``probes.profile_continues``) over the probes measured
-        so far, then the next probe sized to what they used (``probes.probe_sized``; one that no
-        longer fits the quota is skipped)."""
+        so far, then the next probe sized to what they used (``probes.next_probe``)."""
         rows = pd.DataFrame(job.probe_rows)
         best = float(rows.groupby(list(CONFIG_COLUMNS), sort=False)["throughput"].median().max())
         if not profile_continues(job.probe_index, len(job.probes), job.profile_s, job.remaining, best):
             return None
-        while job.probe_index < len(job.probes):
-            sized = probe_sized(job.probes[job.probe_index], rows, job.limit)
-            if sized is not None:
-                return sized
-            del job.probes[job.probe_index]
-        return None
+        return next_probe(job.probes, job.probe_index, rows, job.limit)
 
     def after_profile(self, job: JobRun, samples: list[dict]) -> Configuration | CheckPlan:
         """The fit task's model and the launch task's plan, checked as the launch task checks it

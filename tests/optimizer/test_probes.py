@@ -3,7 +3,9 @@ import pytest
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel
 from airflow_dlrover.optimizer.model import ALLREDUCE_TERMS, fit_throughput
-from airflow_dlrover.optimizer.probes import design_probes, probe_sized, probes_always_measured, profile_continues
+from airflow_dlrover.optimizer.probes import (
+    design_probes, next_probe, probe_sized, probes_always_measured, profile_continues,
+)
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError, Quota
 from synthetic import TRUE_THETA, model_samples
 
@@ -196,3 +198,8 @@ def test_a_probe_is_sized_to_what_the_earlier_probes_used():
     assert probe_sized(Configuration(4, 0, 1.0, 0.0, 1024.0, 0.0), allreduce, quota).worker_memory_mb == 3456.0
     # a probe that, so sized, passes the quota's memory is not run
     assert probe_sized(Configuration(16, 0, 1.0, 0.0, 1024.0, 0.0), allreduce, quota) is None
+    # ... and leaves the design: the next probe is measured in its place
+    order = [Configuration(2, 0, 1.0, 0.0, 2048.0, 0.0), Configuration(16, 0, 1.0, 0.0, 1024.0, 0.0),
+             Configuration(4, 0, 1.0, 0.0, 1024.0, 0.0)]
+    assert next_probe(order, 1, allreduce, quota) == Configuration(4, 0, 1.0, 0.0, 3456.0, 0.0)
+    assert [c.workers for c in order] == [2, 4] and next_probe(order[:1], 1, allreduce, quota) is None
