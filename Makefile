@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export AIRFLOW__CORE__LOAD_EXAMPLES ?= False
 
-.PHONY: demo test bench clean dlrover-venv
+.PHONY: demo test test-fast bench clean dlrover-venv
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,15 +28,25 @@ demo: $(VENV)/.installed
 	$(DEMO_ENV) $(VENV)/bin/dlrover-rm report dlrm_daily_retrain
 	@echo "task logs: $(DEMO_HOME)/dags-test.log; browse it all: $(DEMO_ENV) $(VENV)/bin/airflow standalone"
 
+# The suite's tiers (tests/conftest.py). `make test`, what CI runs: the pure tier on both cores
+# (its tests start no process), then the tiers that run processes, one test at a time (they
+# measure what their jobs use), the slowest 25 printed. `make test-fast`: the pure tier, without
+# PostgreSQL, the check before a commit.
+TIERS_WITH_PROCESSES := --tier jobs --tier dag --tier scheduler --tier browser
+
 test: $(VENV)/.installed .venv-dlrover/bin/python
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --tier unit -n 2 --durations=25
+	$(PY) -m pytest -q $(TIERS_WITH_PROCESSES) --durations=25
+
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q --tier unit -m "not postgres" -n 2 --durations=10
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/fit_plan.py
 	$(PY) benchmarks/accuracy.py
 
 # DLRover 0.6.1 in its own venv (locked by constraints-dlrover.txt), for `python benchmarks/simulate.py
-# --policies ...,dlrover` (issue 7); `make test` builds it so that the real-DLRover tests run.
+# --policies ...,dlrover`; `make test` builds it so that the real-DLRover tests run.
 dlrover-venv: .venv-dlrover/bin/python
 .venv-dlrover/bin/python: constraints-dlrover.txt
 	$(PYTHON) -m venv .venv-dlrover

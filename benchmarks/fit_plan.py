@@ -19,8 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from synthetic import model_samples  # noqa: E402  (the tests' generator: samples from known θ)
+from sim.synthetic import model_samples  # samples from known θ
 
 from airflow_dlrover.optimizer import constants as C  # noqa: E402
 from airflow_dlrover.optimizer.memory import MemoryModel  # noqa: E402

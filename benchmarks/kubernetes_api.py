@@ -1,5 +1,5 @@
 """The Kubernetes launcher's own cost per operation, against the kmock API emulator on loopback
-(the test's kubelet and job master of ``tests/launchers/kmock_server.py``; needs the test extra).
+(the test's kubelet and job master of ``benchmarks/sim/kubernetes_api.py``; needs the test extra).
 
     python benchmarks/kubernetes_api.py [--repeats 5]
 
@@ -21,7 +21,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "launchers"))
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="dlrover-bench-airflow-"))
 
 NS = "bench"
@@ -32,7 +31,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
 
-    from kmock_server import Kubelet, KmockThread, RecordingMaster, kubeconfig
+    from sim.kubernetes_api import Kubelet, KmockThread, RecordingMaster, kubeconfig
     from kubernetes import client
 
     from airflow_dlrover.launchers import make_launcher

@@ -33,8 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA, TRUE_THETA, model_samples  # noqa: E402
+from sim.synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA, TRUE_THETA, model_samples  # noqa: E402
 
 from airflow_dlrover.optimizer import planner  # noqa: E402
 from airflow_dlrover.optimizer.memory import MemoryModel  # noqa: E402

@@ -44,3 +44,92 @@ def killed_worker_run(airflow_db):
 
     bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
     return bag.get_dag("dlrm_daily_retrain").test(run_conf=KILLED_WORKER_CONF)
+
+
+# -- tiers ------------------------------------------------------------------------------------
+
+#: Every test is in one tier: its nearest tier marker (the test's, else its class's, else its
+#: module's ``pytestmark``). ``--tier`` selects by it: ``make test-fast`` runs ``--tier unit``,
+#: ``make test`` (CI) runs every tier. A unit test that tries to start a process fails.
+TIERS = {
+    "unit": "pure: in this process, no child process (the pre-commit tier, `make test-fast`)",
+    "jobs": "real processes: our runtime, a trainer, the launchers, cgroups, a command in a subprocess",
+    "dag": "a whole DAG run with dag.test() on the local launcher (minutes)",
+    "scheduler": "the example DAG under a real scheduler, triggerer and LocalExecutor (minutes)",
+    "browser": "headless Chromium against the UI, beside a DAG run",
+}
+#: What a test needs besides its tier (it skips, saying why, where that is missing).
+NEEDS = {"postgres": "a PostgreSQL server at DLROVER_TEST_POSTGRES_URL (`.ci/run` starts one)"}
+TIER = pytest.StashKey[str]()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--tier", action="append", choices=sorted(TIERS), default=[],
+                     help="run only the tests of this tier (repeatable); default: every tier")
+
+
+def pytest_configure(config):
+    for name, text in {**TIERS, **NEEDS}.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+
+
+def tier_of(item) -> str | None:
+    """The item's nearest tier marker (``iter_markers`` yields the test's own marks first)."""
+    return next((mark.name for mark in item.iter_markers() if mark.name in TIERS), None)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Refuse a test in no tier; keep only the tiers ``--tier`` names."""
+    missing = [item.nodeid for item in items if tier_of(item) is None]
+    if missing:
+        raise pytest.UsageError(f"tests without a tier marker ({', '.join(TIERS)}):\n  " + "\n  ".join(missing))
+    for item in items:
+        item.stash[TIER] = tier_of(item)
+    wanted = set(config.getoption("tier"))
+    if wanted:
+        dropped = [item for item in items if item.stash[TIER] not in wanted]
+        items[:] = [item for item in items if item.stash[TIER] in wanted]
+        config.hook.pytest_deselected(items=dropped)
+
+
+#: The unit tests that tried to start a process, with how (a launcher may catch the refusal).
+_STARTED: dict[str, list[str]] = {}
+
+
+def _refuse_processes(nodeid: str):
+    """Patches that make every way of starting a process (subprocess, multiprocessing, os.fork,
+    posix_spawn) raise and be recorded against the unit test ``nodeid``; returns the undo."""
+    import _posixsubprocess
+    import subprocess
+
+    def refusing(name):
+        def refuse(*args, **kwargs):
+            _STARTED.setdefault(nodeid, []).append(name)
+            raise AssertionError(f"{nodeid} is marked unit but started a process ({name}): mark it jobs")
+        return refuse
+
+    patched = [(_posixsubprocess, "fork_exec"), (subprocess, "_fork_exec"), (os, "fork"), (os, "posix_spawn"),
+               (os, "posix_spawnp")]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in patched]
+    for owner, name in patched:
+        setattr(owner, name, refusing(name))
+    return lambda: [setattr(owner, name, value) for owner, name, value in saved]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    undo = _refuse_processes(item.nodeid) if item.stash.get(TIER, None) == "unit" else None
+    try:
+        yield
+    finally:
+        if undo:
+            undo()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield
+    if item.nodeid in _STARTED:
+        raise AssertionError(f"marked unit but tried to start processes ({', '.join(_STARTED[item.nodeid])}): mark it jobs")
+    return result

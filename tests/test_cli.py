@@ -7,7 +7,9 @@ import pytest
 
 from airflow_dlrover.cli import main
 from airflow_dlrover.optimizer.job_model import JobModel
-from synthetic import model_samples
+from sim.synthetic import model_samples
+
+pytestmark = pytest.mark.jobs
 
 
 @pytest.fixture()

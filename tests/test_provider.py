@@ -6,10 +6,14 @@ from importlib import import_module
 from importlib.metadata import entry_points
 from pathlib import Path
 
+import pytest
+
 import jsonschema
 
 import airflow
 from airflow_dlrover.get_provider_info import get_provider_info
+
+pytestmark = pytest.mark.unit
 
 
 def test_provider_info_validates_against_airflows_schema():
@@ -45,6 +49,7 @@ def test_providers_manager_knows_the_provider_and_connection_type():
     assert hook.hook_class_name == "airflow_dlrover.hooks.dlrover.DLRoverHook"
 
 
+@pytest.mark.jobs
 def test_airflow_cli_lists_the_provider():
     env = dict(os.environ, AIRFLOW__CORE__LOAD_EXAMPLES="False")
     airflow_bin = Path(sys.executable).with_name("airflow")

@@ -12,7 +12,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from airflow_dlrover.optimizer.constants import USER_ERROR_EXIT_CODE
+
+pytestmark = pytest.mark.jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the runtime's modules that train, and so import torch at the top: only the job's workers import them

@@ -1,6 +1,8 @@
-"""Simulators that stand in for a real cluster.
+"""What stands in for a real cluster, shared by the benchmarks and the tests.
 
-:mod:`sim.queueing` is a discrete-event queueing simulation of parameter-server
-DLRM training. It is a different model family from the optimizer's closed-form throughput model, so
-it can serve as a hidden "true" performance function against which the optimizer is checked.
+:mod:`sim.cluster`, :mod:`sim.policies`, :mod:`sim.run`: the cluster simulator and its policies.
+:mod:`sim.truth`, :mod:`sim.queueing`: hidden "true" performance families, of other forms than the
+optimizer's closed-form model, against which the optimizer is judged. :mod:`sim.synthetic`:
+samples of the optimizer's own form with known θ. :mod:`sim.kubernetes_api`: kmock's Kubernetes
+API emulator with a kubelet and a job master, for the Kubernetes launcher.
 """

@@ -15,6 +15,8 @@ from airflow_dlrover.launchers.cgroups import CgroupManager
 from airflow_dlrover.launchers.local import LocalLauncher
 from airflow_dlrover.optimizer import constants as C
 
+pytestmark = pytest.mark.dag
+
 DAG_FILE = Path(__file__).parents[2] / "dags" / "dlrm_daily_retrain.py"
 JOB = "dlrm_daily_retrain"
 #: small and quick: 1.5 cores → 5 cold probes designed, of which a job of about a minute measures

@@ -19,6 +19,8 @@ from airflow_dlrover.launchers.cgroups import CgroupManager
 from airflow_dlrover.launchers.local import LocalLauncher
 from airflow_dlrover.operators.job import launcher_job_id
 
+pytestmark = pytest.mark.dag
+
 EXAMPLES = {
     # job: (DAG id, its params: a start of the user's that the fine-tune must leave)
     # 1.5 cores: probes of one torch thread each (two threads on this machine's two cores contend

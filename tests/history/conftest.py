@@ -46,7 +46,7 @@ def postgres_server() -> tuple[str | None, str]:
     return _SERVER
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def store_url(request, tmp_path):
     """A URL of an empty store on each backend."""
     if request.param == "sqlite":

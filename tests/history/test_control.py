@@ -2,6 +2,8 @@
 
 from dataclasses import replace
 
+import pytest
+
 from airflow_dlrover.history.control import controller_state, decision_record
 from airflow_dlrover.history.identity import JobIdentity
 from airflow_dlrover.history.store import HistoryStore
@@ -11,7 +13,9 @@ from airflow_dlrover.optimizer.job_model import JobModel
 from airflow_dlrover.optimizer.memory import MemoryModel
 from airflow_dlrover.optimizer.model import fit_throughput
 from airflow_dlrover.optimizer.types import Configuration, Quota, Reason
-from synthetic import TRUE_THETA, model_samples
+from sim.synthetic import TRUE_THETA, model_samples
+
+pytestmark = pytest.mark.unit
 
 MEMORY = MemoryModel(400, 8000, 900, 0.5)
 QUOTA = Quota(cpu=12, memory_mb=128 * 1024)

@@ -16,7 +16,9 @@ from airflow_dlrover.history import migrate
 from airflow_dlrover.history.identity import JobIdentity
 from airflow_dlrover.history.store import Base, HistoryStore, open_engine
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
-from synthetic import model_samples
+from sim.synthetic import model_samples
+
+pytestmark = pytest.mark.unit
 
 #: The DDL ``Base.metadata.create_all`` ran before migrations existed (commit f704f4f), per dialect.
 OLD_DDL = {
@@ -205,6 +207,7 @@ def _open_and_record(url: str, name: str, go, results) -> None:
         results.put((name, "error", f"{type(err).__name__}: {err}"))
 
 
+@pytest.mark.jobs
 def test_four_processes_open_a_new_store_at_once(store_url):
     spawn = multiprocessing.get_context("spawn")
     go, results = spawn.Event(), spawn.Queue()

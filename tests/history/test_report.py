@@ -2,6 +2,8 @@ import pytest
 
 from airflow_dlrover.history.report import profiling_cost_s
 
+pytestmark = pytest.mark.unit
+
 
 def test_profiling_costs_its_time_less_the_plan_time_of_what_the_job_trained_meanwhile():
     # 40 s of probes trained 1.2 M samples, a 10 s plan check 0.45 M; the plan trains 50,000/s

@@ -12,7 +12,9 @@ from airflow_dlrover.history.store import MAX_ID, SAMPLE_COLUMNS
 from airflow_dlrover.optimizer.job_model import fit_job_model
 from airflow_dlrover.optimizer.types import InvalidInputError
 from airflow_dlrover.operators.job import launcher_job_id
-from synthetic import model_samples
+from sim.synthetic import model_samples
+
+pytestmark = pytest.mark.unit
 
 CTR_A = JobIdentity("dag_a", "", "ctr")
 CTR_B = JobIdentity("dag_b", "", "ctr")

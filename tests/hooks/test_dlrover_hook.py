@@ -6,6 +6,8 @@ import pytest
 from airflow_dlrover.hooks.dlrover import DLRoverHook, DLRoverSettings, settings_from_extras
 from airflow_dlrover.optimizer.types import InvalidInputError, Quota
 
+pytestmark = pytest.mark.unit
+
 
 def _env_connection(monkeypatch, conn_id, extra, conn_type="dlrover"):
     monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": conn_type, "extra": extra}))

@@ -21,6 +21,8 @@ import pytest
 from airflow_dlrover.launchers import cgroups
 from airflow_dlrover.launchers.cgroups import CgroupManager, Limits, Usage
 
+pytestmark = pytest.mark.jobs
+
 MB = 1024 * 1024
 
 

@@ -10,6 +10,8 @@ from airflow_dlrover.launchers.contract import (
 )
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError
 
+pytestmark = pytest.mark.jobs
+
 ALLREDUCE = Configuration(workers=3, ps=0, worker_cpu=1.5, ps_cpu=0, worker_memory_mb=2048, batch_size=256)
 PS = Configuration(workers=2, ps=2, worker_cpu=1, ps_cpu=0.5, worker_memory_mb=1024, ps_memory_mb=512)
 

@@ -7,8 +7,12 @@ from pathlib import Path
 import kubernetes_validate
 import yaml
 
+import pytest
+
 from airflow_dlrover.hooks.dlrover import settings_from_extras
 from airflow_dlrover.launchers import make_launcher
+
+pytestmark = pytest.mark.unit
 
 DOC = (Path(__file__).parents[2] / "docs" / "kubernetes.md").read_text()
 

@@ -1,7 +1,7 @@
 """The Kubernetes launcher's lifecycle with the official client and the provider's hooks
 (``KubernetesHook``, ``AsyncKubernetesHook`` through a ``kubernetes`` connection) against kmock's
 Kubernetes API emulator on loopback. The test plays the kubelet (pod status) and the job's master
-(its HTTP API): see ``kmock_server.py``. Every Kubernetes request is read back from the emulator's
+(its HTTP API): see ``benchmarks/sim/kubernetes_api.py``. Every Kubernetes request is read back from the emulator's
 log, so the tests assert the exact calls: verb, path (namespace, resource, name), label selector
 and body."""
 
@@ -12,7 +12,7 @@ import json
 from dataclasses import replace
 
 import pytest
-from kmock_server import Kubelet, KmockThread, RecordingMaster, kubeconfig
+from sim.kubernetes_api import Kubelet, KmockThread, RecordingMaster, kubeconfig
 from kubernetes import client
 
 from airflow_dlrover.launchers import make_launcher
@@ -24,6 +24,8 @@ from airflow_dlrover.launchers.kubernetes import KubernetesLauncher, pod_state
 from airflow_dlrover.launchers.watch import failed_nodes
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError
 from airflow_dlrover.runtime.spec import JobSpec
+
+pytestmark = pytest.mark.unit
 
 NS = "training"
 JOB = "ctr-daily-20261130"

@@ -16,6 +16,8 @@ from airflow_dlrover.optimizer.constants import MASTER_CPU, MASTER_MEMORY_MB
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError
 from airflow_dlrover.runtime.spec import JobSpec
 
+pytestmark = pytest.mark.unit
+
 VERSION = max(set(kv_utils.all_versions()), key=lambda v: tuple(int(x) for x in v.split(".")))
 CPU_PLAN = Configuration(workers=3, ps=2, worker_cpu=1.5, ps_cpu=0.5, worker_memory_mb=1536, ps_memory_mb=0,
                          batch_size=256)

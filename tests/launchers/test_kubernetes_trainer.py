@@ -1,5 +1,5 @@
 """A trainer of the user's on the Kubernetes launcher, against kmock's API emulator (the test plays
-the kubelet, metrics-server and the trainer in the pods: ``kmock_server.TrainerDouble``): pods of
+the kubelet, metrics-server and the trainer in the pods: ``sim.kubernetes_api.TrainerDouble``): pods of
 the user's image with the contract's environment, probes as pods, a resize by relaunch, an
 OOM-killed worker relaunched with more memory once, and clean deletion."""
 
@@ -7,7 +7,7 @@ import dataclasses
 import json
 
 import pytest
-from kmock_server import Kubelet, KmockThread, TrainerDouble, kubeconfig
+from sim.kubernetes_api import Kubelet, KmockThread, TrainerDouble, kubeconfig
 from kubernetes import client
 
 from airflow_dlrover.launchers import make_launcher
@@ -18,6 +18,8 @@ from airflow_dlrover.optimizer.memory import memory_request_mb
 from airflow_dlrover.optimizer.probes import design_probes
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, Quota
 from airflow_dlrover.runtime.spec import JobSpec
+
+pytestmark = pytest.mark.unit
 
 NS = "training"
 JOB = "ddp-daily-20261201"

@@ -18,6 +18,8 @@ from airflow_dlrover.optimizer.types import (
 )
 from airflow_dlrover.runtime.spec import JobSpec
 
+pytestmark = pytest.mark.jobs
+
 CONFIG = Configuration(workers=2, ps=1, worker_cpu=1.0, ps_cpu=0.5, worker_memory_mb=2048, ps_memory_mb=1024)
 CGROUPS = CgroupManager()
 needs_cgroups = pytest.mark.skipif(

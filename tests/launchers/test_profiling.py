@@ -1,9 +1,13 @@
 """The profile's visiting order: a prefix of the design wherever the budget ends it."""
 
+import pytest
+
 from airflow_dlrover.launchers.profiling import order_probes, visiting_order
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.probes import design_probes, probes_always_measured
 from airflow_dlrover.optimizer.types import Configuration, Quota
+
+pytestmark = pytest.mark.unit
 
 
 def test_the_minimum_is_visited_in_the_cheapest_order_and_the_rest_in_the_designs():

@@ -16,6 +16,8 @@ from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import Configuration, Fault, FaultKind
 from airflow_dlrover.runtime.spec import JobSpec
 
+pytestmark = pytest.mark.jobs
+
 DDP = Path(__file__).resolve().parents[2] / "examples" / "ddp_dlrm" / "train.py"
 TWO = Configuration(workers=2, ps=0, worker_cpu=0.5, ps_cpu=0, worker_memory_mb=1024)
 ONE = Configuration(workers=1, ps=0, worker_cpu=1.0, ps_cpu=0, worker_memory_mb=1024)

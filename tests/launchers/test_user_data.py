@@ -21,6 +21,8 @@ from airflow_dlrover.runtime.evaluate import metrics
 from airflow_dlrover.runtime.export import load_export
 from airflow_dlrover.runtime.spec import JobSpec
 
+pytestmark = pytest.mark.jobs
+
 CONFIG = Configuration(workers=2, ps=2, worker_cpu=1.0, ps_cpu=0.5, worker_memory_mb=2048, ps_memory_mb=1024)
 
 

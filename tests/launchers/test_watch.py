@@ -4,6 +4,8 @@ import pytest
 
 from airflow_dlrover.launchers.watch import job_throughput
 
+pytestmark = pytest.mark.unit
+
 
 def test_window_throughput_is_the_sum_of_each_workers_counter_rate():
     before = {"worker-0": (1000.0, 10.0), "worker-1": (500.0, 10.5)}

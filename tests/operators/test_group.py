@@ -17,6 +17,8 @@ from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import InvalidInputError
 from airflow_dlrover.triggers.job import Turns, progress_line
 
+pytestmark = pytest.mark.unit
+
 
 def test_the_group_drops_into_a_dag_in_a_few_lines_with_every_dependency_rule_and_retry():
     from airflow.sdk import DAG
@@ -141,6 +143,7 @@ def test_the_extra_link_opens_the_plugins_task_view_of_the_run():
         "/dlrover/dag-runs/dag%20a/scheduled__2026-12-01T00%3A00%3A00%2B00%3A00/tasks/g.guard"
 
 
+@pytest.mark.jobs
 def test_metrics_reach_a_statsd_server():
     """A real UDP StatsD listener and Airflow's own StatsD client, configured as a user would."""
     server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

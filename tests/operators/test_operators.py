@@ -22,6 +22,8 @@ from airflow_dlrover.optimizer.types import InvalidInputError, Quota
 from airflow_dlrover.sensors import DLRoverInstabilitySensor, DLRoverNodeFailure
 from airflow_dlrover.triggers.job import DLRoverJobTrigger
 
+pytestmark = pytest.mark.unit
+
 QUOTA = {"cpu": 1.5, "memory": "4Gi"}
 CRITEO = Path(__file__).resolve().parents[1] / "data" / "criteo_sample.csv"
 JOB_ARGS = {"samples": 3_000_000, "table_size": 5000}
@@ -151,6 +153,7 @@ def write_trainer(tmp_path):
     return {"command": [sys.executable, str(script)], "grace_s": 5}
 
 
+@pytest.mark.jobs
 def test_a_trainer_of_your_own_is_profiled_fitted_planned_and_launched(airflow_db, tmp_path):
     """Through the launcher: one process per node and probe, its reports and cgroup measured."""
     job, ctx = "byo", context("manual__byo")
@@ -180,6 +183,7 @@ def test_a_trainer_of_your_own_is_profiled_fitted_planned_and_launched(airflow_d
     ("print('hello')", "exited 0 without a report"),
     ("import sys; print('no --lr'); sys.exit(3)", "exited 3 before its first report"),
 ])
+@pytest.mark.jobs
 def test_a_trainer_that_breaks_the_contract_fails_the_profile_without_retry(airflow_db, tmp_path, command, why):
     job_args = {"trainer": {"command": [sys.executable, "-c", command]}}
     operator = DLRoverProfileOperator(task_id="profile", job="byo-bad", quota=QUOTA, probe_window="1s", job_args=job_args)
@@ -216,6 +220,7 @@ def test_trigger_serializes_to_its_classpath_and_kwargs():
         DLRoverJobTrigger("job-1", "watch")
 
 
+@pytest.mark.jobs
 def test_operators_against_a_running_job(airflow_db):
     """profile (on the job itself) → fit → launch; a retried launch adopts; the fine-tune and the
     guard defer to triggers that fire on the real job; a failed-node event is a retryable failure."""
@@ -294,6 +299,7 @@ def test_operators_against_a_running_job(airflow_db):
         launcher.stop(job_id)
 
 
+@pytest.mark.jobs
 def test_a_plan_past_the_probes_is_measured_refitted_and_planned_again_before_the_launch(airflow_db):
     """Probes under 1.5 cores, a launch under 3: the plan has more than the probes ran, so the
     launch measures it on the running job, refits on the profile with that window, plans again."""

@@ -13,6 +13,8 @@ from airflow_dlrover.optimizer.controller import (
 )
 from airflow_dlrover.optimizer.types import Configuration, NodeState, NodeStatus, Quota, Reason
 
+pytestmark = pytest.mark.unit
+
 CONFIG = Configuration(2, 2, 1.0, 0.5, 2048, 1024)
 QUOTA = Quota(cpu=4.0, memory_mb=8192)
 
@@ -159,7 +161,7 @@ def test_an_oom_kill_gets_at_least_the_memory_models_forecast_for_the_job():
     from airflow_dlrover.optimizer.job_model import JobModel
     from airflow_dlrover.optimizer.memory import MemoryModel
     from airflow_dlrover.optimizer.model import fit_throughput
-    from synthetic import model_samples
+    from sim.synthetic import model_samples
 
     memory = MemoryModel(ps_base_mb=400, table_mb=8000, worker_base_mb=900, activation_mb_per_sample=0.5)
     killed = nodes(ps_0={"state": NodeState.OOM_KILLED})
@@ -205,7 +207,7 @@ def test_a_node_that_left_the_job_is_not_judged():
 
 def _allreduce_job_model():
     from airflow_dlrover.optimizer.job_model import fit_job_model
-    from synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA, model_samples
+    from sim.synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA, model_samples
 
     profile = model_samples(ALLREDUCE_THETA, ALLREDUCE_CONFIGS, noise=0.03, seed=4, worker_base_mb=1500)
     return profile, fit_job_model(profile)
@@ -215,7 +217,7 @@ def _allreduce_job_model():
 def test_an_allreduce_job_is_only_ever_resized_to_no_ps(quota):
     import numpy as np
 
-    from synthetic import ALLREDUCE_THETA, true_throughput
+    from sim.synthetic import ALLREDUCE_THETA, true_throughput
 
     profile, model = _allreduce_job_model()
     assert model.allreduce and model.memory.allreduce
@@ -272,7 +274,7 @@ def test_a_resize_leaves_room_for_what_a_healed_node_holds_above_its_role():
     import numpy as np
 
     from airflow_dlrover.optimizer.job_model import fit_job_model
-    from synthetic import DIVERSE_CONFIGS, model_samples, true_throughput
+    from sim.synthetic import DIVERSE_CONFIGS, model_samples, true_throughput
 
     profile = model_samples(configs=DIVERSE_CONFIGS, noise=0.02, seed=5)
     quota, extra = Quota(cpu=24.0, memory_mb=256 * 1024), 3.0
@@ -315,7 +317,7 @@ def _flattening_job(capacity=20_000.0):
     """A profile over the first 50,000 samples (where the tables still grow as a line) and the
     model fitted on it, bounded by the layout's capacity."""
     from airflow_dlrover.optimizer.job_model import fit_job_model
-    from synthetic import model_samples
+    from sim.synthetic import model_samples
 
     profile = model_samples(noise=0.02, seed=3)
     profile["samples_seen"] = np.linspace(0, 5e4, len(profile))
@@ -324,7 +326,7 @@ def _flattening_job(capacity=20_000.0):
 
 
 def _memory_windows(config, seen, now):
-    from synthetic import true_throughput
+    from sim.synthetic import true_throughput
 
     x = float(true_throughput(pd.DataFrame([config.to_row()]))[0])
     return tuple(dict(config.to_row(), throughput=x, timestamp=now + k, samples_seen=n, worker_memory_used_mb=1156.0,
@@ -371,7 +373,7 @@ def _ps_growing_on_the_curve(limit):
     from airflow_dlrover.optimizer.job_model import JobModel
     from airflow_dlrover.optimizer.memory import MemoryModel
     from airflow_dlrover.optimizer.model import fit_throughput
-    from synthetic import model_samples
+    from sim.synthetic import model_samples
 
     memory = MemoryModel(400.0, 1000.0, 900.0, 0.5, 8000.0, table_capacity_mb=2000.0)
     config = Configuration(2, 2, 1.0, 0.5, 2048, limit)

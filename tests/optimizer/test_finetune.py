@@ -9,7 +9,9 @@ from airflow_dlrover.optimizer.memory import MemoryModel
 from airflow_dlrover.optimizer.model import fit_throughput
 from airflow_dlrover.optimizer.planner import plan
 from airflow_dlrover.optimizer.types import Configuration, Quota, Reason
-from synthetic import TRUE_THETA, model_samples, true_throughput
+from sim.synthetic import TRUE_THETA, model_samples, true_throughput
+
+pytestmark = pytest.mark.unit
 
 MODEL = fit_throughput(model_samples(noise=0.02, windows=2, seed=5), leave_one_out=False)
 MEMORY = MemoryModel(400, 8000, 900, 0.5)
@@ -176,7 +178,7 @@ def test_a_deadline_run_needs_its_deadline_and_objectives_are_checked():
 # ---------------------------------------------------------------------------------------------
 
 from airflow_dlrover.optimizer.types import InfeasibleQuotaError  # noqa: E402
-from synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA  # noqa: E402
+from sim.synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA  # noqa: E402
 
 AR_MODEL = fit_throughput(model_samples(ALLREDUCE_THETA, ALLREDUCE_CONFIGS, noise=0.02, windows=2, seed=5),
                           leave_one_out=False)
@@ -213,7 +215,7 @@ def test_the_fine_tune_proposes_only_the_jobs_own_kind(cpu, memory_gb, remaining
 def test_a_job_that_restarts_as_a_whole_resizes_when_its_measured_restart_pays():
     """The same resize is not worth the default all-reduce cost (60 s) and is worth a measured
     restart of 2 s: the saving is set between the two by the number of samples left."""
-    from synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA, model_samples, true_throughput
+    from sim.synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA, model_samples, true_throughput
 
     from airflow_dlrover.optimizer.job_model import fit_job_model
 

@@ -7,6 +7,8 @@ from airflow_dlrover.optimizer.instability import detect, detect_hot_ps, detect_
 from airflow_dlrover.optimizer.memory import fit_trend, memory_request_mb
 from airflow_dlrover.optimizer.types import InvalidInputError
 
+pytestmark = pytest.mark.unit
+
 
 def metrics(rows):
     base = dict(cpu_used=1.0, cpu_limit=2.0, memory_used_mb=1000.0, memory_limit_mb=4096.0, throughput=None)

@@ -7,7 +7,9 @@ from hypothesis import given, settings, strategies as st
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel, fit_memory, fit_trend, memory_request_mb
 from airflow_dlrover.optimizer.types import InvalidInputError
-from synthetic import model_samples
+from sim.synthetic import model_samples
+
+pytestmark = pytest.mark.unit
 
 
 def test_fit_recovers_table_and_base():
@@ -200,7 +202,7 @@ def test_a_model_stored_before_the_curve_still_loads():
 def allreduce_samples(**kwargs):
     import pandas as pd
 
-    from synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA
+    from sim.synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA
 
     return pd.concat([model_samples(ALLREDUCE_THETA, ALLREDUCE_CONFIGS, batch=batch, **kwargs) for batch in (256, 1024)],
                      ignore_index=True)

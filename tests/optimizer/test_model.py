@@ -8,7 +8,9 @@ from hypothesis import given, settings, strategies as st
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
 from airflow_dlrover.optimizer.model import PARAMETERS, fit_throughput
 from airflow_dlrover.optimizer.types import InvalidInputError
-from synthetic import DIVERSE_CONFIGS, TRUE_THETA, model_samples, true_throughput
+from sim.synthetic import DIVERSE_CONFIGS, TRUE_THETA, model_samples, true_throughput
+
+pytestmark = pytest.mark.unit
 
 CPU_PARAMS = [p for p in PARAMETERS if p != "gpu_compute"]
 
@@ -157,7 +159,7 @@ def test_job_model_round_trips_through_json(tmp_path):
 from pathlib import Path  # noqa: E402
 
 from airflow_dlrover.optimizer.model import ALLREDUCE_TERMS, PS_TERMS, ThroughputModel, features  # noqa: E402
-from synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA  # noqa: E402
+from sim.synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA  # noqa: E402
 
 AR_HELD_OUT = pd.DataFrame([(3, 0, 1, 0), (12, 0, 2, 0), (5, 0, 4, 0), (24, 0, 0.5, 0), (10, 0, 1, 0)],
                            columns=["workers", "ps", "worker_cpu", "ps_cpu"])

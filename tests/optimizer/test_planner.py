@@ -11,7 +11,9 @@ from airflow_dlrover.optimizer.memory import MemoryModel
 from airflow_dlrover.optimizer.model import features, fit_throughput
 from airflow_dlrover.optimizer.planner import plan
 from airflow_dlrover.optimizer.types import Configuration, InfeasibleQuotaError, InvalidInputError, Quota
-from synthetic import TRUE_THETA, model_samples
+from sim.synthetic import TRUE_THETA, model_samples
+
+pytestmark = pytest.mark.unit
 
 MODEL = fit_throughput(model_samples(), leave_one_out=False)
 MEMORY = MemoryModel(ps_base_mb=400, table_mb=8000, worker_base_mb=900, activation_mb_per_sample=0.5,
@@ -246,7 +248,7 @@ def test_node_sizes_stay_near_those_the_model_was_fitted_on():
 # All-reduce jobs (ps = 0)
 # ---------------------------------------------------------------------------------------------
 
-from synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA  # noqa: E402
+from sim.synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA  # noqa: E402
 
 AR_MODEL = fit_throughput(model_samples(ALLREDUCE_THETA, ALLREDUCE_CONFIGS, noise=0.02, windows=2, seed=3),
                           leave_one_out=False)

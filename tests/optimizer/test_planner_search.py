@@ -16,7 +16,9 @@ from airflow_dlrover.optimizer.model import PARAMETERS, ThroughputModel, feature
 from airflow_dlrover.optimizer.planner import Configurations, configurations, plan, predicted_throughput, search_range
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, Quota
 
-#: A typical size of each θ (the synthetic job's, tests/synthetic.py); drawn models scale each by 10^±1.5.
+pytestmark = pytest.mark.unit
+
+#: A typical size of each θ (the synthetic job's, sim/synthetic.py); drawn models scale each by 10^±1.5.
 SCALE = dict(overhead=0.02, worker_compute=4e-4, gpu_compute=2e-5, ps_latency=3e-5, ps_service=1.5e-4,
              ps_request=2e-3, network=2e-5, contention=1e-5, io=5e-6, allreduce=0.05, allreduce_latency=2e-3)
 

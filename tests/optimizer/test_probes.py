@@ -7,7 +7,9 @@ from airflow_dlrover.optimizer.probes import (
     design_probes, next_probe, probe_sized, probes_always_measured, profile_continues,
 )
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError, Quota
-from synthetic import TRUE_THETA, model_samples
+from sim.synthetic import TRUE_THETA, model_samples
+
+pytestmark = pytest.mark.unit
 
 
 @pytest.mark.parametrize("cpu", [16, 64, 512])
@@ -89,7 +91,7 @@ def test_allreduce_probes_have_no_ps_and_identify_the_ring(cpu):
     import numpy as np
     import pandas as pd
 
-    from synthetic import ALLREDUCE_THETA, true_throughput
+    from sim.synthetic import ALLREDUCE_THETA, true_throughput
 
     quota = Quota(cpu=cpu, memory_mb=256 * 1024)
     probes = design_probes(quota, allreduce=True)
@@ -109,7 +111,7 @@ def test_allreduce_probes_have_no_ps_and_identify_the_ring(cpu):
 
 
 def test_allreduce_probes_follow_the_prior_and_refuse_the_other_kind():
-    from synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA
+    from sim.synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA
 
     ar_prior = fit_throughput(model_samples(ALLREDUCE_THETA, ALLREDUCE_CONFIGS), leave_one_out=False)
     quota = Quota(64, 256 * 1024)

@@ -6,6 +6,8 @@ import pytest
 
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, is_allreduce, validate_samples
 
+pytestmark = pytest.mark.unit
+
 
 def allreduce_table(**overrides):
     table = pd.DataFrame({

@@ -16,7 +16,7 @@ from airflow_dlrover.optimizer.controller import Fail, Heal, Keep, Relaunch, Res
 from airflow_dlrover.optimizer.job_model import fit_job_model
 from airflow_dlrover.optimizer.planner import plan
 from airflow_dlrover.optimizer.types import Configuration, NodeState, NodeStatus, Quota, Reason
-from synthetic import model_samples
+from sim.synthetic import model_samples
 
 QUOTA = Quota(cpu=16, memory_mb=64 * 1024)
 T0 = 1_800_000_000.0

@@ -20,6 +20,8 @@ from airflow_dlrover.plugins.queries import MAX_ID
 from history_data import T0, hot_evidence, record_run
 from ui_settings import DAG_A, DAG_B
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory, ui_dags):
@@ -276,6 +278,7 @@ def test_a_task_opens_the_run_of_its_own_group(two_dags, monkeypatch):
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.dag
 def test_the_json_of_a_run_recorded_by_the_example_dag(dlrover_client, recorded_run):
     store = HistoryStore()  # the one the DAG's tasks wrote (the default connection)
     run = recorded_run["id"]

@@ -17,6 +17,8 @@ from airflow_dlrover.history.store import HistoryStore
 from history_data import record_run
 from ui_settings import DAG_A, DAG_B, TEAM_A, TEAM_B, USER
 
+pytestmark = pytest.mark.unit
+
 #: user → (role, team): alice reads DAG_A, bob DAG_B, carol (no role) nothing, admin everything.
 USERS = {"alice": ("viewer", TEAM_A), "bob": ("viewer", TEAM_B), "carol": ("", None)}
 #: The history: (job name, DAG) → run keys. "shared" is one name used in both DAGs (two jobs, one

@@ -24,8 +24,9 @@ from ui_settings import PASSWORD, USER
 ROOT = Path(__file__).parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
 CHROMIUM = find_chromium()
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install -y chromium; "
-                                                         ".ci/run installs it)")
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install -y chromium; "
+                                                          ".ci/run installs it)")]
 
 #: Per canvas: data points per dataset, and the number of painted pixels.
 CANVASES = """[...document.querySelectorAll('canvas')].map((c) => {

@@ -26,6 +26,8 @@ from airflow_dlrover.history.store import HistoryStore
 from history_data import record_run
 from ui_settings import DAG_A
 
+pytestmark = pytest.mark.unit
+
 #: Generated requests per operation: 13 operations, about 1,000 requests, ~40 s on two shared cores.
 EXAMPLES = 80
 #: schemathesis' stateless response checks. Left out: ``negative_data_rejection``, which expects a

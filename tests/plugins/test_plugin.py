@@ -13,6 +13,8 @@ import pytest
 
 from airflow_dlrover.plugins import ENTRY_POINT, URL_PREFIX, DLRoverPlugin
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).parents[2]
 
 #: Loads the plugins as Airflow does, where no installed ``airflow-dlrover`` declares the entry point
@@ -77,6 +79,7 @@ def test_the_plugin_mounts_the_app_and_links_its_views():
             "/what-if"} <= routes
 
 
+@pytest.mark.jobs
 def test_loading_the_plugin_is_cheap():
     """Every Airflow process loads plugins: no app, optimizer, pandas or torch until the API server asks."""
     code = ("import sys, airflow_dlrover.plugins; print(sorted(m for m in ('airflow_dlrover.plugins.app', "
@@ -90,6 +93,7 @@ def test_loading_the_plugin_is_cheap():
     (False, "$PLUGINS_FOLDER/dlrover_plugin.py"),   # files copied into the plugins folder
     (True, "dlrover-ui-probe==0.0: EntryPoint"),    # the package installed, the shim copied as well
 ])
+@pytest.mark.jobs
 def test_registered_once_whether_installed_or_copied(tmp_path, entry_point, source):
     loaded = load_plugins(tmp_path, ROOT / "plugins", entry_point)
     assert [name for name, _ in loaded["plugins"]] == ["dlrover"]
@@ -97,6 +101,7 @@ def test_registered_once_whether_installed_or_copied(tmp_path, entry_point, sour
     assert loaded["errors"] == {}
 
 
+@pytest.mark.jobs
 def test_a_naive_shim_beside_the_entry_point_is_skipped_with_an_import_error(tmp_path):
     """Why the shim stands down: Airflow keeps the first plugin of a name and reports the second."""
     folder = tmp_path / "plugins"

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from airflow_dlrover.runtime.data import Batch, FeatureSpec, SyntheticSource, criteo_columns, roc_auc
 
+pytestmark = pytest.mark.unit
+
 SMALL = FeatureSpec(num_dense=13, table_sizes=(2, 3, 17, 1000, 50_000, 10_000))
 
 

@@ -21,6 +21,8 @@ from airflow_dlrover.runtime.prepare import prepare
 from airflow_dlrover.runtime.spec import JobSpec
 from airflow_dlrover.runtime.worker import embed, route
 
+pytestmark = pytest.mark.unit
+
 DATA = Path(__file__).resolve().parents[1] / "data"
 CRITEO_SAMPLE = DATA / "criteo_sample.csv"
 AVAZU_SAMPLE = DATA / "avazu_sample.csv"

@@ -11,6 +11,8 @@ from airflow_dlrover.runtime.ps import ParameterServer, initial_rows
 from airflow_dlrover.runtime.spec import JobSpec
 from airflow_dlrover.runtime.transport import Peer, RemoteError, Server
 
+pytestmark = pytest.mark.jobs
+
 SPEC = JobSpec(job_id="unit", samples=10 * 100, shard_size=100, batch_size=25, table_sizes=(1000, 500),
                embedding_dim=4, bottom_mlp=(8, 4), shard_timeout_s=60)
 

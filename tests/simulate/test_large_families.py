@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 import numpy as np
 
 from sim.policies import true_plan
@@ -12,6 +14,8 @@ from sim.run import run_policy
 from sim.workload import SimConfig, generate_trace
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import Quota
+
+pytestmark = pytest.mark.unit
 
 #: Large families only, on a cluster that holds three of them at once.
 LARGE = SimConfig(jobs=6, seed=3, cluster_cpu=3000.0, cluster_memory_mb=12e6, large_fraction=1.0)

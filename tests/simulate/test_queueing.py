@@ -18,6 +18,8 @@ from sim.queueing import (
     simulate_samples,
 )
 
+pytestmark = pytest.mark.unit
+
 QUIET = Physics(noise_cv=0.0, zipf_skew=0.0)  # deterministic service times, uniform PS shares
 
 

@@ -7,6 +7,8 @@ import pytest
 
 from sim.run import PolicyRun, per_job_against
 
+pytestmark = pytest.mark.unit
+
 
 def _run(name: str, jct: list[float], days: list[int]) -> PolicyRun:
     return PolicyRun(name, pd.DataFrame({"job": range(len(jct)), "day": days, "jct_s": jct}), pd.DataFrame(), 0.0)

@@ -12,6 +12,8 @@ from sim.fit_error import QUOTA, fit_error, grid_configs, own_formula
 from sim.truth import AllReduce, MovingHotShard, QueueingTable, Roofline, Truth, measured_roofline
 from sim.workload import _truth
 
+pytestmark = pytest.mark.unit
+
 #: The threshold of a form error: the simulator's window noise (cv 5 %). A family the model fits
 #: better than its own measurements scatter would be inside its span for every practical purpose.
 #: Measured (``benchmarks/fit_error.py``, 128 cores, 300 dense points, seeds 0–2, also with 1000

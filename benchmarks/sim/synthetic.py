@@ -1,4 +1,4 @@
-"""Samples drawn from the model's own family, with known θ (for recovery tests)."""
+"""Samples drawn from the model's own family, with known θ: what the tests recover and the benchmarks plan on."""
 
 from __future__ import annotations
 
