@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
 from airflow_dlrover.optimizer.planner import plan
@@ -208,7 +209,7 @@ def cmd_db(args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> None:
     """Run one training job with the local launcher; write summary.json and samples.csv."""
     from airflow_dlrover.launchers.local import LocalLauncher
-    from airflow_dlrover.launchers.run import HOT_PS_SKEW, run_job
+    from airflow_dlrover.lifecycle.run import HOT_PS_SKEW, run_job
     from airflow_dlrover.runtime.spec import JobSpec
 
     config = Configuration(
@@ -269,7 +270,7 @@ def cmd_run_trainer(args: argparse.Namespace) -> None:
     """Run a trainer of your own under the contract with the local launcher, recovering injected
     faults as the guard would; write summary.json."""
     from airflow_dlrover.launchers.local import LocalLauncher
-    from airflow_dlrover.launchers.run import run_job
+    from airflow_dlrover.lifecycle.run import run_job
 
     config = Configuration(
         workers=args.workers, ps=args.ps, worker_cpu=args.worker_cpu, ps_cpu=args.ps_cpu if args.ps else 0.0,
@@ -306,7 +307,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
     """Profile a trainer of your own on the designed probes, each a bounded window through the
     local launcher (per-node CPU and memory from each node's cgroup); write the sample table."""
     from airflow_dlrover.launchers.local import LocalLauncher
-    from airflow_dlrover.launchers.profiling import profile_job
+    from airflow_dlrover.lifecycle.profiling import profile_job
 
     batch_size = args.batch_size or 512
     quota = _quota(args)
@@ -348,8 +349,8 @@ def _add_trainer(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-path", default="/metrics", help="the endpoint's path (with --metrics-port)")
     parser.add_argument("--metrics-name", action="append", default=[], metavar="FIELD=SAMPLE",
                         help="the sample a field is read from (default dlrover_<field>), e.g. throughput=train_samples_per_second")
-    parser.add_argument("--grace", type=float, default=C.TRAINER_GRACE_S, help="seconds from SIGTERM to SIGKILL")
-    parser.add_argument("--report-timeout", type=float, default=C.TRAINER_REPORT_TIMEOUT_S,
+    parser.add_argument("--grace", type=float, default=T.TRAINER_GRACE_S, help="seconds from SIGTERM to SIGKILL")
+    parser.add_argument("--report-timeout", type=float, default=T.TRAINER_REPORT_TIMEOUT_S,
                         help="a node that reports nothing this long after its start is a contract error")
     parser.add_argument("--samples", type=int, default=None, help="samples to train (DLROVER_SAMPLES)")
     parser.add_argument("--job-id", default=None)

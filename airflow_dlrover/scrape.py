@@ -29,7 +29,7 @@ from typing import Callable, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover import timings as T
 
 #: The fields a Prometheus endpoint gives, and the sample each is read from by default.
 SCRAPED_FIELDS = {name: f"dlrover_{name}" for name in ("throughput", "samples_done", "samples_total", "loss", "auc")}
@@ -57,7 +57,7 @@ def scraped_report(text: str, names: Mapping[str, str], now: float) -> dict[str,
     return {**fields, "time": now}
 
 
-def scrape(url: str, names: Mapping[str, str], timeout: float = C.TRAINER_SCRAPE_TIMEOUT_S) -> dict[str, float] | None:
+def scrape(url: str, names: Mapping[str, str], timeout: float = T.TRAINER_SCRAPE_TIMEOUT_S) -> dict[str, float] | None:
     """GET a node's Prometheus endpoint and read one report from it (:func:`scraped_report`); None
     when it does not answer (not serving yet, or gone) or gives no throughput."""
     try:
@@ -88,7 +88,7 @@ def scrape_loop(url: str, names: Mapping[str, str], every_s: float, write: Calla
     """Scrape ``url`` every ``every_s`` until ``stop``; ``write`` each new report's JSON line."""
     last = ""
     while True:
-        line = new_report(scrape(url, names, timeout=min(every_s, C.TRAINER_SCRAPE_TIMEOUT_S)), last)
+        line = new_report(scrape(url, names, timeout=min(every_s, T.TRAINER_SCRAPE_TIMEOUT_S)), last)
         if line is not None:
             write(line)
             last = line
@@ -99,7 +99,7 @@ def scrape_loop(url: str, names: Mapping[str, str], every_s: float, write: Calla
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m airflow_dlrover.scrape", description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", required=True)
-    parser.add_argument("--every", type=float, default=C.TRAINER_SCRAPE_S)
+    parser.add_argument("--every", type=float, default=T.TRAINER_SCRAPE_S)
     parser.add_argument("--names", default=json.dumps(SCRAPED_FIELDS), help="field → sample name (JSON)")
     args = parser.parse_args(argv)
     stop = threading.Event()

@@ -40,7 +40,7 @@ import pandas as pd
 
 from airflow_dlrover.launchers.cgroups import CgroupManager
 from airflow_dlrover.launchers.local import LocalLauncher
-from airflow_dlrover.launchers.run import inject, run_job
+from airflow_dlrover.lifecycle.run import inject, run_job
 from airflow_dlrover.optimizer.types import Configuration, Fault, FaultKind
 from airflow_dlrover.runtime.auth import HEADER, sign
 from airflow_dlrover.runtime.spec import JobSpec

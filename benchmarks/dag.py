@@ -81,7 +81,7 @@ def main() -> None:
 
     if not args.skip_baseline:
         from airflow_dlrover.launchers.local import LocalLauncher
-        from airflow_dlrover.launchers.run import run_job
+        from airflow_dlrover.lifecycle.run import run_job
         from airflow_dlrover.optimizer.types import Configuration
         from airflow_dlrover.runtime.spec import JobSpec
 

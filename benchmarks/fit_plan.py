@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd

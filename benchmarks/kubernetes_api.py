@@ -15,11 +15,9 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import replace
-from pathlib import Path
 
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="dlrover-bench-airflow-"))
 

@@ -26,9 +26,7 @@ import math
 import multiprocessing
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd

@@ -29,7 +29,7 @@ from chaos import recovery_s
 
 from airflow_dlrover.launchers.cgroups import CgroupManager
 from airflow_dlrover.launchers.local import LocalLauncher
-from airflow_dlrover.launchers.run import run_job
+from airflow_dlrover.lifecycle.run import run_job
 from airflow_dlrover.optimizer.types import Configuration, parse_faults
 from airflow_dlrover.runtime.spec import JobSpec
 

@@ -31,8 +31,8 @@ import pandas as pd
 
 from airflow_dlrover.launchers.contract import TrainerSpec
 from airflow_dlrover.launchers.local import LocalLauncher
-from airflow_dlrover.launchers.profiling import profile_job
-from airflow_dlrover.launchers.run import run_job
+from airflow_dlrover.lifecycle.profiling import profile_job
+from airflow_dlrover.lifecycle.run import run_job
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.job_model import fit_job_model
 from airflow_dlrover.optimizer.planner import plan

@@ -71,6 +71,7 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     for name, text in {**TIERS, **NEEDS}.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    config.pluginmanager.register(UnitTierGuard(), "unit-tier-guard")
 
 
 def tier_of(item) -> str | None:
@@ -93,43 +94,72 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=dropped)
 
 
-#: The unit tests that tried to start a process, with how (a launcher may catch the refusal).
-_STARTED: dict[str, list[str]] = {}
+class ProcessGuard:
+    """While a unit test and its function-scoped fixtures run, every way of starting a process
+    (subprocess, multiprocessing, ``os.fork``, ``posix_spawn``) raises and is recorded against the
+    test (a launcher may catch the refusal). Module- and session-scoped fixtures, which tiers share,
+    set up unguarded."""
 
+    def __init__(self):
+        import _posixsubprocess
+        import subprocess
 
-def _refuse_processes(nodeid: str):
-    """Patches that make every way of starting a process (subprocess, multiprocessing, os.fork,
-    posix_spawn) raise and be recorded against the unit test ``nodeid``; returns the undo."""
-    import _posixsubprocess
-    import subprocess
+        self.targets = [(_posixsubprocess, "fork_exec"), (subprocess, "_fork_exec"), (os, "fork"),
+                        (os, "posix_spawn"), (os, "posix_spawnp")]
+        self.originals = [getattr(owner, name) for owner, name in self.targets]
+        self.nodeid: str | None = None
+        self.started: dict[str, list[str]] = {}
 
-    def refusing(name):
+    def _refusing(self, name: str):
         def refuse(*args, **kwargs):
-            _STARTED.setdefault(nodeid, []).append(name)
-            raise AssertionError(f"{nodeid} is marked unit but started a process ({name}): mark it jobs")
+            self.started.setdefault(self.nodeid, []).append(name)
+            raise AssertionError(f"{self.nodeid} is marked unit but started a process ({name}): mark it jobs")
         return refuse
 
-    patched = [(_posixsubprocess, "fork_exec"), (subprocess, "_fork_exec"), (os, "fork"), (os, "posix_spawn"),
-               (os, "posix_spawnp")]
-    saved = [(owner, name, getattr(owner, name)) for owner, name in patched]
-    for owner, name in patched:
-        setattr(owner, name, refusing(name))
-    return lambda: [setattr(owner, name, value) for owner, name, value in saved]
+    def on(self, nodeid: str) -> None:
+        self.nodeid = nodeid
+        for owner, name in self.targets:
+            setattr(owner, name, self._refusing(name))
+
+    def off(self) -> None:
+        for (owner, name), original in zip(self.targets, self.originals):
+            setattr(owner, name, original)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    undo = _refuse_processes(item.nodeid) if item.stash.get(TIER, None) == "unit" else None
-    try:
-        yield
-    finally:
-        if undo:
-            undo()
+GUARD = ProcessGuard()
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item):
-    result = yield
-    if item.nodeid in _STARTED:
-        raise AssertionError(f"marked unit but tried to start processes ({', '.join(_STARTED[item.nodeid])}): mark it jobs")
-    return result
+class UnitTierGuard:
+    """The guard's hooks, registered as a plugin (``pytest_configure``): a conftest's own hooks do
+    not see the setup of a session-scoped fixture."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        unit = item.stash.get(TIER, None) == "unit"
+        if unit:
+            GUARD.on(item.nodeid)
+        try:
+            return (yield)
+        finally:
+            if unit:
+                GUARD.off()
+                GUARD.nodeid = None
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):
+        shared = GUARD.nodeid is not None and fixturedef.scope != "function"
+        if shared:
+            GUARD.off()
+        try:
+            return (yield)
+        finally:
+            if shared:
+                GUARD.on(GUARD.nodeid)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item):
+        result = yield
+        if item.nodeid in GUARD.started:
+            raise AssertionError(f"marked unit but tried to start processes ({', '.join(GUARD.started[item.nodeid])}):"
+                                 " mark it jobs")
+        return result

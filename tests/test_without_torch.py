@@ -20,7 +20,8 @@ pytestmark = pytest.mark.jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the runtime's modules that train, and so import torch at the top: only the job's workers import them
-TORCH_MODULES = {"airflow_dlrover.runtime.dlrm", "airflow_dlrover.runtime.export", "airflow_dlrover.runtime.worker"}
+TORCH_MODULES = {"airflow_dlrover.runtime.dlrm", "airflow_dlrover.runtime.export", "airflow_dlrover.runtime.lookup",
+                 "airflow_dlrover.runtime.worker"}
 BLOCKER = '''
 import sys
 
@@ -186,7 +187,7 @@ def test_our_runtime_reports_its_own_evaluation_to_a_launcher_without_torch(tmp_
         out = without_torch(f"""
             import json, sys, time
             from airflow_dlrover.launchers.local import LocalLauncher
-            from airflow_dlrover.launchers.run import job_summary
+            from airflow_dlrover.lifecycle.run import job_summary
 
             launcher = LocalLauncher({str(jobs)!r})
             deadline = time.time() + 150

@@ -72,7 +72,7 @@ def build_report(history: Any, run: int, job: dict[str, Any] | None, status: dic
 
 def profiling_cost_s(stages: list[tuple[float, float | None]], plan_throughput: float | None) -> float | None:
     """What profiling added to the run, s. The probes and plan checks train the job itself
-    (``launchers.profiling``), so each stage (seconds, samples trained meanwhile as read off the
+    (``lifecycle.profiling``), so each stage (seconds, samples trained meanwhile as read off the
     job's master) costs its time less the time the plan would have taken to train those samples:
     Σ max(t − n / X_plan, 0), X_plan the plan's measured throughput. None without X_plan or a
     stage's samples (a run recorded before they were)."""

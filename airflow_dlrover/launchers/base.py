@@ -1,4 +1,4 @@
-"""The one launcher: launch/adopt, resize, relaunch, recovery and the controller's actions,
+"""The one launcher: launch/adopt, resize, relaunch and the controller's actions (``apply``),
 written once over the small primitives a backend implements (``LocalLauncher``: processes in
 cgroups; ``KubernetesLauncher``: pods through the ``cncf-kubernetes`` hooks).
 
@@ -55,6 +55,7 @@ from typing import Any, Iterable
 from airflow_dlrover.launchers.contract import (
     TrainerSpec, job_progress, node_argv, node_env, node_report, parse_reports,
 )
+from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import FAILED_STATES, Configuration, NodeState, NodeStatus
 from airflow_dlrover.runtime.auth import call_master
@@ -80,15 +81,15 @@ def exclusive(operation):
 
 
 def torch_threads(cpu: float | None) -> int:
-    """Torch threads of a node: its whole cores (FIELD-NOTES: never more threads than cores owned)."""
+    """Torch threads of a node: its whole cores (more threads than the cores a node owns contend and run slower)."""
     return max(1, math.floor(cpu or 1))
 
 
 class Launcher:
     """See the module docstring. Subclasses implement the primitives; ``poll_s`` is theirs."""
 
-    poll_s: float = C.LOCAL_POLL_S
-    start_timeout_s: float = C.NODE_START_TIMEOUT_S
+    poll_s: float = T.LOCAL_POLL_S
+    start_timeout_s: float = T.NODE_START_TIMEOUT_S
     #: the job's nodes run this process's Python and path: a user's model is checked at launch here
     runs_local_code: bool = False
 
@@ -228,7 +229,7 @@ class Launcher:
     def status(self, job_id: str) -> list[NodeStatus]:
         return statuses(self.read_job(job_id))
 
-    def master_call(self, job_id: str, path: str, body: dict[str, Any] | None = None, timeout: float = C.MASTER_CALL_TIMEOUT_S) -> Any:
+    def master_call(self, job_id: str, path: str, body: dict[str, Any] | None = None, timeout: float = T.MASTER_CALL_TIMEOUT_S) -> Any:
         try:
             return call_master(self._master_url(job_id), path, body, timeout=timeout, key=self._key(job_id))
         except ConnectionError as err:
@@ -260,7 +261,7 @@ class Launcher:
             self._trainers[job_id] = TrainerSpec.from_dict(data) if data else None
         return self._trainers[job_id]
 
-    def progress(self, job_id: str, timeout: float = C.MASTER_CALL_TIMEOUT_S) -> dict[str, Any]:
+    def progress(self, job_id: str, timeout: float = T.MASTER_CALL_TIMEOUT_S) -> dict[str, Any]:
         """The job's ``state``, ``samples_done``, ``samples_total`` and ``throughput``: its master's
         ``/status`` (our runtime; ``timeout``: how long an unreachable master is retried), or its
         trainer's reports (:func:`contract.job_progress`)."""
@@ -295,7 +296,7 @@ class Launcher:
         shape: per-node reports, the job's throughput and progress. ``metrics`` adds the usage."""
         if not record.get("trainer"):
             try:
-                return self.master_call(job_id, "/metrics", timeout=C.MASTER_POLL_TIMEOUT_S)
+                return self.master_call(job_id, "/metrics", timeout=T.MASTER_POLL_TIMEOUT_S)
             except ConnectionError:
                 return {"throughput": 0.0, "nodes": {}, "status": None}
         record = self.read_job(job_id)
@@ -467,7 +468,7 @@ class Launcher:
             self._write(job_id, record)
             return job_id
         spec = prepare(spec, runs_here=self.runs_local_code)
-        self._new_node(record, "master", "master", 0, C.MASTER_CPU, C.MASTER_MEMORY_MB)
+        self._new_node(record, "master", "master", 0, T.MASTER_CPU, T.MASTER_MEMORY_MB)
         self._create_job(spec, record)
         self._wait_ready(job_id, record, ["master"])
         self._start_ps(job_id, record, config)
@@ -547,7 +548,7 @@ class Launcher:
         return self.can_resize_in_place() and (role == "ps" or torch_threads(cpu_before) == torch_threads(cpu_after))
 
     def _wait_exit(self, job_id: str, record: dict[str, Any], node: dict[str, Any],
-                   timeout_s: float = C.DRAIN_TIMEOUT_S) -> None:
+                   timeout_s: float = T.DRAIN_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s
         while self._node_state(job_id, record, node["name"]) == RUNNING:
             if time.monotonic() > deadline:
@@ -647,21 +648,6 @@ class Launcher:
                 continue
             records.append({**action.to_record(), "done": done, "seconds": time.monotonic() - started})
         return records
-
-    def recover(self, job_id: str, quota: Any = None) -> list[dict[str, Any]]:
-        """Recover every failed node now, as a retry does: the controller's step for the job's
-        failures (taken as reported) carried out; ``quota`` bounds an OOM-killed node's growth.
-        Returns the records of what was done (and of a failure no retry can fix)."""
-        from airflow_dlrover.optimizer.controller import ControllerState, Fail, Observation, step
-
-        nodes = self.status(job_id)
-        failed = frozenset((n.name, n.restarts) for n in nodes if n.failed)
-        if not failed:
-            return []
-        config = Configuration(**self._record(job_id)["config"])
-        _, actions = step(ControllerState(quota, failures_reported=failed),
-                          Observation(time.time(), config, nodes=tuple(nodes)))
-        return [a.to_record() for a in actions if isinstance(a, Fail)] + self.apply(job_id, actions)
 
 
 def _group_alive(record: dict[str, Any]) -> bool:

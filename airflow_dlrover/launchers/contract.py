@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer.types import InvalidInputError
 from airflow_dlrover.scrape import SCRAPED_FIELDS, new_report, scrape, scraped_report
 
@@ -88,8 +88,8 @@ class TrainerSpec:
     metrics_port: int = 0
     metrics_path: str = "/metrics"
     metrics_names: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    grace_s: float = C.TRAINER_GRACE_S
-    report_timeout_s: float = C.TRAINER_REPORT_TIMEOUT_S
+    grace_s: float = T.TRAINER_GRACE_S
+    report_timeout_s: float = T.TRAINER_REPORT_TIMEOUT_S
     checkpoint_dir: str = ""
     workdir: str = ""
 
@@ -188,7 +188,7 @@ def node_env(*, job_id: str, trainer: TrainerSpec, config: Any, node: Mapping[st
         "DLROVER_GPU": str(node.get("gpu", 0)), "DLROVER_BATCH_SIZE": str(config.batch_size),
         "DLROVER_SAMPLES": "" if samples is None else str(samples), "DLROVER_CHECKPOINT_DIR": checkpoint_dir,
         "DLROVER_METRICS_FILE": metrics_file, "DLROVER_METRICS_PORT": str(metrics_port or ""),
-        "DLROVER_SCRAPE_S": f"{C.TRAINER_SCRAPE_S:g}" if metrics_port else "", "DLROVER_GENERATION": str(generation),
+        "DLROVER_SCRAPE_S": f"{T.TRAINER_SCRAPE_S:g}" if metrics_port else "", "DLROVER_GENERATION": str(generation),
         "DLROVER_GRACE_S": f"{trainer.grace_s:g}", "DLROVER_JOB_KEY": job_key, "TF_CONFIG": json.dumps(tf_config),
         "MASTER_ADDR": rendezvous[0], "MASTER_PORT": str(rendezvous[1]),
         "WORLD_SIZE": str(config.workers), "RANK": str(index) if role == "worker" else "",

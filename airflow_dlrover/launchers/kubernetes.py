@@ -40,6 +40,7 @@ from airflow_dlrover.launchers.base import (
     FAILED, FAILED_STATES, LOST, OOM_KILLED, PENDING, RUNNING, STOPPED, SUCCEEDED, UNSCHEDULABLE, Launcher,
     NodeStatus, statuses, with_live_states,
 )
+from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError
 from airflow_dlrover.runtime.spec import JobSpec
@@ -62,7 +63,7 @@ def _timestamp(value: Any) -> float | None:
     return value.timestamp()
 
 
-def pod_state(pod: Any, pending_timeout_s: float = C.PENDING_TIMEOUT_S, now: float | None = None,
+def pod_state(pod: Any, pending_timeout_s: float = T.PENDING_TIMEOUT_S, now: float | None = None,
               ) -> tuple[str, int | None, str, int]:
     """(state, exit code, reason, OOM kills) of a node from its pod (a ``V1Pod`` of either client,
     or None when the pod does not exist)."""
@@ -125,8 +126,8 @@ class KubernetesLauncher(Launcher):
 
     def __init__(self, placement: km.Placement, *, kubernetes_conn_id: str = "kubernetes_default",
                  jobs_dir: str | Path | None = None, master_url: str | None = None,
-                 pending_timeout_s: float = C.PENDING_TIMEOUT_S, in_place_resize: bool = False,
-                 poll_s: float = C.POD_POLL_S, hook: Any = None, async_hook: Any = None):
+                 pending_timeout_s: float = T.PENDING_TIMEOUT_S, in_place_resize: bool = False,
+                 poll_s: float = T.POD_POLL_S, hook: Any = None, async_hook: Any = None):
         super().__init__()
         if not isinstance(placement, km.Placement):
             raise InvalidInputError("placement", type(placement).__name__, "a kubernetes_manifests.Placement")
@@ -274,7 +275,7 @@ class KubernetesLauncher(Launcher):
         while True:
             now = datetime.now(timezone.utc)
             body = {"metadata": {"name": name, "labels": {km.LABEL_JOB: job_id, km.LABEL_MANAGED_BY: "airflow-dlrover"}},
-                    "spec": {"holderIdentity": identity, "leaseDurationSeconds": int(C.JOB_LOCK_TTL_S),
+                    "spec": {"holderIdentity": identity, "leaseDurationSeconds": int(T.JOB_LOCK_TTL_S),
                              "acquireTime": now, "renewTime": now}}
             try:
                 self.coordination.create_namespaced_lease(self.namespace, body)
@@ -376,7 +377,7 @@ class KubernetesLauncher(Launcher):
         for node in nodes:
             self._delete_pod(node["pod"], wait=False, grace_s=node.get("grace_s", 0))
         for node in nodes:
-            self._wait_deleted(node["pod"], C.STOP_TIMEOUT_S + node.get("grace_s", 0))
+            self._wait_deleted(node["pod"], T.STOP_TIMEOUT_S + node.get("grace_s", 0))
 
     def _place(self, record: dict[str, Any], node: dict[str, Any], previous: dict[str, Any] | None) -> None:
         role, index = node["role"], node["index"]
@@ -403,7 +404,7 @@ class KubernetesLauncher(Launcher):
             if not self._not_found(err):
                 raise
         if wait:
-            self._wait_deleted(name, C.STOP_TIMEOUT_S + grace_s)
+            self._wait_deleted(name, T.STOP_TIMEOUT_S + grace_s)
 
     def _wait_deleted(self, name: str, timeout_s: float) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -422,7 +423,7 @@ class KubernetesLauncher(Launcher):
 
     def _wait_ready(self, job_id: str, record: dict[str, Any], names: list[str]) -> None:
         """Wait until the nodes' pods are Ready; raise with the pod's reason when one cannot start."""
-        timeout_s = C.POD_START_TIMEOUT_S
+        timeout_s = T.POD_START_TIMEOUT_S
         deadline = time.monotonic() + timeout_s
         for name in names:
             pod_name = record["nodes"][name]["pod"]
@@ -569,10 +570,10 @@ class KubernetesLauncher(Launcher):
             except ApiException as err:
                 if not self._not_found(err):
                     raise
-        deadline = time.monotonic() + C.STOP_TIMEOUT_S
+        deadline = time.monotonic() + T.STOP_TIMEOUT_S
         while self._pods(job_id):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"pods of job {job_id} still exist {C.STOP_TIMEOUT_S:.0f} s after deletion: "
+                raise TimeoutError(f"pods of job {job_id} still exist {T.STOP_TIMEOUT_S:.0f} s after deletion: "
                                    f"{sorted(self._pods(job_id))}")
             time.sleep(self.poll_s)
 

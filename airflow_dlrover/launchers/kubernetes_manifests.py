@@ -76,7 +76,7 @@ from typing import Any
 
 from airflow_dlrover.launchers import contract
 from airflow_dlrover.launchers.base import torch_threads
-from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError
 from airflow_dlrover.runtime.__main__ import AUTHKEY_ENV, TERMINATION_FILE_ENV
 from airflow_dlrover.runtime.spec import JobSpec
@@ -376,8 +376,8 @@ def trainer_pod(job_id: str, node: Mapping[str, Any], *, argv: Sequence[str], en
         spec["initContainers"] = [{
             "name": SCRAPE_CONTAINER, "image": placement.image, "restartPolicy": "Always",
             "command": ["python", "-m", "airflow_dlrover.scrape", "--url", f"http://127.0.0.1:{port}{path}",
-                        "--every", f"{C.TRAINER_SCRAPE_S:g}", "--names", json.dumps(dict(names), sort_keys=True)],
-            "resources": container_resources(C.SCRAPE_SIDECAR_CPU, C.SCRAPE_SIDECAR_MEMORY_MB),
+                        "--every", f"{T.TRAINER_SCRAPE_S:g}", "--names", json.dumps(dict(names), sort_keys=True)],
+            "resources": container_resources(T.SCRAPE_SIDECAR_CPU, T.SCRAPE_SIDECAR_MEMORY_MB),
             "securityContext": _container_security(),
         }]
         metadata["annotations"] = {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
@@ -515,7 +515,7 @@ def render_job(
     placement = Placement(namespace, image, volume_claim, data_volume_claim, service_account, node_selector,
                           tolerations, launcher_namespace, launcher_pod_labels)
     owner = owner_references(master_uid, job)
-    objects = [node_pod(job, "master", 0, cpu=C.MASTER_CPU, memory_mb=C.MASTER_MEMORY_MB, placement=placement)]
+    objects = [node_pod(job, "master", 0, cpu=T.MASTER_CPU, memory_mb=T.MASTER_MEMORY_MB, placement=placement)]
     objects += job_objects(spec, placement, owner, record)
     for index in range(config.ps):
         objects.append(node_pod(job, "ps", index, cpu=config.ps_cpu, memory_mb=config.ps_memory_mb,

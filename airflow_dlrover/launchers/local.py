@@ -34,6 +34,7 @@ from airflow_dlrover.launchers.base import (
 )
 from airflow_dlrover.launchers.cgroups import CgroupManager, Limits
 from airflow_dlrover.launchers.contract import new_report, scrape
+from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.runtime.spec import JobSpec
 
@@ -182,7 +183,7 @@ class LocalLauncher(Launcher):
         whole lines)."""
         key = (job_id, node["name"], node.get("started"))
         now = time.monotonic()
-        if now - self._scraped.get(key, -math.inf) < C.TRAINER_SCRAPE_S:
+        if now - self._scraped.get(key, -math.inf) < T.TRAINER_SCRAPE_S:
             return
         self._scraped[key] = now
         trainer = self.trainer(job_id)
@@ -275,7 +276,7 @@ class LocalLauncher(Launcher):
 
     def _stop_node(self, job_id: str, record: dict[str, Any], node: dict[str, Any], *, replacing: bool) -> None:
         if replacing and not record.get("trainer"):  # our runtime's replaced node resumes from the master
-            self._kill(node, signal.SIGKILL, C.RELAUNCH_GRACE_S)
+            self._kill(node, signal.SIGKILL, T.RELAUNCH_GRACE_S)
         else:
             self._kill(node)
 
@@ -299,7 +300,7 @@ class LocalLauncher(Launcher):
                 os.killpg(group, sig)
             except (psutil.NoSuchProcess, ProcessLookupError, KeyError):
                 continue
-            grace = grace_s if grace_s is not None else node.get("grace_s", C.STOP_GRACE_S)
+            grace = grace_s if grace_s is not None else node.get("grace_s", T.STOP_GRACE_S)
             signalled.append((node, group, time.monotonic() + grace))
         while signalled:
             for entry in list(signalled):

@@ -20,6 +20,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleExcept
 
 from airflow_dlrover.links import DLRoverRunLink
 from airflow_dlrover.operators.job import duration_s, launcher_job_id, parse_quota, user_errors
+from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer import constants as C
 
 
@@ -101,16 +102,11 @@ class DLRoverBaseOperator(BaseOperator):
         return {"launcher": settings.launcher, "jobs_dir": settings.jobs_dir, "launcher_options": options}
 
     def observation(self, job_id: str, **fields: Any):
-        """The controller's observation of the running job now: its configuration and progress,
-        plus ``fields`` (windows, nodes, usage)."""
-        from airflow_dlrover.optimizer.controller import Observation
-        from airflow_dlrover.optimizer.types import Configuration
+        """The controller's observation of the running job now (``lifecycle.observer.observe``), with the
+        ``windows`` or ``usage`` this task's watch closed."""
+        from airflow_dlrover.lifecycle.observer import observe
 
-        status = self.launcher.progress(job_id)
-        config = Configuration(**self.launcher.read_job(job_id)["config"])
-        return Observation(time.time(), config, samples_done=status["samples_done"],
-                           samples_total=status["samples_total"], restart_cost_s=self.launcher.restart_cost_s(job_id),
-                           **fields)
+        return observe(self.launcher, job_id, **fields)
 
 
 class Again:
@@ -189,9 +185,10 @@ class DLRoverWatchingOperator(DLRoverBaseOperator):
 
     def watch_kwargs(self, context: Any) -> dict[str, Any]:
         """The trigger's arguments besides the job, the purpose and the deadline."""
+        run, _ = self.run_ids(context)
         return {"window_s": duration_s("window", self.window), "dag_id": self.dag_id,
                 "run_id": context["run_id"], "siblings": self.sibling_watchers(), "job": str(self.job),
-                **self.trigger_kwargs()}
+                "history_run": run, "dlrover_conn_id": self.dlrover_conn_id, **self.trigger_kwargs()}
 
     def sibling_watchers(self) -> list[str]:
         """The other tasks watching the same job: watching tasks that share an upstream task
@@ -206,4 +203,4 @@ class DLRoverWatchingOperator(DLRoverBaseOperator):
     @staticmethod
     def hand_back() -> None:
         """A sibling waits for this task's slot: reschedule (``triggers.job.Turns``)."""
-        raise AirflowRescheduleException(datetime.now(timezone.utc) + timedelta(seconds=C.TURN_RESCHEDULE_S))
+        raise AirflowRescheduleException(datetime.now(timezone.utc) + timedelta(seconds=T.TURN_RESCHEDULE_S))

@@ -106,7 +106,7 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
         ``plan_checked`` event."""
         import pandas as pd
 
-        from airflow_dlrover.launchers.profiling import JobFinished, measure_probe
+        from airflow_dlrover.lifecycle.profiling import JobFinished, measure_probe
         from airflow_dlrover.operators.fit import fit_profile
         from airflow_dlrover.optimizer import constants as C
         from airflow_dlrover.optimizer.controller import plan_needs_check

@@ -15,7 +15,7 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
     nothing: the prior plans, and the fine-tune re-scales it from the job's own windows.
 
     The job is profiled on itself, through the launcher: it starts on the first probe and is
-    resized through the others, each measured for a bounded window (``launchers.profiling``), and
+    resized through the others, each measured for a bounded window (``lifecycle.profiling``), and
     the samples it trains meanwhile count. It measures the probes that identify the model, and the
     rest as far as ``PROFILE_BUDGET_FRACTION`` of the job's run time allows. That holds for our
     runtime and for a trainer of the user's (``job_args.trainer``, ``docs/trainers.md``), whose
@@ -39,7 +39,7 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
         self.job_args, self.probe_window = job_args, probe_window
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from airflow_dlrover.launchers.profiling import profile_job
+        from airflow_dlrover.lifecycle.profiling import profile_job
         from airflow_dlrover.optimizer import constants as C
         from airflow_dlrover.optimizer.probes import design_probes
         from airflow_dlrover.optimizer.types import EventKind

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_dlrover.operators.base import DLRoverBaseOperator
-from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover import timings as T
 
 
 class DLRoverReportOperator(DLRoverBaseOperator):
@@ -35,14 +35,14 @@ class DLRoverReportOperator(DLRoverBaseOperator):
         from airflow.sdk.exceptions import AirflowFailException
 
         from airflow_dlrover.history.report import build_report, format_report
-        from airflow_dlrover.launchers.run import job_summary, trainer_summary
+        from airflow_dlrover.lifecycle.run import job_summary, trainer_summary
 
         run, job_id = self.run_ids(context)
         if not self.launcher.exists(job_id):
             self.history.finish_run(run, "failed", {"error": "the job was never launched"})
             raise AirflowFailException(f"job {job_id} was never launched: see the upstream tasks")
         try:
-            status = self.launcher.progress(job_id, timeout=C.MASTER_POLL_TIMEOUT_S)
+            status = self.launcher.progress(job_id, timeout=T.MASTER_POLL_TIMEOUT_S)
         except ConnectionError:
             status = {"state": "unreachable"}
         try:

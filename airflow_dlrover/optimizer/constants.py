@@ -120,7 +120,7 @@ MEMORY_REFIT_SAMPLES_GROWTH = 2.0
 #: The planner's search range (``planner.search_range``): as many workers and PS as the quota's
 #: cores allow at the smallest node size, up to these: the production DLRM jobs DLRover-RM
 #: optimises run with hundreds of workers, and a PS-heavy job with tables of hundreds of GB needs
-#: hundreds of PS (issue 20). CPU per node from ``GRID_CPU_VALUES``, in cores.
+#: hundreds of PS. CPU per node from ``GRID_CPU_VALUES``, in cores.
 PLAN_MAX_WORKERS = 1024
 PLAN_MAX_PS = 256
 GRID_CPU_VALUES = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
@@ -215,9 +215,8 @@ PROBES_BEYOND_PARAMETERS = 2
 MIN_PROBES_WARM = 0
 #: A cold profile measures the design's probes beyond those that identify the parameters
 #: (``probes.probes_always_measured``), the most informative first, while one more keeps it within
-#: this fraction of the job's run time as it looks so far (``probes.profile_continues``). The
-#: fraction is issue 19's target for a job of ≥ 1 h (the paper profiles ~3 minutes of an
-#: hours-long job); not tuned on the simulation. (issue 19)
+#: this fraction of the job's run time as it looks so far (``probes.profile_continues``): the
+#: paper profiles ~3 minutes of an hours-long job, 5 % of one hour; not tuned on the simulation.
 PROFILE_BUDGET_FRACTION = 0.05
 #: Two candidate probes whose information gain is within this fraction count as equal, and the
 #: cheaper one (fewer cores) wins. (ours)
@@ -329,49 +328,9 @@ OOM_MIN_RISE_MB = 32.0
 OOM_TREND_EXTRAPOLATION = 10.0
 
 # --------------------------------------------------------------------------------------------
-# Launchers (time-outs and the master's size)
+# Probe windows, restart costs and exit codes the controller decides on
 # --------------------------------------------------------------------------------------------
 
-#: The master only hands out shards and checkpoints (our measurement: < 0.1 core, < 200 MB).
-MASTER_CPU = 0.5
-MASTER_MEMORY_MB = 512.0
-#: A local node (a process) must listen within this long of its start (torch import ≈ 3 s).
-NODE_START_TIMEOUT_S = 60.0
-#: A pod must be Ready within this long: pulling a multi-GB torch image and starting it.
-POD_START_TIMEOUT_S = 600.0
-#: A pod the scheduler cannot place for this long is unschedulable (cluster-autoscaler usually
-#: adds a node within 1–3 min; beyond 5 min the job should shrink or be told).
-PENDING_TIMEOUT_S = 300.0
-#: A draining worker finishes its shard (``JobSpec.shard_timeout_s``) and exits within this long;
-#: after it, it is stopped.
-DRAIN_TIMEOUT_S = 120.0
-#: ``stop()`` waits this long for a job's pods to disappear.
-STOP_TIMEOUT_S = 120.0
-#: A Kubernetes launcher's lock on a job (a Lease) not released after this long is taken over:
-#: its holder died. The longest operation, a PS resize whose new pods wait for a node, takes at most
-#: a drain, a pod start and a pending time-out (120 + 600 + 300 s). (ours)
-JOB_LOCK_TTL_S = 1200.0
-#: A node being replaced gets this long between SIGTERM and SIGKILL (a relaunch: it is replaced
-#: from the checkpoint anyway) ...
-RELAUNCH_GRACE_S = 2.0
-#: ... and this long when the job stops or a node is stopped for good.
-STOP_GRACE_S = 5.0
-#: A call to a job's master is retried this long while the master is unreachable (a relaunched
-#: master reloads its state within seconds; a pod's restart takes longer) ...
-MASTER_CALL_TIMEOUT_S = 120.0
-#: ... and a watcher's poll of it this long, so that a down master does not stall the watch.
-MASTER_POLL_TIMEOUT_S = 5.0
-#: A task watching a job (fine-tune, guard) hands its worker slot back once a sibling watching
-#: the same job has waited this long for one (``triggers.job.Turns``): ``airflow dags test`` runs
-#: one task at a time, a deferred task's trigger inline, and a full pool holds a sibling back the
-#: same way. Under a scheduler with a triggerer a resumed sibling waits ~1–3 s. (ours)
-SIBLING_WAIT_S = 10.0
-#: ... and asks Airflow for its siblings' states this often (one API call each).
-SIBLING_CHECK_S = 2.0
-#: A task that hands its slot back is rescheduled this long later.
-TURN_RESCHEDULE_S = 1.0
-#: Seconds between the polls of a supervising loop (``dlrover-rm train``, profiling).
-SUPERVISOR_POLL_S = 0.25
 #: Seconds each probe is measured for. Our measurement (benchmarks/probe_window.py, one run,
 #: 2w×0.5 + 1ps×0.5, against the shards done over 40 s): median |error| 5.9 % for 1 s windows,
 #: 6.6 % for 2 s, 6.5 % for 3 s, 4.9 % for 4 s (max 47 %, 20 %, 23 %, 11 %: windows across a
@@ -385,9 +344,6 @@ PROBE_REPORT_AFTER_S = 1.0
 PROBE_WINDOW_REPORT_FACTOR = 5.0
 #: ... waiting at most this long for it.
 PROBE_SETTLE_TIMEOUT_S = 60.0
-#: Polls of pod / process state while waiting (API-server friendly for pods).
-LOCAL_POLL_S = 0.05
-POD_POLL_S = 1.0
 #: Exit code of a job's node that found a mistake of the user's — its data past the bad-row limit,
 #: its model module broken (sysexits' EX_DATAERR). The node writes why to its termination file
 #: (a pod's ``/dev/termination-log``); the controller fails the attempt without retry.
@@ -397,12 +353,6 @@ USER_ERROR_EXIT_CODE = 65
 #: a preemption, an operator's kill — so it is the cluster's failure at any time, even before a
 #: trainer's first report, and never a broken contract.
 SIGKILL_EXIT_CODES = (137, -9)
-#: A trainer of the user's (``launchers.contract``) gets this long between SIGTERM and SIGKILL to
-#: write its checkpoint (Kubernetes' default ``terminationGracePeriodSeconds``) ...
-TRAINER_GRACE_S = 30.0
-#: ... and must write its first report within this long of its start (torch import, rendezvous,
-#: data loading); a node that never reports is the user's mistake, not the cluster's. (ours)
-TRAINER_REPORT_TIMEOUT_S = 120.0
 #: Seconds each probe of a trainer of the user's is measured: it reports about once a second, and
 #: a mean of ~10 reports per worker damps its step-time noise (ours; cf. PROBE_WINDOW_S, which
 #: reads our runtime's exact counters).
@@ -410,14 +360,3 @@ TRAINER_PROBE_WINDOW_S = 10.0
 #: Cost of restarting a trainer's group (SIGTERM → checkpoint → start → first report) charged by
 #: the fine-tune until the job has measured its own (``FineTuneState`` keeps the measured one). (ours)
 TRAINER_RESTART_COST_S = 60.0
-#: A trainer that serves Prometheus text (``TrainerSpec.metrics_port``) is scraped this often by its
-#: pod's reports sidecar (locally: at each of the launcher's reads, at most this often), each scrape
-#: given this long. Its reports come about once a second; 2 s keeps ~5 per probe window. (ours;
-#: Prometheus' own default interval, 1 min, would see nothing of a 10 s probe)
-TRAINER_SCRAPE_S = 2.0
-TRAINER_SCRAPE_TIMEOUT_S = 2.0
-#: What a trainer's reports sidecar (the launcher's image, stdlib + prometheus_client) gets on
-#: Kubernetes, requests = limits: measured 24 MiB RSS and 0.5 % of a core (its start included) over
-#: 30 s at one scrape per 2 s (``python -m airflow_dlrover.scrape``, this machine).
-SCRAPE_SIDECAR_CPU = 0.05
-SCRAPE_SIDECAR_MEMORY_MB = 64

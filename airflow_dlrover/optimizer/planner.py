@@ -6,7 +6,7 @@ the quota's cores (and nodes) allow at the smallest node size, at most ``PLAN_MA
 ``PLAN_MAX_PS``; CPU per node λw, λp from ``GRID_CPU_VALUES`` up to ``NODE_CPU_TRUST_MULTIPLE`` ×
 the largest the model was fitted on (``FitReport.largest_node_cpu``); GPUs per worker g from
 ``GRID_GPU_VALUES`` when the quota has GPUs and the model knows them (``gpu_compute`` identified).
-Up to 1,024 × 256 × 7² × 5 ≈ 64 M configurations: too many to enumerate in a plan's time (issue 20).
+Up to 1,024 × 256 × 7² × 5 ≈ 64 M configurations: too many to enumerate in a plan's time.
 
 Structure. For one node shape s = (λw, λp, g), with u = w^-q, v = p^-q and φ_k = θ_k^q, the model
 (``model.py``; p = 0: v = 0) is

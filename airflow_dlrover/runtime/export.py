@@ -29,6 +29,7 @@ import torch
 from airflow_dlrover.optimizer.types import InvalidInputError
 from airflow_dlrover.runtime.datasets import filesystem
 from airflow_dlrover.runtime.layout import FeatureLayout
+from airflow_dlrover.runtime.lookup import embed, route
 
 FORMAT = "airflow-dlrover-export/1"
 MANIFEST = "manifest.json"
@@ -127,8 +128,6 @@ class ExportedModel:
         return rows
 
     def logits(self, batch) -> np.ndarray:
-        from airflow_dlrover.runtime.worker import embed, route
-
         uniques, inverses, _ = route(batch.sparse, 1)
         rows = [torch.from_numpy(self._rows(t, u)) for t, u in enumerate(uniques)]
         with torch.no_grad():

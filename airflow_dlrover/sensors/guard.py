@@ -15,7 +15,6 @@ again. An OOM kill the quota leaves no room for fails without retry.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator
@@ -82,16 +81,14 @@ class DLRoverInstabilitySensor(DLRoverWatchingOperator, BaseSensorOperator):
         actions; returns the detectors' history to carry on."""
         from airflow_dlrover.history.control import action_event, controller_state, failure_record
         from airflow_dlrover.launchers.base import statuses
-        from airflow_dlrover.optimizer.controller import Fail, Keep, Observation, step
-        from airflow_dlrover.optimizer.types import Configuration
+        from airflow_dlrover.optimizer.controller import Fail, Keep, step
 
         record = self.launcher.read_job(job_id)
         nodes = tuple(statuses(record))
         if not usage and not any(n.failed for n in nodes):
             return node_history
         state = controller_state(self.history, self.job, run, self.parsed_quota(required=False), node_history)
-        config = Configuration(**record["config"])
-        new_state, actions = step(state, Observation(time.time(), config, nodes=nodes, usage=usage))
+        new_state, actions = step(state, self.observation(job_id, record=record, usage=usage))
         try_number = context["ti"].try_number
         for fail in (a for a in actions if isinstance(a, Fail)):
             self.history.add(run, "event", failure_record(fail, nodes, try_number))

@@ -6,9 +6,11 @@ One watch, two purposes (the task that waits on it):
   ``{"kind": "windows", "rows": [...]}`` after ``windows`` of them: the operator's observation;
 - ``guard`` — fires ``{"kind": "observation", "usage": [...], "history": [...]}`` when the
   controller has something to decide: at once when a node failed, was OOM-killed or vanished, and
-  when ``controller.step`` on a window's per-node usage (with the detectors' ``history``, carried
-  across re-deferrals in the trigger's arguments) returns an action. The watch decides nothing:
-  the guard steps again on the same observation and carries out what the controller returns.
+  when ``controller.step`` on a window's per-node usage returns an action — the step the guard
+  takes, on the state the guard rebuilds (``history.control.controller_state`` of the run, with
+  the detectors' ``history`` carried across re-deferrals in the trigger's arguments) and the one
+  observer's observation (``lifecycle.observer``). The watch decides nothing: the guard steps
+  again on the same observation and carries out what the controller returns.
 
 Both fire ``{"kind": "done"}`` when the job finished, ``{"kind": "stopped"}`` when it was
 stopped (a sibling task was killed), ``{"kind": "timeout"}`` at ``deadline``
@@ -28,11 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_dlrover import metrics
+from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer import constants as C
 
 PURPOSES = ("finetune", "guard")
@@ -58,6 +61,8 @@ class DLRoverJobTrigger(BaseTrigger):
     :param job: the job's name (the metrics' tag)
     :param waiting_since: since when a sibling has waited for a slot, epoch seconds (``Turns``;
         carried across events, each of which ends a trigger)
+    :param history_run: the job's run in the history store (``guard``: the controller's state)
+    :param dlrover_conn_id: the connection that names the history store
     """
 
     def __init__(self, job_id: str, purpose: str, launcher: str = "local", jobs_dir: str | None = None,
@@ -65,7 +70,8 @@ class DLRoverJobTrigger(BaseTrigger):
                  windows: int = 3, poll_s: float = 0.5, deadline: float | None = None,
                  quota: dict[str, Any] | None = None, history: list[dict[str, Any]] | None = None,
                  dag_id: str = "", run_id: str = "", siblings: list[str] | None = None, job: str = "",
-                 waiting_since: float | None = None):
+                 waiting_since: float | None = None, history_run: int | None = None,
+                 dlrover_conn_id: str = "dlrover_default"):
         super().__init__()
         if purpose not in PURPOSES:
             raise ValueError(f"purpose={purpose!r} is invalid: allowed {', '.join(PURPOSES)}")
@@ -76,6 +82,7 @@ class DLRoverJobTrigger(BaseTrigger):
         self.quota, self.history = quota, list(history or [])
         self.dag_id, self.run_id, self.siblings, self.job = dag_id, run_id, list(siblings or []), job
         self.waiting_since = waiting_since
+        self.history_run, self.dlrover_conn_id = history_run, dlrover_conn_id
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -84,7 +91,8 @@ class DLRoverJobTrigger(BaseTrigger):
              "launcher_options": self.launcher_options, "window_s": self.window_s, "windows": self.windows,
              "poll_s": self.poll_s, "deadline": self.deadline, "quota": self.quota, "history": self.history,
              "dag_id": self.dag_id, "run_id": self.run_id, "siblings": self.siblings, "job": self.job,
-             "waiting_since": self.waiting_since},
+             "waiting_since": self.waiting_since, "history_run": self.history_run,
+             "dlrover_conn_id": self.dlrover_conn_id},
         )
 
     def _make_launcher(self) -> Any:
@@ -92,13 +100,23 @@ class DLRoverJobTrigger(BaseTrigger):
 
         return make_launcher(self.launcher, self.jobs_dir, self.launcher_options)
 
+    def _history_store(self) -> Any:
+        """The history store of the guard's run (None for the fine-tune, or outside a run)."""
+        if self.purpose != "guard" or self.history_run is None:
+            return None
+        from airflow_dlrover.hooks.dlrover import DLRoverHook
+
+        return DLRoverHook(self.dlrover_conn_id).get_history()
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from asgiref.sync import sync_to_async
 
         launcher = await asyncio.to_thread(self._make_launcher)
-        watch = await asyncio.to_thread(JobWatch, launcher, self)
+        # The task SDK's calls (the connection, the siblings' states) go through the triggerer's
+        # comms, which sync_to_async bridges.
+        store = await sync_to_async(self._history_store)()
+        watch = await asyncio.to_thread(JobWatch, launcher, self, store)
         turns = Turns(self.siblings, self.waiting_since)
-        # The task SDK's calls go through the triggerer's comms, which sync_to_async bridges.
         states = sync_to_async(lambda: task_states(self.dag_id, self.run_id, self.siblings))
         while True:
             if hasattr(launcher, "astatus"):  # Kubernetes: AsyncKubernetesHook, on this loop
@@ -117,7 +135,7 @@ class DLRoverJobTrigger(BaseTrigger):
 
     def wait(self, launcher: Any) -> dict[str, Any]:
         """The same watch, blocking on this worker (a task that does not defer); the event."""
-        watch = JobWatch(launcher, self)
+        watch = JobWatch(launcher, self, self._history_store())
         turns = Turns(self.siblings, self.waiting_since)
         while True:
             event = watch.poll(launcher.status(self.job_id)) or self._deadline_event(watch)
@@ -151,10 +169,10 @@ class DLRoverJobTrigger(BaseTrigger):
 class JobWatch:
     """What one watch of the job accumulates, and one poll of it (``poll``)."""
 
-    def __init__(self, launcher: Any, trigger: DLRoverJobTrigger):
+    def __init__(self, launcher: Any, trigger: DLRoverJobTrigger, store: Any = None):
         from airflow_dlrover.launchers.watch import JobMeter
 
-        self.launcher, self.trigger, self.job_id = launcher, trigger, trigger.job_id
+        self.launcher, self.trigger, self.job_id, self.store = launcher, trigger, trigger.job_id, store
         self.meter = JobMeter(launcher, self.job_id)
         self.rows: list[dict[str, Any]] = []
         self.history: list[dict[str, Any]] = list(trigger.history)
@@ -167,7 +185,7 @@ class JobWatch:
         if failed and purpose == "guard":
             return {"kind": "observation", "usage": [], "history": self.history}
         try:
-            status = self.launcher.progress(self.job_id, timeout=C.MASTER_POLL_TIMEOUT_S)
+            status = self.launcher.progress(self.job_id, timeout=T.MASTER_POLL_TIMEOUT_S)
         except ConnectionError:
             status = None  # the master is down: the guard sees it as a failed node
         ended = status is not None and (status["state"] == "done" or
@@ -185,7 +203,7 @@ class JobWatch:
         if purpose == "finetune":
             self.rows += [row] if row else []
             return {"kind": "windows", "rows": self.rows} if len(self.rows) >= self.trigger.windows else None
-        if self._controller_acts(statuses, usage):
+        if self._controller_acts(status, usage):
             return {"kind": "observation", "usage": usage, "history": self.history}
         return None
 
@@ -199,16 +217,29 @@ class JobWatch:
         if self.trigger.purpose == "finetune" or not self.trigger.siblings:
             metrics.window(self.tags, throughput or None, done / total if total else None, usage)
 
-    def _controller_acts(self, statuses: list[Any], usage: list[dict[str, Any]]) -> bool:
-        """Whether ``controller.step`` on this window's usage returns an action (it keeps the
-        detectors' history when it does not)."""
-        from airflow_dlrover.optimizer.controller import ControllerState, Observation, step
-        from airflow_dlrover.optimizer.types import Configuration, Quota
+    def controller_state(self) -> Any:
+        """The state the guard steps on: its run's (``history.control.controller_state``, as the
+        guard rebuilds it), with the detectors' history of this watch; outside a recorded run, the
+        quota and that history alone."""
+        from airflow_dlrover.optimizer.controller import ControllerState
+        from airflow_dlrover.optimizer.types import Quota
 
         quota = Quota(**self.trigger.quota) if self.trigger.quota else None
-        config = Configuration(**self.launcher.read_job(self.job_id)["config"])
-        state, actions = step(ControllerState(quota, node_history=tuple(self.history)),
-                              Observation(time.time(), config, nodes=tuple(statuses), usage=tuple(usage)))
+        if self.store is None:
+            return ControllerState(quota, node_history=tuple(self.history))
+        from airflow_dlrover.history.control import controller_state
+
+        return controller_state(self.store, self.trigger.job, self.trigger.history_run, quota, self.history)
+
+    def _controller_acts(self, status: dict[str, Any], usage: list[dict[str, Any]]) -> bool:
+        """Whether ``controller.step`` on this window's usage returns an action, on the guard's own
+        state (:meth:`controller_state`) and observation; it keeps the detectors' history when it
+        does not."""
+        from airflow_dlrover.lifecycle.observer import observe
+        from airflow_dlrover.optimizer.controller import step
+
+        state, actions = step(self.controller_state(),
+                              observe(self.launcher, self.job_id, status=status, usage=usage))
         if not actions:
             self.history = list(state.node_history)
         return bool(actions)
@@ -253,7 +284,7 @@ class Turns:
     pool holds a task back the same way: the fine-tune and the guard must then take turns, or the
     guard never sees a failure while the fine-tune holds the slot. A task hands its slot back
     (``{"kind": "turn"}``: it reschedules) once a sibling has waited for one (``WAITING_STATES``)
-    for ``C.SIBLING_WAIT_S`` without a break. Under a scheduler with a triggerer no sibling waits
+    for ``T.SIBLING_WAIT_S`` without a break. Under a scheduler with a triggerer no sibling waits
     that long, and no turn is taken: no knob to set.
     """
 
@@ -261,9 +292,10 @@ class Turns:
         self.siblings = list(siblings)
         self.checked_at = 0.0
         self.waiting_since = waiting_since
+        self.history_run, self.dlrover_conn_id = history_run, dlrover_conn_id
 
     def due(self, now: float) -> bool:
-        return bool(self.siblings) and now - self.checked_at >= C.SIBLING_CHECK_S
+        return bool(self.siblings) and now - self.checked_at >= T.SIBLING_CHECK_S
 
     def event(self, states: dict[str, str], now: float, watch: JobWatch) -> dict[str, Any] | None:
         self.checked_at = now
@@ -271,6 +303,6 @@ class Turns:
             self.waiting_since = None
             return None
         self.waiting_since = self.waiting_since or now
-        if now - self.waiting_since < C.SIBLING_WAIT_S:
+        if now - self.waiting_since < T.SIBLING_WAIT_S:
             return None
         return {"kind": "turn", "rows": watch.rows, "history": watch.history}

@@ -51,6 +51,7 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
+from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.controller import (
     ControllerState, Fail, Heal, Observation as Seen, Relaunch, Resize as ResizeAction, initial_plan, plan_needs_check,
@@ -286,7 +287,7 @@ def _seen(job: JobRun, obs: Observation, *, windows: tuple = (), usage: tuple = 
     """The controller's observation of a simulated period: the nodes (ps-0 with its own CPU once
     healed), those of ``oom_role`` OOM-killed (one incarnation per kill: ``restarts`` = the kills)."""
     config = obs.config
-    nodes = [NodeStatus("master", "master", 0, NodeState.RUNNING, C.MASTER_CPU, C.MASTER_MEMORY_MB)]
+    nodes = [NodeStatus("master", "master", 0, NodeState.RUNNING, T.MASTER_CPU, T.MASTER_MEMORY_MB)]
     for role, count, cpu, memory in (("ps", config.ps, config.ps_cpu, config.ps_memory_mb),
                                      ("worker", config.workers, config.worker_cpu, config.worker_memory_mb)):
         state = NodeState.OOM_KILLED if role == oom_role else NodeState.RUNNING

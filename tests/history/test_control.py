@@ -13,7 +13,7 @@ from airflow_dlrover.optimizer.job_model import JobModel
 from airflow_dlrover.optimizer.memory import MemoryModel
 from airflow_dlrover.optimizer.model import fit_throughput
 from airflow_dlrover.optimizer.types import Configuration, Quota, Reason
-from sim.synthetic import TRUE_THETA, model_samples
+from sim.synthetic import model_samples
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,7 @@ from airflow_dlrover import cli
 from airflow_dlrover.history import migrate
 from airflow_dlrover.history.identity import JobIdentity
 from airflow_dlrover.history.store import Base, HistoryStore, open_engine
-from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
+from airflow_dlrover.optimizer.job_model import fit_job_model
 from sim.synthetic import model_samples
 
 pytestmark = pytest.mark.unit

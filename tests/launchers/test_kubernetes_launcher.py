@@ -22,6 +22,7 @@ from airflow_dlrover.launchers.base import (
 )
 from airflow_dlrover.launchers.kubernetes import KubernetesLauncher, pod_state
 from airflow_dlrover.launchers.watch import failed_nodes
+from airflow_dlrover.lifecycle.observer import recover
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError
 from airflow_dlrover.runtime.spec import JobSpec
 
@@ -206,7 +207,7 @@ def test_oom_killed_worker_is_relaunched_with_more_memory(server, cluster):
     failed = failed_nodes(launcher.status(JOB))
     assert failed == [{"name": "worker-0", "state": OOM_KILLED, "reason": "OOMKilled at its 1024Mi memory limit",
                        "memory_mb": 1024}]
-    events = launcher.recover(JOB)
+    events = recover(launcher, JOB)
     assert [(e["action"], e["reason"], e["node"], e["memory_mb"]) for e in events] == [
         ("relaunch", "oom_killed", "worker-0", 1536)]
     assert master.posts() == [("/node_lost", {"node": "worker-0"})]  # its shards are requeued first
@@ -226,7 +227,7 @@ def test_failed_ps_is_relaunched_and_the_job_rolls_back(cluster):
                                   "message": "The node was low on resource: memory."})
     assert failed_nodes(launcher.status(JOB)) == [{"name": "ps-1", "state": FAILED, "memory_mb": 768,
                                                    "reason": "Evicted: The node was low on resource: memory."}]
-    events = launcher.recover(JOB)
+    events = recover(launcher, JOB)
     assert [(e["action"], e["reason"], e["node"], e["memory_mb"]) for e in events] == [
         ("relaunch", "node_failed", "ps-1", None)]  # an eviction is not an OOM: the same memory
     assert master.posts() == [("/restore", {})]
@@ -245,7 +246,7 @@ def test_pod_pending_past_the_threshold_is_an_event_and_the_worker_leaves(cluste
     assert statuses["worker-3"].reason.startswith("Unschedulable for 9") and "Insufficient cpu" in statuses["worker-3"].reason
     assert [f["name"] for f in failed_nodes(statuses.values())] == ["worker-3"]
     master.calls.clear()
-    events = launcher.recover(JOB)
+    events = recover(launcher, JOB)
     assert [(e["action"], e["reason"], e["remove"], e["done"]) for e in events] == [
         ("resize", "unschedulable", ["worker-3"], ["worker-3 removed"])]
     assert master.posts() == [("/node_lost", {"node": "worker-3"})]
@@ -483,7 +484,7 @@ def test_two_launchers_take_turns_on_a_job_and_a_dead_holders_lock_is_taken_over
     import threading
     from datetime import datetime, timedelta, timezone
 
-    from airflow_dlrover.optimizer import constants as C
+    from airflow_dlrover import timings as T
 
     launcher, _, _, v1 = cluster
     other = make_launcher("kubernetes", None, {"namespace": NS, "image": "registry.example/airflow-dlrover:0.1.0",
@@ -500,7 +501,7 @@ def test_two_launchers_take_turns_on_a_job_and_a_dead_holders_lock_is_taken_over
     assert order == ["first released", "other"]
     coordination = client.CoordinationV1Api(v1.api_client)
     lease = coordination.read_namespaced_lease(f"{JOB}-launcher", NS)  # "other" died holding it
-    stale = datetime.now(timezone.utc) - timedelta(seconds=C.JOB_LOCK_TTL_S + 60)
+    stale = datetime.now(timezone.utc) - timedelta(seconds=T.JOB_LOCK_TTL_S + 60)
     coordination.patch_namespaced_lease(lease.metadata.name, NS, {"spec": {"renewTime": stale, "acquireTime": stale}})
     with launcher._job_lock(JOB):
         assert coordination.read_namespaced_lease(f"{JOB}-launcher", NS).spec.holder_identity != lease.spec.holder_identity

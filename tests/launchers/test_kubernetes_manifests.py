@@ -12,7 +12,7 @@ from kubernetes_validate import utils as kv_utils
 
 from airflow_dlrover.cli import main
 from airflow_dlrover.launchers import kubernetes_manifests as km
-from airflow_dlrover.optimizer.constants import MASTER_CPU, MASTER_MEMORY_MB
+from airflow_dlrover.timings import MASTER_CPU, MASTER_MEMORY_MB
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError
 from airflow_dlrover.runtime.spec import JobSpec
 

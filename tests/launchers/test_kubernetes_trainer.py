@@ -12,7 +12,8 @@ from kubernetes import client
 
 from airflow_dlrover.launchers import make_launcher
 from airflow_dlrover.launchers.contract import TrainerSpec
-from airflow_dlrover.launchers.profiling import profile_job
+from airflow_dlrover.lifecycle.profiling import profile_job
+from airflow_dlrover.lifecycle.observer import recover
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import memory_request_mb
 from airflow_dlrover.optimizer.probes import design_probes
@@ -196,13 +197,13 @@ def test_an_oom_killed_worker_relaunches_the_group_with_more_memory_once(server,
     kubelet.set_status(f"{JOB}-worker-1", {"phase": "Failed", "containerStatuses": [{
         "name": "worker", "image": IMAGE, "imageID": "", "ready": False, "restartCount": 0,
         "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]})
-    [record] = launcher.recover(JOB, Quota(cpu=16, memory_mb=64 * 1024))
+    [record] = recover(launcher, JOB, Quota(cpu=16, memory_mb=64 * 1024))
     assert record["action"] == "relaunch" and record["node"] == "worker-1"
     grown = -(-2048 * C.OOM_MEMORY_GROWTH // C.MEMORY_GRANULARITY_MB) * C.MEMORY_GRANULARITY_MB
     assert record["memory_mb"] == grown
     assert {p.spec.containers[0].resources.limits["memory"] for p in pods(v1).values()} == {f"{int(grown)}Mi"}
     assert launcher.read_job(JOB)["config"]["worker_memory_mb"] == grown
-    assert launcher.recover(JOB, Quota(cpu=16, memory_mb=64 * 1024)) == []  # once per kill
+    assert recover(launcher, JOB, Quota(cpu=16, memory_mb=64 * 1024)) == []  # once per kill
     launcher.stop(JOB)
 
 

@@ -12,7 +12,7 @@ import pytest
 from airflow_dlrover.launchers.base import RUNNING
 from airflow_dlrover.launchers.cgroups import CgroupManager
 from airflow_dlrover.launchers.local import LocalLauncher
-from airflow_dlrover.launchers.run import run_job
+from airflow_dlrover.lifecycle.run import run_job
 from airflow_dlrover.optimizer.types import (
     CONFIG_COLUMNS, USAGE_COLUMNS, Configuration, Fault, FaultKind, InvalidInputError, parse_faults,
 )

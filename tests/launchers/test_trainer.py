@@ -11,7 +11,8 @@ import pytest
 
 from airflow_dlrover.launchers.contract import TrainerSpec
 from airflow_dlrover.launchers.local import LocalLauncher
-from airflow_dlrover.launchers.run import run_job
+from airflow_dlrover.lifecycle.run import run_job
+from airflow_dlrover.lifecycle.observer import recover
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import Configuration, Fault, FaultKind
 from airflow_dlrover.runtime.spec import JobSpec
@@ -74,7 +75,7 @@ def test_a_trainer_whose_endpoint_never_answers_is_refused_after_its_report_time
     launcher.launch(spec, ONE)
     try:
         time.sleep(3.0)
-        records = launcher.recover("deaf")
+        records = recover(launcher, "deaf")
         assert records[0]["reason"] == "user_error" and records[0]["retryable"] is False
         port = launcher.read_job("deaf")["nodes"]["worker-0"]["metrics_port"]
         assert "Prometheus text on port 9400/metrics" in records[0]["text"] and port != 9400  # locally: its own port
@@ -97,7 +98,7 @@ def test_two_failed_members_restart_an_allreduce_group_once(tmp_path):
         deadline = time.monotonic() + 10
         while sum(s.failed for s in launcher.status("pair")) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
-        records = launcher.recover("pair")
+        records = recover(launcher, "pair")
         assert [r["node"] for r in records if r.get("action") == "relaunch"] == ["worker-0", "worker-1"]
         restarts = [e for e in launcher.read_job("pair")["events"] if e.get("event") == "restart"]
         assert len(restarts) == 1 and restarts[0]["generation"] == 1  # the second member was already back
@@ -128,7 +129,7 @@ def test_a_trainer_killed_before_its_first_report_is_the_clusters_failure_and_re
             time.sleep(0.1)
         [node] = launcher.status("early")
         assert node.failed and node.exit_code in C.SIGKILL_EXIT_CODES and node.exit_code != C.USER_ERROR_EXIT_CODE
-        records = launcher.recover("early")
+        records = recover(launcher, "early")
         assert [(r.get("action"), r.get("reason")) for r in records] == [("relaunch", "node_failed")]
         assert [s.state for s in launcher.status("early")] == ["running"]
     finally:
@@ -143,7 +144,7 @@ def test_a_trainer_that_never_reports_is_refused_after_its_report_timeout(tmp_pa
         import time
 
         time.sleep(3.0)
-        records = launcher.recover("mute")
+        records = recover(launcher, "mute")
         assert records[0]["reason"] == "user_error" and records[0]["retryable"] is False
         assert "reported nothing" in records[0]["text"] and "report_timeout_s=2s" in records[0]["text"]
         assert not any(r.get("action") == "relaunch" for r in records)

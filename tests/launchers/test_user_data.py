@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_dlrover.launchers.local import LocalLauncher
-from airflow_dlrover.launchers.run import run_job
+from airflow_dlrover.lifecycle.run import run_job
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, parse_faults
 from airflow_dlrover.runtime.datasets import TabularSource, write_synthetic
 from airflow_dlrover.runtime.evaluate import metrics

@@ -13,7 +13,7 @@ import pytest
 
 from airflow_dlrover.groups import DLRoverRetrainGroup, model_asset
 from airflow_dlrover.operators.job import parse_configuration, parse_quota, rendered
-from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer.types import InvalidInputError
 from airflow_dlrover.triggers.job import Turns, progress_line
 
@@ -104,17 +104,17 @@ def test_a_sibling_waiting_for_a_slot_gets_a_turn_only_after_waiting_without_a_b
     t0 = 1000.0
     assert turns.due(t0)
     assert turns.event({"g.guard": "deferred"}, t0, Watch) is None
-    assert not turns.due(t0 + C.SIBLING_CHECK_S / 2) and turns.due(t0 + C.SIBLING_CHECK_S)
+    assert not turns.due(t0 + T.SIBLING_CHECK_S / 2) and turns.due(t0 + T.SIBLING_CHECK_S)
     assert turns.event({"g.guard": "scheduled"}, t0 + 2, Watch) is None  # waiting starts
     assert turns.event({"g.guard": "running"}, t0 + 6, Watch) is None  # it got a slot: the wait resets
     assert turns.event({"g.guard": "queued"}, t0 + 8, Watch) is None
-    assert turns.event({"g.guard": "up_for_retry"}, t0 + 8 + C.SIBLING_WAIT_S - 0.1, Watch) is None
-    event = turns.event({"g.guard": "up_for_reschedule"}, t0 + 8 + C.SIBLING_WAIT_S, Watch)
+    assert turns.event({"g.guard": "up_for_retry"}, t0 + 8 + T.SIBLING_WAIT_S - 0.1, Watch) is None
+    event = turns.event({"g.guard": "up_for_reschedule"}, t0 + 8 + T.SIBLING_WAIT_S, Watch)
     assert event == {"kind": "turn", "rows": Watch.rows, "history": Watch.history}
     assert not Turns([]).due(t0)  # nothing to wait for: never asks Airflow
     # the wait outlives the trigger: each event ends one, and the next starts from the carried time
     carried = Turns(["g.guard"], waiting_since=t0)
-    assert carried.event({"g.guard": "up_for_reschedule"}, t0 + C.SIBLING_WAIT_S, Watch)["kind"] == "turn"
+    assert carried.event({"g.guard": "up_for_reschedule"}, t0 + T.SIBLING_WAIT_S, Watch)["kind"] == "turn"
 
 
 def test_a_state_is_named_alike_whichever_enum_it_arrives_as():

@@ -211,7 +211,7 @@ def test_fit_without_profile_samples_is_a_user_error(airflow_db):
 
 def test_trigger_serializes_to_its_classpath_and_kwargs():
     trigger = DLRoverJobTrigger("job-1", "guard", jobs_dir="/tmp/jobs", window_s=2.0, deadline=1.8e9,
-                                dag_id="d", run_id="r", siblings=["fine_tune"], job="j")
+                                dag_id="d", run_id="r", siblings=["fine_tune"], job="j", history_run=7)
     classpath, kwargs = trigger.serialize()
     module, name = classpath.rsplit(".", 1)
     again = getattr(importlib.import_module(module), name)(**kwargs)

@@ -19,7 +19,7 @@ from airflow_dlrover.runtime.datasets import TabularSource, scan, standardize_st
 from airflow_dlrover.runtime.layout import FeatureLayout
 from airflow_dlrover.runtime.prepare import prepare
 from airflow_dlrover.runtime.spec import JobSpec
-from airflow_dlrover.runtime.worker import embed, route
+from airflow_dlrover.runtime.lookup import embed, route
 
 pytestmark = pytest.mark.unit
 

@@ -25,8 +25,9 @@ import pandas as pd
 from airflow_dlrover.launchers.base import statuses
 from airflow_dlrover.launchers.local import LocalLauncher
 from airflow_dlrover.launchers.watch import WINDOW_S, JobMeter
-from airflow_dlrover.optimizer import constants as C
-from airflow_dlrover.optimizer.controller import ControllerState, Fail, Observation, step
+from airflow_dlrover import timings as T
+from airflow_dlrover.lifecycle.observer import job_progress, observe
+from airflow_dlrover.optimizer.controller import ControllerState, Fail, step
 from airflow_dlrover.optimizer.types import (
     CONFIG_COLUMNS, SAMPLE_TABLE_COLUMNS, Configuration, Fault, FaultKind, InvalidInputError, JobFailed,
 )
@@ -76,22 +77,14 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
                 _, intervene = pending_interventions.pop(0)
                 events.append({"time_s": now, **intervene(launcher, job_id)})
             usage: list[dict[str, Any]] = []
-            status = None
             record = launcher.read_job(job_id)  # once a poll: it reads every node's process and cgroup
             nodes = tuple(statuses(record))
-            if not any(n.role == "master" and n.failed for n in nodes):  # a dead master is not waited for
-                try:
-                    status = launcher.progress(job_id, timeout=C.MASTER_POLL_TIMEOUT_S)
-                except ConnectionError:  # the master is down: its node status says so
-                    pass
+            status = job_progress(launcher, job_id, nodes)
             if status is not None and meter.elapsed_s >= WINDOW_S:
                 row, usage = meter.close(time.time())
                 if row:
                     rows.append(row)
-            progress = {k: status[k] for k in ("samples_done", "samples_total") if status and status.get(k) is not None}
-            state, actions = step(state, Observation(time.time(), Configuration(**record["config"]), nodes=nodes,
-                                                     usage=tuple(usage), restart_cost_s=launcher.restart_cost_s(job_id),
-                                                     **progress))
+            state, actions = step(state, observe(launcher, job_id, record=record, status=status, usage=usage))
             for action in (a for a in actions if isinstance(a, Fail)):
                 events.append({**action.to_record(), "time_s": now})
                 if not action.retryable:
@@ -99,7 +92,7 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
             done = launcher.apply(job_id, actions)
             events += [{**record, "time_s": time.time() - started} for record in done]
             if status is None:
-                time.sleep(C.SUPERVISOR_POLL_S)
+                time.sleep(T.SUPERVISOR_POLL_S)
                 continue
             meter.observe(status, healthy=not any(n.failed for n in nodes) and not done)
             series.append({"time_s": now, "throughput": status["throughput"], "samples_done": status["samples_done"]})
@@ -107,7 +100,7 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
                 break
             if time.time() - started > timeout_s:
                 raise TimeoutError(f"job {job_id} did not finish in {timeout_s:.0f}s")
-            time.sleep(C.SUPERVISOR_POLL_S)
+            time.sleep(T.SUPERVISOR_POLL_S)
         summary = _summarize(launcher, job_id, spec, events, series, started, series_points)
     finally:
         pd.DataFrame(rows, columns=[*CONFIG_COLUMNS, *SAMPLE_TABLE_COLUMNS]).to_csv(out / "samples.csv", index=False)

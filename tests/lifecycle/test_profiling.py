@@ -2,7 +2,7 @@
 
 import pytest
 
-from airflow_dlrover.launchers.profiling import order_probes, visiting_order
+from airflow_dlrover.lifecycle.profiling import order_probes, visiting_order
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.probes import design_probes, probes_always_measured
 from airflow_dlrover.optimizer.types import Configuration, Quota

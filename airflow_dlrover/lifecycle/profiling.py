@@ -23,7 +23,9 @@ from typing import Any
 
 import pandas as pd
 
+from airflow_dlrover.lifecycle.observer import recover
 from airflow_dlrover.launchers.watch import JobMeter, all_running
+from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.probes import next_probe, probes_always_measured, profile_continues
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError, Quota
@@ -119,9 +121,9 @@ def measure_probe(launcher: Any, job_id: str, config: Configuration, window_s: f
     meter = JobMeter(launcher, job_id)
     status = {"state": "training"}
     while status["state"] != "done" and (meter.elapsed_s < window_s or not _window_reported(meter, window_s)):
-        status = launcher.progress(job_id, timeout=C.MASTER_POLL_TIMEOUT_S)
+        status = launcher.progress(job_id, timeout=T.MASTER_POLL_TIMEOUT_S)
         meter.observe(status, healthy=all_running(launcher.status(job_id)))
-        time.sleep(C.SUPERVISOR_POLL_S)
+        time.sleep(T.SUPERVISOR_POLL_S)
     row, _ = meter.close(time.monotonic() - started)
     if row is None:
         log.warning("probe %s was not measured cleanly (a node failed or the job ended)", config.describe())
@@ -152,7 +154,7 @@ def _settle(launcher: Any, job_id: str, since: float, quota: Quota) -> bool:
             raise InvalidInputError("trainer" if trainer else "job", broken.name, "a job that keeps the contract "
                                     "(docs/trainers.md)", broken.reason)
         if any(s.failed for s in nodes):  # a probe too small for the job (an OOM kill): recovered as the guard does
-            for record in launcher.recover(job_id, quota):
+            for record in recover(launcher, job_id, quota):
                 log.warning("while profiling: %s", record.get("text") or record)
             since = time.time()
             continue
@@ -160,5 +162,5 @@ def _settle(launcher: Any, job_id: str, since: float, quota: Quota) -> bool:
         reports = metrics["nodes"]
         if workers and all(reports.get(w, {}).get("reported_at", 0) >= since + C.PROBE_REPORT_AFTER_S for w in workers):
             return True
-        time.sleep(C.SUPERVISOR_POLL_S)
+        time.sleep(T.SUPERVISOR_POLL_S)
     raise TimeoutError(f"job {job_id}: workers did not report within {timeout:.0f}s of a probe resize")

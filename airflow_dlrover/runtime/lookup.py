@@ -1,0 +1,54 @@
+"""A batch's embedding lookups, shared by the training worker and the exported model: each
+table's unique ids routed to the PS that holds them (id ≡ k mod p), the PS replies reassembled,
+and the rows embedded as the model's input (a multi-hot table's rows pooled)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from airflow_dlrover.runtime.layout import FeatureLayout
+
+
+def route(sparse: tuple[np.ndarray, ...], p: int) -> tuple[list[np.ndarray], list[np.ndarray], list[list[np.ndarray]]]:
+    """Unique ids of each table, the maps from the batch's ids (a multi-hot table's present ones,
+    row-major) to them, and each PS's share (id ≡ k mod p)."""
+    uniques, inverses = [], []
+    for ids in sparse:
+        u, inverse = np.unique(ids if ids.ndim == 1 else ids[ids >= 0], return_inverse=True)
+        uniques.append(u)
+        inverses.append(inverse.reshape(-1))
+    return uniques, inverses, [[u[u % p == k] for u in uniques] for k in range(p)]
+
+
+def gather(uniques: list[np.ndarray], replies: list[dict[str, Any]], dims: tuple[int, ...]) -> list[np.ndarray]:
+    """Each table's unique rows in the order of ``uniques``, reassembled from the PS replies."""
+    p = len(replies)
+    out = []
+    for t, u in enumerate(uniques):
+        rows = np.empty((len(u), dims[t]), dtype=np.float32)
+        for k in range(p):
+            rows[u % p == k] = replies[k]["rows"][t]
+        out.append(rows)
+    return out
+
+
+def embed(rows: list[torch.Tensor], inverses: list[np.ndarray], sparse: tuple[np.ndarray, ...], layout: FeatureLayout,
+          device: torch.device) -> list[torch.Tensor]:
+    """One (n, dim) tensor per table: the row of a single id; a multi-hot table's rows pooled by
+    its ``pooling`` (sum, or mean over the present ids; no id → zeros)."""
+    out = []
+    for r, inverse, ids, column in zip(rows, inverses, sparse, layout.sparse):
+        if ids.ndim == 1:
+            out.append(r[torch.from_numpy(inverse).to(device)])
+            continue
+        present = ids >= 0
+        index = np.full(ids.shape, len(r), dtype=np.int64)  # the padding points at a zero row
+        index[present] = inverse
+        pooled = torch.cat([r, r.new_zeros(1, r.shape[1])])[torch.from_numpy(index).to(device)].sum(dim=1)
+        if column.pooling == "mean":
+            pooled = pooled / torch.from_numpy(present.sum(axis=1)).to(device).clamp(min=1).unsqueeze(1)
+        out.append(pooled)
+    return out
