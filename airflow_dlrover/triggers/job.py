@@ -292,7 +292,6 @@ class Turns:
         self.siblings = list(siblings)
         self.checked_at = 0.0
         self.waiting_since = waiting_since
-        self.history_run, self.dlrover_conn_id = history_run, dlrover_conn_id
 
     def due(self, now: float) -> bool:
         return bool(self.siblings) and now - self.checked_at >= T.SIBLING_CHECK_S

@@ -186,7 +186,7 @@ def test_a_cancellation_keeps_its_message_while_the_trigger_asks_for_its_sibling
     class Watch:
         rows, history = [], []
 
-        def __init__(self, launcher, trigger):
+        def __init__(self, launcher, trigger, store=None):
             pass
 
         def poll(self, statuses):
