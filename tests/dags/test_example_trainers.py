@@ -25,14 +25,14 @@ EXAMPLES = {
     # job: (DAG id, its params: a start of the user's that the fine-tune must leave)
     # 1.5 cores: probes of one torch thread each (two threads on this machine's two cores contend
     # with the Airflow process); a start far below the plan, so that the resize pays at the
-    # pessimistic end of a model fitted on three probes; the PS trainer's job long enough that,
-    # where a busy machine stretches its profile (122 s for 9 probes, twice the usual) and
-    # widens the band, what is left still pays for exploring the plan
+    # pessimistic end of a model fitted on three probes (at twice these samples it was to save
+    # 259 s of 436 s for a 9 s restart, and 102 s of 203 s for 6 s: half still pays many times
+    # over), and long enough that both still train after the killed worker is recovered
     "ddp_dlrm": ("ddp_dlrm_daily_retrain", {
-        "samples": 12_000_000, "quota_cpu": 1.5, "quota_memory": "4Gi",
+        "samples": 6_000_000, "quota_cpu": 1.5, "quota_memory": "4Gi",
         "start_on": {"workers": 1, "ps": 0, "worker_cpu": 0.25, "ps_cpu": 0, "worker_memory_mb": 1024, "batch_size": 512}}),
     "ps_dlrm": ("ps_dlrm_daily_retrain", {
-        "samples": 1_000_000, "quota_cpu": 2.0, "quota_memory": "4Gi",
+        "samples": 700_000, "quota_cpu": 2.0, "quota_memory": "4Gi",
         "start_on": {"workers": 1, "ps": 1, "worker_cpu": 0.5, "ps_cpu": 0.25, "worker_memory_mb": 1024,
                      "ps_memory_mb": 1024, "batch_size": 512}}),
 }
