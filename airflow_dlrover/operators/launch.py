@@ -100,7 +100,8 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
         return {**summary, "adopted": adopted, "launched_on": target.to_row()}
 
     def check_plan(self, run: int, spec: Any, chosen: Any, quota: Any, replan: Any) -> Any:
-        """Measure the plan (``PLAN_CHECK_WINDOWS`` probe windows) on the job that profiled (a cold
+        """Measure the plan (``PLAN_CHECK_WINDOWS`` of the profile's probe windows: the window the
+        user chose, else the default of the job's kind) on the job that profiled (a cold
         start: it runs) where ``controller.plan_needs_check`` says so, add the window to the
         profile, refit and plan again; at most ``PLAN_CHECK_PROBES`` times, each recorded as a
         ``plan_checked`` event."""
@@ -112,7 +113,10 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
         from airflow_dlrover.optimizer.controller import plan_needs_check
         from airflow_dlrover.optimizer.types import EventKind
 
-        window_s = C.PLAN_CHECK_WINDOWS * (C.TRAINER_PROBE_WINDOW_S if spec.trainer else C.PROBE_WINDOW_S)
+        profiled = [e for e in self.history.records(run, "event") if e.get("event") == EventKind.PROFILED.value]
+        probe_window_s = (profiled[-1].get("window_s") if profiled else None) or \
+            (C.TRAINER_PROBE_WINDOW_S if spec.trainer else C.PROBE_WINDOW_S)
+        window_s = C.PLAN_CHECK_WINDOWS * probe_window_s
         for _ in range(C.PLAN_CHECK_PROBES):
             samples = self.history.samples(self.job, run_id=run, stage="profile")
             if samples.empty or not plan_needs_check(chosen) or not self.launcher.exists(spec.job_id):
@@ -133,7 +137,7 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
             self.history.add(run, "event", {
                 "event": EventKind.PLAN_CHECKED.value, "config": checked.config.to_row(),
                 "extrapolation": checked.extrapolation, "predicted_throughput": checked.predicted_throughput,
-                "measured_throughput": row["throughput"], "probe_s": row["probe_s"],
+                "measured_throughput": row["throughput"], "probe_s": row["probe_s"], "window_s": window_s,
                 "samples_trained": row["samples_seen"] - trained_before,
                 "replanned": chosen.config.to_row(), "replanned_throughput": chosen.predicted_throughput,
                 "time": time.time()})

@@ -75,7 +75,7 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
                                         "largest_table_mb": None if trainer else spec.layout.largest_table_mb(),
                                         "warm_start": prior is not None, "profile_s": profile_s,
                                         "samples_trained": float(table["samples_seen"].max()) if len(table) else 0.0,
-                                        "trainer": bool(trainer), "time": time.time()})
+                                        "trainer": bool(trainer), "window_s": window_s, "time": time.time()})
         if table.empty:
             raise RuntimeError(f"no probe of job {job_id} was measured cleanly; see the task log")
         for row in table.to_dict("records"):

@@ -173,6 +173,9 @@ def test_a_trainer_of_your_own_is_profiled_fitted_planned_and_launched(airflow_d
         assert config["ps"] == 0 and config["workers"] * config["worker_cpu"] <= QUOTA["cpu"] + 1e-9
         assert launched["adopted"]  # profiling left the job running: the launch resized it to the plan
         assert launcher.read_job(launched["job_id"])["config"] == config
+        # a plan past the probes is checked in windows of the probes' length, the user's 1 s
+        checks = [e for e in HistoryStore().records(profiled["run"], "event") if e["event"] == "plan_checked"]
+        assert checks and all(check["window_s"] == C.PLAN_CHECK_WINDOWS * 1.0 for check in checks)
         nodes = [s for s in launcher.status(launched["job_id"]) if s.state == "running"]
         assert len(nodes) == config["workers"] and {s.role for s in nodes} == {"worker"}
     finally:
