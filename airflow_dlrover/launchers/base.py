@@ -229,7 +229,8 @@ class Launcher:
     def status(self, job_id: str) -> list[NodeStatus]:
         return statuses(self.read_job(job_id))
 
-    def master_call(self, job_id: str, path: str, body: dict[str, Any] | None = None, timeout: float = T.MASTER_CALL_TIMEOUT_S) -> Any:
+    def master_call(self, job_id: str, path: str, body: dict[str, Any] | None = None,
+                    timeout: float = T.MASTER_CALL_TIMEOUT_S) -> Any:
         try:
             return call_master(self._master_url(job_id), path, body, timeout=timeout, key=self._key(job_id))
         except ConnectionError as err:

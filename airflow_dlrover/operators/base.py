@@ -18,9 +18,9 @@ from typing import Any, Sequence
 from airflow.sdk import BaseOperator, conf
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
+from airflow_dlrover import timings as T
 from airflow_dlrover.links import DLRoverRunLink
 from airflow_dlrover.operators.job import duration_s, launcher_job_id, parse_quota, user_errors
-from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer import constants as C
 
 

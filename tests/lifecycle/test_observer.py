@@ -59,8 +59,9 @@ class RecordedJob:
 
 def usage_rows(now: float) -> tuple[dict, ...]:
     return tuple({"time_s": now, "node": name, "role": role, "cpu_used": 0.9, "cpu_limit": 1.0,
-                  "memory_used_mb": 900.0, "memory_limit_mb": 2048.0, "throughput": 15_000.0 if role == "worker" else None,
-                  "age_s": 60.0} for name, role in (("ps-0", "ps"), ("worker-0", "worker"), ("worker-1", "worker")))
+                  "memory_used_mb": 900.0, "memory_limit_mb": 2048.0,
+                  "throughput": 15_000.0 if role == "worker" else None, "age_s": 60.0}
+                 for name, role in (("ps-0", "ps"), ("worker-0", "worker"), ("worker-1", "worker")))
 
 
 def test_the_observation_carries_progress_nodes_and_restart_cost():
