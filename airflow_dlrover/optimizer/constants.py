@@ -200,7 +200,7 @@ PROBE_MIN_BUDGET_CORES = 4.0
 PROBE_WORKERS = tuple(2**k for k in range(PLAN_MAX_WORKERS.bit_length()))
 PROBE_PS = tuple(2**k for k in range(PLAN_MAX_PS.bit_length()))
 PROBE_CPU = (0.5, 1.0, 2.0, 4.0)
-#: A cold start profiles at least this many configurations (issue #2: ≥ 4) ...
+#: A cold start profiles at least this many configurations (the product's floor for a cold profile) ...
 MIN_PROBES_COLD = 4
 #: ... and this many more than the parameters to identify, so that the fit can choose its
 #: sharpness by cross-validation and measure its own out-of-sample error. (ours, measured with
@@ -264,7 +264,7 @@ REVERT_DELIVERED_FRACTION = 0.25
 #: qualify (or already runs), the plan of one draw of the fit's posterior is tried on the same
 #: terms, its speed-up the draw's (``finetune.posterior_draw``: Thompson sampling). (ours; act on
 #: a plausible model where the band is wide and the stake pays. Measured in the simulation: ~2.7×
-#: the resizes, fewer warm jobs far off the oracle, a lower warm median JCT; README)
+#: the resizes, fewer warm jobs far off the oracle, a lower warm median JCT; docs/evaluation.md)
 EXPLORE_MIN_BAND = 0.3
 EXPLORE_MIN_SPEEDUP = 1.15
 EXPLORE_MAX_PER_RUN = 2
