@@ -184,10 +184,9 @@ class JobWatch:
         failed = any(s.failed for s in statuses)
         if failed and purpose == "guard":
             return {"kind": "observation", "usage": [], "history": self.history}
-        try:
-            status = self.launcher.progress(self.job_id, timeout=T.MASTER_POLL_TIMEOUT_S)
-        except ConnectionError:
-            status = None  # the master is down: the guard sees it as a failed node
+        from airflow_dlrover.lifecycle.observer import job_progress
+
+        status = job_progress(self.launcher, self.job_id, statuses)  # None: the master is down, a failed node
         ended = status is not None and (status["state"] == "done" or
                                         # the job's input is wrong: nothing to tune; the guard fails it
                                         (status["state"] == "failed" and purpose == "finetune"))
