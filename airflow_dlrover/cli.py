@@ -311,13 +311,13 @@ def cmd_profile(args: argparse.Namespace) -> None:
 
     batch_size = args.batch_size or 512
     quota = _quota(args)
-    probes = design_probes(quota, batch_size=batch_size, worker_gpu=args.worker_gpu, allreduce=args.ps == 0)
     out = Path(args.out)
     jobs = Path(args.jobs_dir) if args.jobs_dir else out.parent / f"{out.stem}-jobs"
     spec = _trainer_spec(args, args.job_id or f"profile-{int(time.time())}", args.samples, batch_size)
     launcher = LocalLauncher(jobs)
     try:
-        table = profile_job(launcher, spec, probes, quota, window_s=args.window)
+        table = profile_job(launcher, spec, quota, window_s=args.window, worker_gpu=args.worker_gpu,
+                            allreduce=args.ps == 0)
     finally:
         if launcher.exists(spec.job_id):
             launcher.stop(spec.job_id)

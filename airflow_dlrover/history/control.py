@@ -17,17 +17,23 @@ import time
 import numpy as np
 from typing import Any, Iterable
 
+from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.controller import Action, ControllerState, Fail, Resize
 from airflow_dlrover.optimizer.finetune import ResizeRecord
-from airflow_dlrover.optimizer.types import Configuration, EventKind, NodeStatus, Quota, Reason, RecordKind
+from airflow_dlrover.optimizer.types import Configuration, EventKind, NodeStatus, Phase, Quota, Reason, RecordKind
 
 
 def controller_state(history: Any, job: Any, run: int, quota: Quota | None,
-                     node_history: Iterable[dict[str, Any]] = ()) -> ControllerState:
+                     node_history: Iterable[dict[str, Any]] = (), *, phase: Phase = Phase.TRAINING,
+                     **fields: Any) -> ControllerState:
     """The state of run ``run`` of ``job`` (a ``JobIdentity``, or the name of the run's job; see
-    the module docstring); ``node_history``: the detectors' rows the guard carries between its
-    deferrals."""
+    the module docstring) in ``phase``; ``node_history``: the detectors' rows the guard carries
+    between its deferrals; ``fields``: what the task knows better than the records (the launch
+    task's objective and deadline, before any plan is recorded)."""
     job = history.identity(job, run=run) or job
+    events = history.records(run, RecordKind.EVENT.value)
+    profiled = [e for e in events if e.get("event") == EventKind.PROFILED]
+    layout = profiled[-1] if profiled else {}
     plans = history.records(run, RecordKind.PLAN.value)
     planned = plans[-1] if plans else {}
     decisions = history.records(run, RecordKind.DECISION.value)
@@ -40,10 +46,10 @@ def controller_state(history: Any, job: Any, run: int, quota: Quota | None,
                                    last["throughput_before"], last.get("predicted_speedup") or 1.0,
                                    is_revert=last["action"] == "revert",
                                    exploring=last["reason"] == Reason.EXPLORE and not judged)
-    failures = {(n["name"], n.get("restarts", 0)) for e in history.records(run, RecordKind.EVENT.value)
+    failures = {(n["name"], n.get("restarts", 0)) for e in events
                 if e.get("event") == EventKind.NODE_FAILED for n in e.get("nodes", [])}
     deadline_s = planned.get("deadline_s")
-    return ControllerState(
+    values = dict(
         quota=quota,
         objective=planned.get("objective", "throughput"),
         deadline_at_s=None if deadline_s is None else planned["time"] + deadline_s,
@@ -57,7 +63,12 @@ def controller_state(history: Any, job: Any, run: int, quota: Quota | None,
         explorations=sum(d["reason"] == Reason.EXPLORE for d in resizes),
         failures_reported=frozenset(failures),
         node_history=tuple(node_history),
+        phase=phase,
+        window_s=layout.get("window_s") or C.PROBE_WINDOW_S,
+        table_mb=layout.get("table_capacity_mb"),
+        largest_table_mb=layout.get("largest_table_mb"),
     )
+    return ControllerState(**{**values, **fields})
 
 
 def _rows(table: Any) -> tuple[dict, ...]:

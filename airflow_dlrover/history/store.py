@@ -25,7 +25,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from airflow_dlrover.history import migrate
 from airflow_dlrover.history.identity import ID_LENGTH, JobIdentity
-from airflow_dlrover.optimizer.job_model import JobModel
+from airflow_dlrover.optimizer.job_model import JobModel, choose_prior
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, USAGE_COLUMNS, InvalidInputError
 
 SAMPLE_COLUMNS = (*CONFIG_COLUMNS, "throughput", *USAGE_COLUMNS, "samples_seen", "timestamp")
@@ -229,27 +229,11 @@ class HistoryStore:
             return JobModel.from_dict(record.document) if record else None
 
     def prior_model(self, job: JobIdentity | str, *, before_run: int | None = None) -> JobModel | None:
-        """The prior that warm-starts a run: the throughput model of the newest *cold* fit (one
-        fitted without a prior, on a full profile) with the newest memory model.
-
-        Warm-started fits never become priors: each is pulled toward its own prior, so a chain of
-        them compounds the errors of a few probes run after run (in the cluster simulation the
-        chain shrank one family's plan from 80 to 15 workers over three runs; anchoring on the
-        cold fit cut the median JCT of ``ours`` by 14, 9 and 17 % on three seeds of 300 jobs, and
-        by 5 % on the 1,000-job day: ``benchmarks/cluster_sim.py``, ``benchmarks/simulate.py``).
-        """
+        """The prior that warm-starts a run (``job_model.choose_prior`` over the job's models,
+        newest first; none of ``before_run``)."""
         with Session(self.engine) as session:
-            newest, cold = None, None
-            for record in session.scalars(self._models(session, job, before_run)):
-                model = JobModel.from_dict(record.document)
-                newest = newest or model
-                report = model.throughput.report
-                if report is None or not report.warm_start:
-                    cold = model
-                    break
-        if newest is None:
-            return None
-        return JobModel((cold or newest).throughput, newest.memory)
+            records = session.scalars(self._models(session, job, before_run))
+            return choose_prior(JobModel.from_dict(record.document) for record in records)
 
     @staticmethod
     def _models(session: Session, job: JobIdentity | str, before_run: int | None):

@@ -1,106 +1,96 @@
-"""The profiling stage: measure the probe configurations the optimizer chose.
+"""The phases before training, as a task drives them: ``controller.step`` decides, this applies.
 
-``profile_job`` profiles our DLRM runtime *on the job itself*: the job starts on the first probe
-and is resized through the others — those that identify the model's parameters in the order that
-changes the PS least, then, while the profile stays within its share of the job's run time
-(``probes.profile_continues``), the rest in the design's order; each probe is measured for
-``PROBE_WINDOW_S`` once every worker has reported on it. The samples trained while profiling count
-for the job — nothing is thrown away, as DLRover-RM profiles on the job's first steps — so the
-launch that follows is a resize of the running job.
+:func:`advance` loops ``step`` on the one observer's observations while the controller's phase
+stays the one it started in — profiling (the profile task), fitting (the fit task), planning (the
+launch task) — and carries out what ``step`` asks: a ``Probe`` is measured on the job itself (the
+first one starts or adopts it), recovery actions go to the launcher, a ``Fail`` raises.
 
-A trainer of the user's (``spec.trainer``, ``launchers.contract``) is profiled the same way: each
-probe is a group restart from its checkpoint; a window's throughput is the mean of its workers'
-reports, each node's CPU and memory its own cgroup's (or pod's). A trainer that breaks the
-contract while profiling is the user's mistake; a probe node killed for memory is recovered as
-the guard recovers it (the controller's step: more memory) and the probe measured after.
+Our DLRM runtime is profiled *on the job itself*: it starts on the first probe and is resized
+through the others, and the samples it trains meanwhile count — nothing is thrown away, as
+DLRover-RM profiles on the job's first steps — so the launch that follows is a resize of the running
+job. A trainer of the user's (``spec.trainer``, ``launchers.contract``) is profiled the same way:
+each probe is a group restart from its checkpoint; a window's throughput is the mean of its
+workers' reports, each node's CPU and memory its own cgroup's (or pod's). A trainer that breaks the
+contract while profiling is the user's mistake; a probe node killed for memory is recovered as the
+guard recovers it (the controller's step: more memory) and the probe measured after.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from dataclasses import replace
+from typing import Any, Callable
 
 import pandas as pd
 
-from airflow_dlrover.lifecycle.observer import recover
+from airflow_dlrover.lifecycle.observer import job_progress, observe, recover
 from airflow_dlrover.launchers.watch import JobMeter, all_running
 from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer import constants as C
-from airflow_dlrover.optimizer.probes import next_probe, probes_always_measured, profile_continues
-from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError, Quota
+from airflow_dlrover.optimizer.controller import Action, ControllerState, Fail, Observation, Probe, begin, step
+from airflow_dlrover.optimizer.probes import visiting_order
+from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, JobFailed, Quota
 from airflow_dlrover.runtime.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
+#: what a task that drives the controller is told of each step: (state before, state after,
+#: actions, the observation stepped on)
+StepCallback = Callable[[ControllerState, ControllerState, list, Observation], None]
 
 
-def order_probes(probes: pd.DataFrame) -> list[Configuration]:
-    """The cheapest order to visit the probes on one running job: a PS count change costs a
-    checkpoint and a PS restart, a new worker a process start (~4 s: torch import), a CPU or
-    memory change nothing (in place). So: by PS count; within it by worker count, ascending and
-    descending in turn (a snake: the job keeps its workers across the PS change); then by CPU."""
-    table = probes.reindex(columns=list(CONFIG_COLUMNS))
-    groups = []
-    for turn, (_, group) in enumerate(table.groupby("ps", sort=True)):
-        groups.append(group.sort_values(["workers", "ps_cpu", "worker_cpu", "ps_memory_mb", "worker_memory_mb"],
-                                        ascending=[turn % 2 == 0, True, True, True, True], kind="stable"))
-    return [Configuration(**row) for row in pd.concat(groups).to_dict("records")]
-
-
-def visiting_order(probes: pd.DataFrame) -> list[Configuration]:
-    """The order a profile measures the design's probes in: those it always measures
-    (``probes.probes_always_measured``) in the cheapest order (:func:`order_probes`), the rest in
-    the design's own order (the most informative first), so that wherever the budget ends the
-    profile (``probes.profile_continues``) it has measured a prefix of the design."""
-    always = probes_always_measured(len(probes))
-    head = order_probes(probes.iloc[:always]) if always else []
-    tail = probes.iloc[always:].reindex(columns=list(CONFIG_COLUMNS)).to_dict("records")
-    return head + [Configuration(**row) for row in tail]
-
-
-def profile_job(launcher: Any, spec: JobSpec, probes: pd.DataFrame, quota: Quota,
-                window_s: float = C.PROBE_WINDOW_S) -> pd.DataFrame:
-    """Launch (or adopt) the job and measure it on the design's probes (``probes``, in the
-    design's order) in :func:`visiting_order`, while ``probes.profile_continues`` keeps the profile
-    within its share of the job's run time, each probe's memory raised to what the job used on
-    the probes before it (``probes.next_probe``: one that then passes ``quota`` leaves the design);
-    returns the sample table with ``probe_s`` (seconds the probe took, resize included)."""
-    rows: list[dict[str, Any]] = []
-    order = visiting_order(probes)
-    started = time.monotonic()
-    index = 0
-    while index < len(order):
-        if index and not _budget_allows(rows, index, len(order), time.monotonic() - started, spec.samples):
-            log.info("the profile ends after %d of %d probes: one more would pass %.0f %% of the job's run time",
-                     index, len(order), 100 * C.PROFILE_BUDGET_FRACTION)
-            break
-        config = next_probe(order, index, pd.DataFrame(rows), quota)
-        if config is None:
-            break
-        if index == 0:
-            launcher.launch(spec, config)
+def advance(launcher: Any, job_id: str, state: ControllerState, *, spec: JobSpec | None = None,
+            on_step: StepCallback | None = None) -> tuple[ControllerState, list[Action]]:
+    """Step the controller while its phase is ``state.phase`` (see the module docstring); returns
+    the state in its next phase and the actions of the step that changed it. A ``Fail`` raises:
+    ``JobFailed`` for what no retry fixes, a ``RuntimeError`` (retryable) otherwise. ``spec``: the
+    job's, for a phase that may start it (a probe)."""
+    phase, started = state.phase, False
+    observation = observe(launcher, job_id, spec=spec)
+    while True:
+        before = state
+        state, actions = step(state, observation)
+        if on_step is not None:
+            on_step(before, state, actions, observation)
+        _raise_on_fail(job_id, actions)
+        if state.phase != phase:
+            return state, actions
+        probe = next((a for a in actions if isinstance(a, Probe)), None)
+        if probe is None:
+            for record in launcher.apply(job_id, actions):
+                log.warning("while %s: %s", phase.value, record.get("text") or record)
+            observation = observe(launcher, job_id, spec=spec)
+            continue
+        log.info("%s: %s", probe.config.describe(), probe.describe())
+        if not started:
+            launcher.launch(spec, probe.config)  # adopts a running job
+            started = True
         try:
-            row = measure_probe(launcher, spec.job_id, config, window_s, quota)
+            row = measure_probe(launcher, job_id, probe.config, probe.window_s, state.quota)
         except JobFinished:
-            log.info("the job finished while profiling: %d of %d probes measured", index, len(order))
-            break
-        if row is not None:
-            rows.append(row)
-            log.info("probe %d/%d %s: %.0f samples/s", index + 1, len(order), config.describe(), row["throughput"])
-        index += 1
-    return pd.DataFrame(rows)
+            log.info("the job finished while %s", phase.value)
+            row = None
+        observation = observe(launcher, job_id, spec=spec, windows=(row,) if row else ())
 
 
-def _budget_allows(rows: list[dict[str, Any]], measured: int, designed: int, elapsed_s: float,
-                   samples: float | None) -> bool:
-    """``probes.profile_continues`` on what the probes so far measured: the best throughput, and
-    the samples the job has left (a job of no known size measures every probe)."""
-    if not rows or samples is None:
-        return True
-    trained = max(float(row.get("samples_seen") or 0.0) for row in rows)
-    best = max(float(row["throughput"]) for row in rows)
-    return profile_continues(measured, designed, elapsed_s, samples - trained, best)
+def profile_job(launcher: Any, spec: JobSpec, quota: Quota, *, window_s: float = C.PROBE_WINDOW_S,
+                probes: pd.DataFrame | None = None, **design: Any) -> pd.DataFrame:
+    """Profile the job from a shell (``dlrover-rm profile``, benchmarks): the controller's profiling
+    phase from :func:`controller.begin` (``design``: its keyword arguments; ``probes``: a design to
+    measure instead of the optimizer's), driven by :func:`advance`; returns the sample table."""
+    state = begin(quota, batch_size=spec.batch_size, window_s=window_s, **design)
+    if probes is not None:
+        state = replace(state, probes=tuple(visiting_order(probes)))
+    state, _ = advance(launcher, spec.job_id, state, spec=spec)
+    return pd.DataFrame(list(state.profile))
+
+
+def _raise_on_fail(job_id: str, actions: list[Action]) -> None:
+    fail = next((a for a in actions if isinstance(a, Fail)), None)
+    if fail is None:
+        return
+    raise (RuntimeError if fail.retryable else JobFailed)(f"job {job_id}: {fail.describe()}")
 
 
 class JobFinished(Exception):
@@ -111,9 +101,11 @@ def measure_probe(launcher: Any, job_id: str, config: Configuration, window_s: f
                   quota: Quota) -> dict[str, Any] | None:
     """Resize the running job to ``config`` (when it is not on it), wait until every worker reported
     on it, and measure it for ``window_s``: a sample row with ``probe_s`` (seconds, resize
-    included); None when it was not measured cleanly. Raises :class:`JobFinished`. ``quota`` bounds
-    the memory a node killed for it is relaunched with."""
+    included) and ``samples_trained`` (meanwhile; None where the job did not answer before); None
+    when it was not measured cleanly. Raises :class:`JobFinished`. ``quota`` bounds the memory a
+    node killed for it is relaunched with."""
     started = time.monotonic()
+    before = job_progress(launcher, job_id, launcher.status(job_id))
     if Configuration(**launcher.read_job(job_id)["config"]) != config:
         launcher.resize(job_id, config)
     if not _settle(launcher, job_id, time.time(), quota):
@@ -128,7 +120,8 @@ def measure_probe(launcher: Any, job_id: str, config: Configuration, window_s: f
     if row is None:
         log.warning("probe %s was not measured cleanly (a node failed or the job ended)", config.describe())
         return None
-    return {**row, "probe_s": time.monotonic() - started}
+    trained = row["samples_seen"] - before["samples_done"] if before else None
+    return {**row, "probe_s": time.monotonic() - started, "samples_trained": trained}
 
 
 def _window_reported(meter: JobMeter, window_s: float) -> bool:

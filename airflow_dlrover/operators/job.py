@@ -65,12 +65,13 @@ def _digest(*parts: str) -> str:
 
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """A user's mistake fails the task without retry, with the message that names the field."""
-    from airflow_dlrover.optimizer.types import InvalidInputError
+    """A user's mistake, or a failure the controller says no retry fixes (``JobFailed``), fails the
+    task without retry, with the message that names the field."""
+    from airflow_dlrover.optimizer.types import InvalidInputError, JobFailed
 
     try:
         yield
-    except InvalidInputError as err:
+    except (InvalidInputError, JobFailed) as err:
         raise AirflowFailException(str(err)) from None
 
 

@@ -12,8 +12,9 @@ from airflow_dlrover.operators.job import (
 
 
 class DLRoverLaunchOperator(DLRoverBaseOperator):
-    """Pre-tune and launch: plan under the quota with the fitted model
-    (``controller.initial_plan``), then launch the job on the plan — or adopt it when it already
+    """Pre-tune and launch: the controller plans under the quota with the fitted model (its
+    planning phase: a plan that extrapolates past the probes is measured on the running job
+    first, and planned again), then the job is launched on the plan — or adopt it when it already
     runs (after profiling, or on a retry) and resize it to the plan. Faults to inject (demos) are
     scheduled once per run.
 
@@ -44,8 +45,10 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
         self.baseline, self.inject, self.start_on, self.plan_only = baseline, inject, start_on, plan_only
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from airflow_dlrover.optimizer.controller import initial_plan
-        from airflow_dlrover.optimizer.types import Configuration, EventKind, InvalidInputError, Objective
+        from airflow_dlrover.history.control import controller_state
+        from airflow_dlrover.lifecycle.profiling import advance
+        from airflow_dlrover.optimizer import constants as C
+        from airflow_dlrover.optimizer.types import Configuration, EventKind, InvalidInputError, Objective, Phase
 
         run, job_id = self.run_ids(context)
         quota = self.parsed_quota()
@@ -59,16 +62,18 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
             if faults and spec.trainer:
                 raise InvalidInputError("inject", self.inject, "nothing with a trainer of your own: our runtime's "
                                         "master injects them into itself")
-        model = self.history.latest_model(self.job_identity())
-        if model is None:
+        state = controller_state(
+            self.history, self.job, run, quota, phase=Phase.PLANNING, objective=objective,
+            deadline_at_s=None if deadline_s is None else time.time() + deadline_s, batch_size=spec.batch_size,
+            # a launch that does not run the plan does not measure it first
+            plan_checks=C.PLAN_CHECK_PROBES if self.plan_only or start_on is not None else 0)
+        if state.model is None:
             with user_errors():
                 raise InvalidInputError("model", self.job, "a fitted model: run the fit task first")
         with user_errors():
-            chosen = initial_plan(model, quota, objective, samples=spec.samples, deadline_s=deadline_s,
-                                  batch_size=spec.batch_size)
-        if not self.plan_only and start_on is None:
-            chosen = self.check_plan(run, spec, chosen, quota, lambda m: initial_plan(
-                m, quota, objective, samples=spec.samples, deadline_s=deadline_s, batch_size=spec.batch_size))
+            state, actions = advance(self.launcher, job_id, state, spec=spec,
+                                     on_step=lambda *seen: self._record_check(run, *seen))
+        chosen, model = state.plan, state.model
         with user_errors():
             check_fault_nodes(faults, start_on or chosen.config)
         record = {**chosen.to_dict(), "deadline_s": deadline_s, "time": time.time()}
@@ -99,52 +104,30 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
                                         "resize": resize, "config": target.to_row()})
         return {**summary, "adopted": adopted, "launched_on": target.to_row()}
 
-    def check_plan(self, run: int, spec: Any, chosen: Any, quota: Any, replan: Any) -> Any:
-        """Measure the plan (``PLAN_CHECK_WINDOWS`` of the profile's probe windows: the window the
-        user chose, else the default of the job's kind) on the job that profiled (a cold
-        start: it runs) where ``controller.plan_needs_check`` says so, add the window to the
-        profile, refit and plan again; at most ``PLAN_CHECK_PROBES`` times, each recorded as a
-        ``plan_checked`` event."""
+    def _record_check(self, run: int, before: Any, after: Any, actions: list, observation: Any) -> None:
+        """What a step that measured the plan left: the check's window in the profile, the model
+        refitted on it, and a ``plan_checked`` event (the plan checked, its prediction, what it
+        measured, the plan made again)."""
         import pandas as pd
 
-        from airflow_dlrover.lifecycle.profiling import JobFinished, measure_probe
-        from airflow_dlrover.operators.fit import fit_profile
-        from airflow_dlrover.optimizer import constants as C
-        from airflow_dlrover.optimizer.controller import plan_needs_check
+        from airflow_dlrover.optimizer.constants import PLAN_CHECK_WINDOWS
         from airflow_dlrover.optimizer.types import EventKind
 
-        profiled = [e for e in self.history.records(run, "event") if e.get("event") == EventKind.PROFILED.value]
-        probe_window_s = (profiled[-1].get("window_s") if profiled else None) or \
-            (C.TRAINER_PROBE_WINDOW_S if spec.trainer else C.PROBE_WINDOW_S)
-        window_s = C.PLAN_CHECK_WINDOWS * probe_window_s
-        for _ in range(C.PLAN_CHECK_PROBES):
-            samples = self.history.samples(self.job, run_id=run, stage="profile")
-            if samples.empty or not plan_needs_check(chosen) or not self.launcher.exists(spec.job_id):
-                return chosen
-            try:
-                trained_before = self.launcher.progress(spec.job_id)["samples_done"]
-                row = measure_probe(self.launcher, spec.job_id, chosen.config, window_s, quota)
-            except JobFinished:
-                return chosen
-            if row is None:
-                return chosen
-            self.history.add_samples(run, pd.DataFrame([row]), stage="profile")
-            with user_errors():
-                model = fit_profile(self.history, run, self.history.samples(self.job, run_id=run, stage="profile"),
-                                    self.history.prior_model(self.job, before_run=run))
-                checked, chosen = chosen, replan(model)
-            self.history.save_model(run, model)
-            self.history.add(run, "event", {
-                "event": EventKind.PLAN_CHECKED.value, "config": checked.config.to_row(),
-                "extrapolation": checked.extrapolation, "predicted_throughput": checked.predicted_throughput,
-                "measured_throughput": row["throughput"], "probe_s": row["probe_s"], "window_s": window_s,
-                "samples_trained": row["samples_seen"] - trained_before,
-                "replanned": chosen.config.to_row(), "replanned_throughput": chosen.predicted_throughput,
-                "time": time.time()})
-            self.log.info("plan check: %s (extrapolating %s): predicted %.0f, measured %.0f samples/s; "
-                          "refitted plan %s", checked.config.describe(), checked.extrapolation,
-                          checked.predicted_throughput, row["throughput"], chosen.config.describe())
-        return chosen
+        if not observation.windows or before.plan is None:
+            return
+        row, checked, chosen = observation.windows[-1], before.plan, after.plan
+        self.history.add_samples(run, pd.DataFrame(list(observation.windows)), stage="profile")
+        self.history.save_model(run, after.model)
+        self.history.add(run, "event", {
+            "event": EventKind.PLAN_CHECKED.value, "config": checked.config.to_row(),
+            "extrapolation": checked.extrapolation, "predicted_throughput": checked.predicted_throughput,
+            "measured_throughput": row["throughput"], "probe_s": row["probe_s"],
+            "window_s": PLAN_CHECK_WINDOWS * before.window_s, "samples_trained": row.get("samples_trained"),
+            "replanned": chosen.config.to_row(), "replanned_throughput": chosen.predicted_throughput,
+            "time": time.time()})
+        self.log.info("plan check: %s (extrapolating %s): predicted %.0f, measured %.0f samples/s; "
+                      "refitted plan %s", checked.config.describe(), checked.extrapolation,
+                      checked.predicted_throughput, row["throughput"], chosen.config.describe())
 
 
 def predict(model: Any, config: Any) -> float:

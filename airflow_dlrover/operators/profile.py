@@ -39,9 +39,11 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
         self.job_args, self.probe_window = job_args, probe_window
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from airflow_dlrover.lifecycle.profiling import profile_job
+        import pandas as pd
+
+        from airflow_dlrover.lifecycle.profiling import advance
         from airflow_dlrover.optimizer import constants as C
-        from airflow_dlrover.optimizer.probes import design_probes
+        from airflow_dlrover.optimizer.controller import begin
         from airflow_dlrover.optimizer.types import EventKind
 
         run, job_id = self.run_ids(context)
@@ -52,35 +54,30 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
             default_window = C.TRAINER_PROBE_WINDOW_S if trainer else C.PROBE_WINDOW_S
             window_s = duration_s("probe_window", self.probe_window) if self.probe_window else default_window
             prior = self.history.prior_model(self.job, before_run=run)
-            probes = design_probes(quota, batch_size=spec.batch_size, prior=prior.throughput if prior else None,
-                                   memory=prior.memory if prior else None,
-                                   table_mb=None if trainer else spec.layout.table_mb(),
-                                   largest_table_mb=None if trainer else spec.layout.largest_table_mb(),
-                                   allreduce=bool(trainer) and trainer["kind"] == "allreduce")
-        self.log.info("%s start: %d probes under %s", "warm" if prior else "cold", len(probes), quota)
-        if probes.empty:  # a warm start: the prior plans, the fine-tune re-scales it (probes.py)
-            self.history.clear_samples(run, "profile")
-            summary = {"run": run, "job_id": job_id, "probes": 0, "measured": 0, "warm_start": True, "profile_s": 0.0}
-            self.history.add(run, "event", {"event": EventKind.PROFILED.value, **summary, "trainer": bool(trainer),
-                                            "time": time.time()})
-            return {**summary, "throughput_min": None, "throughput_max": None}
+            layout = {"table_mb": None, "largest_table_mb": None} if trainer else {
+                "table_mb": spec.layout.table_mb(), "largest_table_mb": spec.layout.largest_table_mb()}
+            state = begin(quota, prior=prior, batch_size=spec.batch_size, window_s=window_s,
+                          allreduce=bool(trainer) and trainer["kind"] == "allreduce", **layout)
+        designed = len(state.probes)
+        self.log.info("%s start: %d probes under %s", "warm" if prior else "cold", designed, quota)
         started = time.monotonic()
         with user_errors():  # a trainer that breaks its contract
-            table = profile_job(self.launcher, spec, probes, quota, window_s=window_s)
-        profile_s = time.monotonic() - started
+            state, _ = advance(self.launcher, job_id, state, spec=spec)
+        profile_s = time.monotonic() - started if designed else 0.0
+        table = pd.DataFrame(list(state.profile))
         self.history.clear_samples(run, "profile")  # a retry profiles again: keep one table
-        self.history.add_samples(run, table, stage="profile")
-        self.history.add(run, "event", {"event": EventKind.PROFILED.value, "probes": len(probes), "measured": len(table),
-                                        "table_capacity_mb": None if trainer else spec.layout.table_mb(),
-                                        "largest_table_mb": None if trainer else spec.layout.largest_table_mb(),
+        if len(table):
+            self.history.add_samples(run, table, stage="profile")
+        self.history.add(run, "event", {"event": EventKind.PROFILED.value, "probes": designed, "measured": len(table),
+                                        "table_capacity_mb": layout["table_mb"],
+                                        "largest_table_mb": layout["largest_table_mb"],
                                         "warm_start": prior is not None, "profile_s": profile_s,
                                         "samples_trained": float(table["samples_seen"].max()) if len(table) else 0.0,
                                         "trainer": bool(trainer), "window_s": window_s, "time": time.time()})
-        if table.empty:
-            raise RuntimeError(f"no probe of job {job_id} was measured cleanly; see the task log")
         for row in table.to_dict("records"):
             self.log.info("probe %dw×%g + %dps×%g: %.0f samples/s", row["workers"], row["worker_cpu"], row["ps"],
                           row["ps_cpu"], row["throughput"])
-        return {"run": run, "job_id": job_id, "probes": len(probes), "measured": len(table),
-                "warm_start": prior is not None, "profile_s": round(profile_s, 2),
-                "throughput_min": float(table["throughput"].min()), "throughput_max": float(table["throughput"].max())}
+        measured = {"throughput_min": float(table["throughput"].min()) if len(table) else None,
+                    "throughput_max": float(table["throughput"].max()) if len(table) else None}
+        return {"run": run, "job_id": job_id, "probes": designed, "measured": len(table),
+                "warm_start": prior is not None, "profile_s": round(profile_s, 2), **measured}

@@ -50,9 +50,10 @@ from airflow_dlrover.optimizer.finetune import ResizeRecord, decide, plan_within
 from airflow_dlrover.optimizer.instability import METRIC_COLUMNS, detect
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
 from airflow_dlrover.optimizer.memory import fit_memory
+from airflow_dlrover.optimizer.probes import best_throughput, design_probes, next_probe, profile_continues, visiting_order
 from airflow_dlrover.optimizer.types import (
-    CONFIG_COLUMNS, SAMPLE_TABLE_COLUMNS, Configuration, InvalidInputError, NodeState, NodeStatus, Objective, Plan,
-    Quota, Reason, is_allreduce,
+    CONFIG_COLUMNS, SAMPLE_TABLE_COLUMNS, Configuration, InvalidInputError, NodeState, NodeStatus, Objective, Phase,
+    Plan, Quota, Reason, is_allreduce,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -126,6 +127,24 @@ class Relaunch(NodeAction):
 
 
 @dataclass(frozen=True)
+class Probe(Action):
+    """Measure the job on ``config`` for ``window_s`` (a probe of the profile, or the plan's check),
+    starting the job on it when it does not run yet."""
+
+    kind: ClassVar[str] = "probe"
+    config: Configuration | None = None
+    window_s: float = C.PROBE_WINDOW_S
+
+
+@dataclass(frozen=True)
+class Launch(Action):
+    """Train on ``plan``: start the job on it, or resize the running job to it."""
+
+    kind: ClassVar[str] = "launch"
+    plan: Plan | None = None
+
+
+@dataclass(frozen=True)
 class Fail(Action):
     """The attempt fails: ``retryable`` — the cluster's fault, the retry recovers; otherwise a
     failure no retry can fix."""
@@ -148,7 +167,13 @@ class ControllerState:
     ``since_s``: when the running configuration was planned or resized to (its windows judge
     it). ``failures_reported``: the ``(node, restarts)`` failures a step has reported.
     ``node_history``: the detectors' rows (``instability.METRIC_COLUMNS`` + ``throughput``).
-    ``explorations``: the fine-tune's explorations so far (``EXPLORE_MAX_PER_RUN``)."""
+    ``explorations``: the fine-tune's explorations so far (``EXPLORE_MAX_PER_RUN``).
+
+    Before training (see :func:`begin`): ``phase``; ``probes``: the profile's probes in their
+    visiting order, of which ``probes_issued`` were asked for, each measured for ``window_s``;
+    ``batch_size`` and the layout's tables (``table_mb``, ``largest_table_mb``; None: unknown) the
+    probes and the fit are sized by; ``plan``: the plan chosen last, measured ``plan_checks``
+    times before launch."""
 
     quota: Quota | None
     objective: Objective = Objective.THROUGHPUT
@@ -163,9 +188,19 @@ class ControllerState:
     explorations: int = 0
     failures_reported: frozenset = frozenset()
     node_history: tuple[dict, ...] = ()
+    phase: Phase = Phase.TRAINING
+    probes: tuple[Configuration, ...] = ()
+    probes_issued: int = 0
+    window_s: float = C.PROBE_WINDOW_S
+    batch_size: int = 512
+    table_mb: float | None = None
+    largest_table_mb: float | None = None
+    plan: Plan | None = None
+    plan_checks: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objective", Objective.parse(self.objective))
+        object.__setattr__(self, "phase", Phase(self.phase))
 
 
 @dataclass(frozen=True)
@@ -201,7 +236,15 @@ def step(state: ControllerState, observation: Observation) -> tuple[ControllerSt
     """One decision (see the module docstring): the new state and the actions to apply, in order."""
     failed = [n for n in observation.nodes if n.failed]
     if failed:
+        if state.phase != Phase.TRAINING:  # a probe is not a task's try: its failures are recovered now
+            state = replace(state, failures_reported=state.failures_reported | {(n.name, n.restarts) for n in failed})
         return _recover(state, observation, failed)
+    if state.phase in _BEFORE_TRAINING:
+        return _BEFORE_TRAINING[state.phase](state, observation)
+    if state.phase == Phase.DONE or observation.remaining == 0:
+        # Nothing left to train: the finishing worker evaluates and exports for seconds, a phase whose
+        # memory ramp is no trend of the job's; a real OOM kill there is recovered as a failure.
+        return replace(state, phase=Phase.DONE), [Keep(Reason.NO_SAMPLES_REMAIN)]
     actions: list[Action] = []
     if observation.usage:
         state, actions = _guard(state, observation)
@@ -213,9 +256,24 @@ def step(state: ControllerState, observation: Observation) -> tuple[ControllerSt
     return state, actions
 
 
+def begin(quota: Quota, objective: Objective | str = Objective.THROUGHPUT, *, prior: JobModel | None = None,
+          deadline_at_s: float | None = None, batch_size: int = 512, worker_gpu: int = 0,
+          table_mb: float | None = None, largest_table_mb: float | None = None, allreduce: bool | None = None,
+          window_s: float = C.PROBE_WINDOW_S) -> ControllerState:
+    """A job's state before its first step: profiling the probes ``probes.design_probes`` chooses
+    under ``quota`` (none for a warm start: a ``prior`` with a memory model), in
+    ``probes.visiting_order``."""
+    design = design_probes(quota, batch_size=batch_size, worker_gpu=worker_gpu,
+                           prior=prior.throughput if prior else None, memory=prior.memory if prior else None,
+                           table_mb=table_mb, largest_table_mb=largest_table_mb, allreduce=allreduce)
+    return ControllerState(quota, objective, deadline_at_s, prior=prior, phase=Phase.PROFILING,
+                           probes=tuple(visiting_order(design)) if len(design) else (), window_s=window_s,
+                           batch_size=batch_size, table_mb=table_mb, largest_table_mb=largest_table_mb)
+
+
 def initial_plan(model: JobModel, quota: Quota, objective: Objective | str, *, samples: float | None,
                  deadline_s: float | None = None, batch_size: int = 512) -> Plan:
-    """The pre-tune plan (the launch task's): ``finetune.plan_within_quota`` for the objective."""
+    """The pre-tune plan: ``finetune.plan_within_quota`` for the objective."""
     return plan_within_quota(model.throughput, model.memory, quota, objective, samples=samples,
                              deadline_s=deadline_s, batch_size=batch_size)
 
@@ -224,6 +282,81 @@ def plan_needs_check(plan: Plan) -> bool:
     """Whether a cold launch measures its plan before it launches it (``PLAN_CHECK_PROBES``): the
     plan extrapolates past the probes (``Plan.extrapolation``)."""
     return bool(plan.extrapolation)
+
+
+# -- 0. before training: profile, fit, plan ----------------------------------------------------
+
+
+def _profile(state: ControllerState, obs: Observation) -> tuple[ControllerState, list[Action]]:
+    """The next probe (``probes.next_probe``: in the visiting order, sized to what the probes so far
+    used) while ``probes.profile_continues`` keeps the profile in its budget; the windows observed
+    are the last probe's measurement (rows with ``probe_s``, the seconds it took). A job that
+    trained every sample ends its profile."""
+    state = replace(state, profile=state.profile + tuple(dict(w) for w in obs.windows))
+    rows = pd.DataFrame(list(state.profile))
+    index, designed = state.probes_issued, len(state.probes)
+    elapsed_s = float(np.nansum(rows["probe_s"].to_numpy(float))) if "probe_s" in rows else 0.0
+    why = "every probe measured"
+    if index and obs.remaining == 0:
+        why = "the job trained every sample"
+    elif index and obs.remaining is not None and not profile_continues(index, designed, elapsed_s, obs.remaining,
+                                                                         best_throughput(rows)):
+        why = f"one more would pass {C.PROFILE_BUDGET_FRACTION:.0%} of the job's run time"
+    else:
+        order, probe = next_probe(state.probes, index, rows, state.quota)
+        state = replace(state, probes=order)
+        if probe is not None:
+            numbers = {"index": index + 1, "designed": len(order), "window_s": state.window_s}
+            return replace(state, probes_issued=index + 1), [Probe(Reason.PROBE, numbers, config=probe,
+                                                                   window_s=state.window_s)]
+    numbers = {"measured": len(rows), "designed": len(state.probes), "elapsed_s": elapsed_s, "why": why}
+    if rows.empty and state.prior is None:
+        return state, [Fail(Reason.NOT_PROFILED, numbers, retryable=True)]
+    return replace(state, phase=Phase.FITTING), [Keep(Reason.PROFILED, numbers)]
+
+
+def _fit(state: ControllerState, obs: Observation) -> tuple[ControllerState, list[Action]]:
+    """The run's model: fitted on the profile (``fit_job_model``, warm-started from the prior, the
+    PS tables bounded by the layout's); a warm start, which profiled nothing, plans on its prior."""
+    if not state.profile:
+        if state.prior is None:
+            return state, [Fail(Reason.NOT_PROFILED, retryable=True)]
+        return replace(state, model=state.prior, phase=Phase.PLANNING), [
+            Keep(Reason.FITTED, {"samples": 0, "warm": ": a warm start plans on its prior"})]
+    model = _fit_profile(state)
+    warm = " (warm-started from the prior)" if state.prior is not None else ""
+    return replace(state, model=model, phase=Phase.PLANNING), [
+        Keep(Reason.FITTED, {"samples": len(state.profile), "warm": warm})]
+
+
+def _fit_profile(state: ControllerState) -> JobModel:
+    return fit_job_model(pd.DataFrame(list(state.profile)), state.prior, table_capacity_mb=state.table_mb,
+                         largest_table_mb=state.largest_table_mb)
+
+
+def _plan(state: ControllerState, obs: Observation) -> tuple[ControllerState, list[Action]]:
+    """The plan for what remains of the job (:func:`initial_plan`). A plan that extrapolates past
+    the probes (:func:`plan_needs_check`) of a job that profiled is measured first
+    (``PLAN_CHECK_WINDOWS`` probe windows), at most ``PLAN_CHECK_PROBES`` times: the check's
+    windows join the profile, the model is refitted and the job planned again."""
+    if obs.windows:
+        state = replace(state, profile=state.profile + tuple(dict(w) for w in obs.windows))
+        state = replace(state, model=_fit_profile(state))
+    deadline_s = None if state.deadline_at_s is None else state.deadline_at_s - obs.now_s
+    plan = initial_plan(state.model, state.quota, state.objective, samples=obs.remaining, deadline_s=deadline_s,
+                        batch_size=state.batch_size)
+    if (state.profile and state.plan_checks < C.PLAN_CHECK_PROBES and plan_needs_check(plan)
+            and obs.remaining != 0):
+        window_s = C.PLAN_CHECK_WINDOWS * state.window_s
+        numbers = {"extrapolation": ", ".join(f"{k} ×{v:.2g}" for k, v in plan.extrapolation.items()),
+                   "window_s": window_s, "check": state.plan_checks + 1, "limit": C.PLAN_CHECK_PROBES}
+        return replace(state, plan=plan, plan_checks=state.plan_checks + 1), [
+            Probe(Reason.PLAN_CHECK, numbers, config=plan.config, window_s=window_s)]
+    return replace(state, plan=plan, phase=Phase.TRAINING, since_s=obs.now_s), [
+        Launch(Reason.PLANNED, {"reason": plan.reason}, plan=plan)]
+
+
+_BEFORE_TRAINING = {Phase.PROFILING: _profile, Phase.FITTING: _fit, Phase.PLANNING: _plan}
 
 
 # -- 1. failed nodes --------------------------------------------------------------------------
@@ -318,9 +451,7 @@ def _guard(state: ControllerState, obs: Observation) -> tuple[ControllerState, l
         running = {n.name for n in obs.nodes if n.state == NodeState.RUNNING}
         history = tuple(r for r in history if r["node"] in running)
     state = replace(state, node_history=history)
-    if not history or obs.remaining == 0:
-        # Nothing left to train: the finishing worker evaluates and exports for seconds, a phase whose
-        # memory ramp is no trend of the job's; a real OOM kill there is recovered as a failure.
+    if not history:
         return state, []
     table = {c: [r.get(c) for r in history] for c in (*METRIC_COLUMNS, "throughput")}
     growth, transient = _ps_curve(state, obs)
@@ -618,6 +749,8 @@ def _jsonable(value: Any) -> Any:
         return [_jsonable(v) for v in value]
     if isinstance(value, Configuration):
         return value.to_row()
+    if isinstance(value, Plan):
+        return value.to_dict(details=False)
     if isinstance(value, (np.floating, np.integer)):
         return value.item()
     if isinstance(value, float) and not math.isfinite(value):

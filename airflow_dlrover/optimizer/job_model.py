@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import pandas as pd
 
@@ -77,3 +77,23 @@ def fit_job_model(samples: pd.DataFrame, prior: JobModel | None = None, *, table
                          largest_table_mb=largest_table_mb, base_from=prior.memory if prior else None)
               if has_memory_usage(memory_table) else (prior.memory if prior else None))
     return JobModel(throughput, memory)
+
+
+def choose_prior(models: Iterable[JobModel]) -> JobModel | None:
+    """The prior that warm-starts a run, from the job's earlier models (newest first): the
+    throughput model of the newest *cold* fit (one without a prior, on a full profile) with the
+    newest memory model; None for a job never fitted.
+
+    Warm-started fits never become priors: each is pulled toward its own prior, so a chain of them
+    compounds the errors of a few probes run after run (measured in the cluster simulation:
+    ``benchmarks/simulate.py``)."""
+    newest = cold = None
+    for model in models:
+        newest = newest or model
+        report = model.throughput.report
+        if report is None or not report.warm_start:
+            cold = model
+            break
+    if newest is None:
+        return None
+    return JobModel((cold or newest).throughput, newest.memory)

@@ -202,15 +202,48 @@ def probe_sized(probe: Configuration, measured: pd.DataFrame, quota: Quota) -> C
     return sized if sized.memory_mb <= quota.memory_mb else None
 
 
-def next_probe(order: list[Configuration], index: int, measured: pd.DataFrame, quota: Quota) -> Configuration | None:
+def next_probe(order: tuple[Configuration, ...], index: int, measured: pd.DataFrame,
+               quota: Quota) -> tuple[tuple[Configuration, ...], Configuration | None]:
     """``order[index]`` as :func:`probe_sized` sizes it after ``measured``; a probe that, so sized,
-    passes the quota leaves ``order`` (it is no longer designed) and the next is taken. None when
-    none is left."""
+    passes the quota leaves the order (it is no longer designed) and the next is taken. Returns the
+    order left and the probe (None when none is left)."""
+    order = tuple(order)
     while index < len(order):
         sized = probe_sized(order[index], measured, quota)
         if sized is not None:
-            return sized
+            return order, sized
         log.warning("probe %s skipped: with the memory the job's nodes used, it passes the quota %s",
                     order[index].describe(), quota)
-        del order[index]
-    return None
+        order = order[:index] + order[index + 1:]
+    return order, None
+
+
+def order_probes(probes: pd.DataFrame) -> list[Configuration]:
+    """The cheapest order to visit the probes on one running job: a PS count change costs a
+    checkpoint and a PS restart, a new worker a process start (~4 s: torch import), a CPU or
+    memory change nothing (in place). So: by PS count; within it by worker count, ascending and
+    descending in turn (a snake: the job keeps its workers across the PS change); then by CPU."""
+    table = probes.reindex(columns=list(CONFIG_COLUMNS))
+    groups = []
+    for turn, (_, group) in enumerate(table.groupby("ps", sort=True)):
+        groups.append(group.sort_values(["workers", "ps_cpu", "worker_cpu", "ps_memory_mb", "worker_memory_mb"],
+                                        ascending=[turn % 2 == 0, True, True, True, True], kind="stable"))
+    return [Configuration(**row) for row in pd.concat(groups).to_dict("records")]
+
+
+def visiting_order(probes: pd.DataFrame) -> list[Configuration]:
+    """The order a profile measures the design's probes in: those it always measures
+    (:func:`probes_always_measured`) in the cheapest order (:func:`order_probes`), the rest in
+    the design's own order (the most informative first), so that wherever the budget ends the
+    profile (:func:`profile_continues`) it has measured a prefix of the design."""
+    always = probes_always_measured(len(probes))
+    head = order_probes(probes.iloc[:always]) if always else []
+    tail = probes.iloc[always:].reindex(columns=list(CONFIG_COLUMNS)).to_dict("records")
+    return head + [Configuration(**row) for row in tail]
+
+
+def best_throughput(rows: pd.DataFrame) -> float:
+    """The best configuration's median throughput over the probes measured so far (0: none)."""
+    if rows.empty:
+        return 0.0
+    return float(rows.groupby(list(CONFIG_COLUMNS), sort=False)["throughput"].median().max())

@@ -580,6 +580,18 @@ class RecordKind(StrEnum):
     EVENT = "event"
 
 
+class Phase(StrEnum):
+    """Where a job is in its life, as the controller's state carries it: each Airflow task loops
+    ``controller.step`` while the phase is its own (profile, fit, launch; then the fine-tune and
+    the guard), and so do ``dlrover-rm`` and the simulator."""
+
+    PROFILING = "profiling"
+    FITTING = "fitting"
+    PLANNING = "planning"
+    TRAINING = "training"
+    DONE = "done"
+
+
 class Reason(StrEnum):
     """Why the controller acted (or did not): data, recorded with the numbers it rests on.
     ``describe(numbers)`` renders the sentence for logs and the UI; nothing parses it."""
@@ -603,6 +615,12 @@ class Reason(StrEnum):
     UNSCHEDULABLE = "unschedulable"
     OOM_PAST_QUOTA = "oom_past_quota"
     USER_ERROR = "user_error"
+    PROBE = "probe"
+    PROFILED = "profiled"
+    NOT_PROFILED = "not_profiled"
+    FITTED = "fitted"
+    PLAN_CHECK = "plan_check"
+    PLANNED = "planned"
 
     def describe(self, numbers: Mapping[str, Any] | None = None) -> str:
         values = dict(numbers or {})
@@ -640,4 +658,11 @@ _REASON_TEXT = {
     Reason.UNSCHEDULABLE: "{node} cannot be placed ({detail}): the job trains on without it",
     Reason.OOM_PAST_QUOTA: ("{node} OOM-killed at {memory_limit_mb:g} MB and the quota leaves it no more "
                             "(at most {cap_mb:g} MB)"),
+    Reason.PROBE: "probe {index}/{designed}: measured for {window_s:g}s",
+    Reason.PROFILED: "the profile ends: {measured} of {designed} probes measured in {elapsed_s:.0f}s ({why})",
+    Reason.NOT_PROFILED: "no probe was measured cleanly and the job has no prior to plan from",
+    Reason.FITTED: "fitted on {samples} samples{warm}",
+    Reason.PLAN_CHECK: ("the plan extrapolates past the probes ({extrapolation}): measured for {window_s:g}s "
+                        "before it is launched (check {check} of at most {limit})"),
+    Reason.PLANNED: "{reason}",
 }

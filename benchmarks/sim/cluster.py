@@ -60,7 +60,7 @@ class QuotaExceededError(InvalidInputError):
 @dataclass(frozen=True)
 class Start:
     """A policy's answer to an arriving job: profile ``probes`` first (then ``after_profile``), or
-    start on ``config`` directly."""
+    start on ``config`` directly; neither: the policy never starts it (it fails)."""
 
     config: Configuration | None = None
     probes: list[Configuration] | None = None
@@ -68,10 +68,12 @@ class Start:
 
 @dataclass(frozen=True)
 class CheckPlan:
-    """A policy's answer to a finished profile: measure ``config`` for one more probe, the job
-    training on it, before it is launched (``after_profile`` is asked again)."""
+    """A policy's answer to a finished profile: measure ``config`` for one more probe of
+    ``window_s`` (None: a probe's), the job training on it, before it is launched
+    (``after_profile`` is asked again)."""
 
     config: Configuration
+    window_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -300,6 +302,9 @@ class Cluster:
             else:
                 reserve = Configuration(1, 1, cores - 0.5, 0.5, memory / 2, memory / 2)
             self._enqueue(job, ("profile", reserve))
+        elif decision.config is None:
+            self._finish(job, "failed")
+            return
         else:
             self._check_config(job, decision.config)
             self._enqueue(job, ("run", decision.config))
@@ -350,9 +355,14 @@ class Cluster:
     def _begin_probe(self, job: JobRun) -> None:
         probe = job.probes[job.probe_index]
         job.state["probe"] = probe
+        job.state["probe_began"] = self.now
         job.pause_until = self.now + self.cfg.launch_s / 2  # relaunch on the probe configuration
-        job.stage_end = job.pause_until + self.cfg.probe_s
+        job.stage_end = job.pause_until + self._probe_window_s(job)
         self._set_rate(job, probe)
+
+    def _probe_window_s(self, job: JobRun) -> float:
+        """How long the probe under way is measured: a plan check's own window, else ``probe_s``."""
+        return job.state.get("check_window_s") or self.cfg.probe_s
 
     # --- the core: integrate, then act on the earliest of the job's own events
     def _schedule(self, job: JobRun) -> None:
@@ -539,7 +549,8 @@ class Cluster:
         self._schedule(job)
 
     def _probe_done(self, job: JobRun) -> None:
-        probe = job.state["probe"]
+        probe, window_s = job.state["probe"], self._probe_window_s(job)
+        took_s = self.now - job.state["probe_began"]
         for k in range(2):  # two measurement windows per probe, each measured as a period is
             obs = self.observe(job, windows=1)
             job.probe_rows.append(dict(
@@ -547,7 +558,7 @@ class Cluster:
                 ps_cpu_used=float(np.mean(obs.ps_cpu_used)) if probe.ps else math.nan,
                 worker_memory_used_mb=obs.worker_memory_used_mb,
                 ps_memory_used_mb=obs.ps_memory_used_mb if probe.ps else math.nan, samples_seen=job.samples_done,
-                timestamp=self.now - (1 - k) * self.cfg.probe_s / 2,
+                timestamp=self.now - (1 - k) * window_s / 2, probe_s=took_s / 2,
             ))
         job.probe_index += 1
         job.oom_streak = 0
@@ -564,11 +575,16 @@ class Cluster:
             self._schedule(job)
             return
         decision = self.policy.after_profile(job, job.probe_rows)
+        job.state.pop("check_window_s", None)
+        if decision is None:  # the policy launches nothing
+            self._finish(job, "failed")
+            return
         checking = isinstance(decision, CheckPlan)
         config = decision.config if checking else decision
         self._check_config(job, config)
         if checking:  # one more probe, on the plan's own resources
             job.probes.append(config)
+            job.state["check_window_s"] = decision.window_s
         else:
             plan_rate = self._truth(job.spec.family.truth, config, config.ps_cpu)[0] * self.rate_factors[job.spec.id]
             job.profile_cost_s = max(job.profile_s - job.samples_done / plan_rate, 0.0)
@@ -629,7 +645,7 @@ class Cluster:
             job.probes = [bigger(p) for p in job.probes]
             self._reserve_for_probes(job)
             job.pause_until = self.now + self.cfg.launch_s / 2
-            job.stage_end = job.pause_until + self.cfg.probe_s
+            job.stage_end = job.pause_until + self._probe_window_s(job)
             self._schedule(job)
             return
         target = with_memory(config, answer.worker_memory_mb, answer.ps_memory_mb)

@@ -13,19 +13,17 @@
              not fit the cluster now stays pending until it does (as its pods would); one past
              the job's quota is refused (as a Kubernetes ResourceQuota would) and counted.
              DLRover 0.6.1 has no straggler handling for PS jobs.
-``ours``     the product's loop, as the DAG runs it: probes (``design_probes``, given the size of the
-             tables the job starts from, as the DAG gives the layout's: a cold start's; a
-             warm start, from the family's earlier runs in this simulation, has none) in the
-             design's order, as far as the profile's budget goes (``probes.profile_continues``,
-             as the profile task), each sized to what the earlier ones used
-             (``probes.probe_sized``), whose time and samples are the job's, ``fit_job_model`` (the
-             fit task), ``controller.initial_plan`` (the launch task, under the job's quota), then
-             every period ``controller.step`` on what the period measured — its windows, every
-             node's status, the per-node usage — and the actions it
-             returns, applied as the cluster can; an OOM kill is a failed node's observation, the
-             step after it (the guard's retry) relaunches. The policy decides nothing itself.
-             After a run the family's history keeps what the history store's ``prior_model``
-             gives the next run: the newest cold fit's throughput model with the newest memory model.
+``ours``     the product's controller, as the DAG runs it, behind a translator: the simulated
+             job becomes the controller's ``Observation`` (its probe rows, then every period's
+             windows, every node's status and the per-node usage), and the actions ``step``
+             returns become the cluster's (a ``Probe`` is a probe or the plan's check, a ``Launch``
+             the run's start, a ``Resize``, ``Heal`` or ``Relaunch`` what the cluster can do of
+             it); an OOM kill is a failed node's observation, the step after it (the guard's
+             retry) relaunches. The state starts at ``controller.begin``, given the size of the
+             tables the job starts from, as the DAG gives the layout's (a cold start's; a warm
+             start, from the family's earlier runs in this simulation, has none), and its prior
+             is ``job_model.choose_prior`` over the family's earlier models, as the history
+             store's. The policy decides nothing itself.
 ``oracle``   the *knee reference*, not a bound: the same objective as ``ours`` (the efficiency
              knee by default) evaluated on the true function over every configuration the planner
              searches under the job's quota (``planner.search_range``), memory sized
@@ -49,19 +47,16 @@ from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
-import pandas as pd
 
 from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.controller import (
-    ControllerState, Fail, Heal, Observation as Seen, Relaunch, Resize as ResizeAction, initial_plan, plan_needs_check,
-    step,
+    ControllerState, Fail, Heal, Launch, Observation as Seen, Probe, Relaunch, Resize as ResizeAction, begin, step,
 )
-from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
+from airflow_dlrover.optimizer.job_model import JobModel, choose_prior
 from airflow_dlrover.optimizer.planner import Configurations, configurations, knee, pareto_front, search_range
-from airflow_dlrover.optimizer.probes import design_probes, next_probe, profile_continues
 from airflow_dlrover.optimizer.types import (
-    CONFIG_COLUMNS, Configuration, InvalidInputError, NodeState, NodeStatus, Plan, Quota, Reason,
+    Configuration, InvalidInputError, NodeState, NodeStatus, Phase, Quota, Reason,
 )
 from sim.cluster import (
     CheckPlan,
@@ -182,53 +177,60 @@ class OursPolicy(Policy):
 
     def __init__(self, objective: str = "efficiency"):
         self.objective = objective
-        self.history: dict[int, JobModel] = {}
+        self.history: dict[int, list[JobModel]] = {}  # a family's models, newest first (the history store's)
         self.fits = 0
         self.steps = 0
 
-    # --- the profile, fit and launch tasks
+    # --- the profile, fit and launch tasks: the controller's phases before training
     def start(self, job: JobRun) -> Start:
         family = job.spec.family
-        prior = self.history.get(family.index)  # only this simulation's earlier runs of the family
-        job.state["controller"] = ControllerState(job.limit, self.objective, prior=prior)
+        prior = choose_prior(self.history.get(family.index, ()))  # only this simulation's earlier runs
         # A real job knows the size of the tables it starts from (its layout, its checkpoint), not
         # how they will grow: the probes' PS (an all-reduce job's workers) hold at least them.
-        probes = design_probes(job.limit, batch_size=BATCH, prior=prior.throughput if prior else None,
-                               memory=prior.memory if prior else None, allreduce=is_allreduce(job),
-                               table_mb=family.start_tables_mb)
-        if probes.empty:  # a warm start: the prior is the run's model and plans (as the fit task)
-            return Start(config=self._plan(job, prior, job.spec.samples).config)
-        return Start(probes=[Configuration(**row) for row in probes.to_dict("records")])
+        job.state["controller"] = begin(job.limit, self.objective, prior=prior, batch_size=BATCH,
+                                        table_mb=family.start_tables_mb, allreduce=is_allreduce(job),
+                                        window_s=self.cluster.cfg.probe_s)
+        job.state["fed"] = 0
+        action = self._advance(job, self._profile_seen(job, None))
+        if isinstance(action, Probe):
+            state: ControllerState = job.state["controller"]
+            return Start(probes=[action.config, *state.probes[state.probes_issued:]])
+        if isinstance(action, Launch):
+            return Start(config=action.plan.config)
+        return Start()
 
     def next_probe(self, job: JobRun) -> Configuration | None:
-        """As the profile task: the budget (``probes.profile_continues``) over the probes measured
-        so far, then the next probe sized to what they used (``probes.next_probe``)."""
-        rows = pd.DataFrame(job.probe_rows)
-        best = float(rows.groupby(list(CONFIG_COLUMNS), sort=False)["throughput"].median().max())
-        if not profile_continues(job.probe_index, len(job.probes), job.profile_s, job.remaining, best):
-            return None
-        return next_probe(job.probes, job.probe_index, rows, job.limit)
+        action = self._advance(job, self._profile_seen(job, job.state.get("probe")))
+        if isinstance(action, Probe) and job.state["controller"].phase == Phase.PROFILING:
+            return action.config
+        job.state["after_profile"] = action
+        return None
 
-    def after_profile(self, job: JobRun, samples: list[dict]) -> Configuration | CheckPlan:
-        """The fit task's model and the launch task's plan, checked as the launch task checks it
-        (``LaunchOperator.check_plan``): a plan that extrapolates past the probes is measured
-        first, at most ``PLAN_CHECK_PROBES`` times, and planned again on the refit."""
-        state: ControllerState = job.state["controller"]
-        model = fit_job_model(pd.DataFrame(samples), state.prior)
-        self.fits += 1
-        job.state["controller"] = replace(state, profile=tuple(samples))
-        chosen = self._plan(job, model, job.remaining)
-        checks = job.state.get("plan_checks", 0)
-        if checks < C.PLAN_CHECK_PROBES and plan_needs_check(chosen):
-            job.state["plan_checks"] = checks + 1
-            return CheckPlan(chosen.config)
-        return chosen.config
+    def after_profile(self, job: JobRun, samples: list[dict]) -> Configuration | CheckPlan | None:
+        if "after_profile" in job.state:
+            action = job.state.pop("after_profile")
+        else:
+            action = self._advance(job, self._profile_seen(job, job.state.get("probe")))
+        if isinstance(action, Probe):
+            return CheckPlan(action.config, action.window_s)
+        return action.plan.config if isinstance(action, Launch) else None
 
-    def _plan(self, job: JobRun, model: JobModel, samples: float) -> Plan:
-        """The launch task's plan of ``model``, which becomes the run's model."""
-        chosen = initial_plan(model, job.limit, self.objective, samples=samples, batch_size=BATCH)
-        job.state["controller"] = replace(job.state["controller"], model=model, since_s=self.cluster.now)
-        return chosen
+    def _profile_seen(self, job: JobRun, config: Configuration | None) -> Seen:
+        """What a profiling job shows: the probe rows measured since the last step."""
+        windows = tuple(job.probe_rows[job.state["fed"]:])
+        job.state["fed"] = len(job.probe_rows)
+        return _seen(job, self.cluster.now, config, job.samples_done, windows=windows)
+
+    def _advance(self, job: JobRun, seen: Seen):
+        """Step while the phase changes without an action to carry out (as the fit task's step
+        is followed by the launch task's); returns the probe, launch or failure asked for, or None."""
+        while True:
+            phase = job.state["controller"].phase
+            actions = self._step(job, seen)
+            seen = replace(seen, windows=())
+            action = next((a for a in actions if isinstance(a, (Probe, Launch, Fail))), None)
+            if action is not None or job.state["controller"].phase == phase:
+                return action
 
     # --- the fine-tune and the guard: observe, step, apply
     def check(self, job: JobRun, obs: Observation) -> list:
@@ -239,7 +241,8 @@ class OursPolicy(Policy):
                              worker_memory_used_mb=obs.worker_memory_used_mb,
                              ps_memory_used_mb=obs.ps_memory_used_mb if ps else math.nan, samples_seen=obs.samples_done,
                              timestamp=obs.now_s) for x in obs.windows)
-        actions = self._step(job, _seen(job, obs, windows=windows, usage=_usage(obs)))
+        actions = self._step(job, _seen(job, obs.now_s, config, obs.samples_done, obs.hot_ps_cpu, windows=windows,
+                                        usage=_usage(obs)))
         out = []
         for action in actions:
             if isinstance(action, ResizeAction):
@@ -253,7 +256,7 @@ class OursPolicy(Policy):
     def on_oom(self, job: JobRun, obs: Observation, node: str) -> SetMemory | None:
         """Every node of the killed role is OOM-killed (they hold equal shares): the guard's try
         reports it, its retry relaunches them with the memory the controller gives."""
-        killed = _seen(job, obs, oom_role=node)
+        killed = _seen(job, obs.now_s, obs.config, obs.samples_done, obs.hot_ps_cpu, oom_role=node)
         self._step(job, killed)  # Fail(retryable): the try reports the failure
         actions = self._step(job, killed)
         if any(isinstance(a, Fail) for a in actions):
@@ -273,29 +276,26 @@ class OursPolicy(Policy):
 
     def finish(self, job: JobRun) -> None:
         state: ControllerState | None = job.state.get("controller")
-        if state is None or state.model is None:
-            return
-        # The history store's prior (``HistoryStore.prior_model``): the newest cold fit's throughput
-        # model with the newest memory model; a warm-started refit never becomes a prior.
-        model = state.model
-        prior = self.history.get(job.spec.family.index)
-        throughput = prior.throughput if prior is not None and model.throughput.report.warm_start else model.throughput
-        self.history[job.spec.family.index] = JobModel(throughput, model.memory)
+        if state is not None and state.model is not None:  # the run's model joins the history store's
+            self.history.setdefault(job.spec.family.index, []).insert(0, state.model)
 
 
-def _seen(job: JobRun, obs: Observation, *, windows: tuple = (), usage: tuple = (), oom_role: str | None = None) -> Seen:
-    """The controller's observation of a simulated period: the nodes (ps-0 with its own CPU once
-    healed), those of ``oom_role`` OOM-killed (one incarnation per kill: ``restarts`` = the kills)."""
-    config = obs.config
-    nodes = [NodeStatus("master", "master", 0, NodeState.RUNNING, T.MASTER_CPU, T.MASTER_MEMORY_MB)]
-    for role, count, cpu, memory in (("ps", config.ps, config.ps_cpu, config.ps_memory_mb),
-                                     ("worker", config.workers, config.worker_cpu, config.worker_memory_mb)):
-        state = NodeState.OOM_KILLED if role == oom_role else NodeState.RUNNING
-        for i in range(count):
-            node_cpu = obs.hot_ps_cpu if role == "ps" and i == 0 else cpu
-            nodes.append(NodeStatus(f"{role}-{i}", role, i, state, node_cpu, memory, restarts=job.ooms,
-                                    reason="OOM-killed" if role == oom_role else ""))
-    return Seen(obs.now_s, config, samples_done=obs.samples_done, samples_total=job.spec.samples, windows=windows,
+def _seen(job: JobRun, now_s: float, config: Configuration | None, samples_done: float, hot_ps_cpu: float = 0.0, *,
+          windows: tuple = (), usage: tuple = (), oom_role: str | None = None) -> Seen:
+    """The controller's observation of a simulated job: its configuration's nodes (ps-0 with its
+    own CPU once healed), those of ``oom_role`` OOM-killed (one incarnation per kill: ``restarts``
+    = the kills); none before it runs."""
+    nodes = []
+    if config is not None:
+        nodes.append(NodeStatus("master", "master", 0, NodeState.RUNNING, T.MASTER_CPU, T.MASTER_MEMORY_MB))
+        for role, count, cpu, memory in (("ps", config.ps, config.ps_cpu, config.ps_memory_mb),
+                                         ("worker", config.workers, config.worker_cpu, config.worker_memory_mb)):
+            state = NodeState.OOM_KILLED if role == oom_role else NodeState.RUNNING
+            for i in range(count):
+                node_cpu = hot_ps_cpu if role == "ps" and i == 0 and hot_ps_cpu else cpu
+                nodes.append(NodeStatus(f"{role}-{i}", role, i, state, node_cpu, memory, restarts=job.ooms,
+                                        reason="OOM-killed" if role == oom_role else ""))
+    return Seen(now_s, config, samples_done=samples_done, samples_total=job.spec.samples, windows=windows,
                 nodes=tuple(nodes), usage=usage)
 
 

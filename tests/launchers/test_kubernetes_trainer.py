@@ -214,7 +214,7 @@ def test_probes_run_as_pods_and_are_measured_from_the_reports_and_the_metrics_ap
     assert list(probes.worker_memory_mb) == [2048, 1024, 256]  # half the quota over each probe's workers
     mark = len(list(server.emulator))
     try:
-        table = profile_job(launcher, spec(), probes, quota, window_s=1.0)
+        table = profile_job(launcher, spec(), quota, window_s=1.0, probes=probes)
     finally:
         launcher.stop(JOB)
     assert len(table) == 3 and (table.ps == 0).all()

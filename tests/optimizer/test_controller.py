@@ -11,7 +11,7 @@ from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.controller import (
     ControllerState, Fail, Heal, Keep, Observation, Relaunch, Resize, step,
 )
-from airflow_dlrover.optimizer.types import Configuration, NodeState, NodeStatus, Quota, Reason
+from airflow_dlrover.optimizer.types import Configuration, NodeState, NodeStatus, Phase, Quota, Reason
 
 pytestmark = pytest.mark.unit
 
@@ -109,7 +109,8 @@ def test_nothing_is_healed_once_every_sample_is_trained():
     """The finishing worker's evaluation and export ramp its memory for seconds: no trend of the job's."""
     rows = tuple(usage(3 * t, "worker-0", "worker", 0.9, 1.0, 1960 + t % 2, 2048, 100.0) for t in range(8))
     finished = Observation(now_s=100.0, config=CONFIG, samples_done=1e6, samples_total=1e6, nodes=nodes(), usage=rows)
-    assert step(ControllerState(QUOTA), finished)[1] == []
+    done, actions = step(ControllerState(QUOTA), finished)
+    assert done.phase == Phase.DONE and [a.reason for a in actions] == [Reason.NO_SAMPLES_REMAIN]
     lost = nodes(worker_0={"state": NodeState.LOST})  # a failure is still recovered
     _, (fail,) = step(ControllerState(QUOTA), Observation(now_s=100.0, config=CONFIG, samples_done=1e6,
                                                           samples_total=1e6, nodes=lost, usage=rows))

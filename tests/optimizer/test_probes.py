@@ -203,5 +203,6 @@ def test_a_probe_is_sized_to_what_the_earlier_probes_used():
     # ... and leaves the design: the next probe is measured in its place
     order = [Configuration(2, 0, 1.0, 0.0, 2048.0, 0.0), Configuration(16, 0, 1.0, 0.0, 1024.0, 0.0),
              Configuration(4, 0, 1.0, 0.0, 1024.0, 0.0)]
-    assert next_probe(order, 1, allreduce, quota) == Configuration(4, 0, 1.0, 0.0, 3456.0, 0.0)
-    assert [c.workers for c in order] == [2, 4] and next_probe(order[:1], 1, allreduce, quota) is None
+    left, probe = next_probe(tuple(order), 1, allreduce, quota)
+    assert probe == Configuration(4, 0, 1.0, 0.0, 3456.0, 0.0)
+    assert [c.workers for c in left] == [2, 4] and next_probe(left[:1], 1, allreduce, quota) == (left[:1], None)

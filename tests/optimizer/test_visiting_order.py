@@ -2,9 +2,8 @@
 
 import pytest
 
-from airflow_dlrover.lifecycle.profiling import order_probes, visiting_order
 from airflow_dlrover.optimizer import constants as C
-from airflow_dlrover.optimizer.probes import design_probes, probes_always_measured
+from airflow_dlrover.optimizer.probes import design_probes, order_probes, probes_always_measured, visiting_order
 from airflow_dlrover.optimizer.types import Configuration, Quota
 
 pytestmark = pytest.mark.unit
