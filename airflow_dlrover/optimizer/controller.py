@@ -1,11 +1,24 @@
-"""The DLRover-RM controller: every decision after the plan, in one pure function.
+"""The DLRover-RM controller: every decision of a job's life, in one pure function.
 
     step(state, observation) -> (state, actions)
 
 in the shape of Ray autoscaler v2's ``schedule(request) -> reply``: plain dataclasses in, plain
-dataclasses out, no I/O. The fine-tune operator, the guard sensor, ``dlrover-rm train`` and the
-simulator's ``ours`` policy all observe their job, call ``step`` and apply what it returns; none of
-them decides anything itself. One step looks at the observation in this order:
+dataclasses out, no I/O. The profile, fit and launch tasks, the fine-tune and the guard,
+``dlrover-rm`` and the simulator's ``ours`` policy all observe their job, call ``step`` and apply
+what it returns; none of them decides anything itself.
+
+The state carries the job's phase (``types.Phase``); :func:`begin` starts it profiling:
+
+0. **Before training.** *Profiling*: the next probe (``Probe``) in ``probes.visiting_order``,
+   sized to what the earlier ones used (``probes.next_probe``), while ``probes.profile_continues``
+   keeps the profile within its share of the job's run time. *Fitting*: the model on the profile,
+   warm-started from the prior (``job_model.choose_prior``); a warm start plans on the prior.
+   *Planning*: :func:`initial_plan` for what remains of the job; a plan that extrapolates past the
+   probes is measured first (``Probe``, at most ``PLAN_CHECK_PROBES`` times) and planned again on
+   the refit; then ``Launch``, and the job is *training* until no sample remains (*done*).
+
+While training, one step looks at the observation in this order (failed nodes first in every
+phase: a probe's are recovered at once, as it is no task's try):
 
 1. **Failed nodes** (``NodeStatus.failed``). Recovery is an Airflow retry: a failure no step has
    reported yet gives ``Fail(retryable=True)`` (the guard's try fails); a reported one is
@@ -50,7 +63,9 @@ from airflow_dlrover.optimizer.finetune import ResizeRecord, decide, plan_within
 from airflow_dlrover.optimizer.instability import METRIC_COLUMNS, detect
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
 from airflow_dlrover.optimizer.memory import fit_memory
-from airflow_dlrover.optimizer.probes import best_throughput, design_probes, next_probe, profile_continues, visiting_order
+from airflow_dlrover.optimizer.probes import (
+    best_throughput, design_probes, next_probe, profile_continues, visiting_order,
+)
 from airflow_dlrover.optimizer.types import (
     CONFIG_COLUMNS, SAMPLE_TABLE_COLUMNS, Configuration, InvalidInputError, NodeState, NodeStatus, Objective, Phase,
     Plan, Quota, Reason, is_allreduce,
@@ -335,7 +350,8 @@ def _fit_profile(state: ControllerState) -> JobModel:
 
 
 def _plan(state: ControllerState, obs: Observation) -> tuple[ControllerState, list[Action]]:
-    """The plan for what remains of the job (:func:`initial_plan`). A plan that extrapolates past
+    """The plan for what remains of the job (:func:`initial_plan`; of an unknown size once none
+    remains). A plan that extrapolates past
     the probes (:func:`plan_needs_check`) of a job that profiled is measured first
     (``PLAN_CHECK_WINDOWS`` probe windows), at most ``PLAN_CHECK_PROBES`` times: the check's
     windows join the profile, the model is refitted and the job planned again."""
@@ -343,8 +359,8 @@ def _plan(state: ControllerState, obs: Observation) -> tuple[ControllerState, li
         state = replace(state, profile=state.profile + tuple(dict(w) for w in obs.windows))
         state = replace(state, model=_fit_profile(state))
     deadline_s = None if state.deadline_at_s is None else state.deadline_at_s - obs.now_s
-    plan = initial_plan(state.model, state.quota, state.objective, samples=obs.remaining, deadline_s=deadline_s,
-                        batch_size=state.batch_size)
+    plan = initial_plan(state.model, state.quota, state.objective, samples=obs.remaining or None,
+                        deadline_s=deadline_s, batch_size=state.batch_size)
     if (state.profile and state.plan_checks < C.PLAN_CHECK_PROBES and plan_needs_check(plan)
             and obs.remaining != 0):
         window_s = C.PLAN_CHECK_WINDOWS * state.window_s

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from simulate import main
-from airflow_dlrover.optimizer.types import Configuration
 from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover.optimizer.controller import Probe, begin
+from airflow_dlrover.optimizer.types import Configuration, Phase
 from airflow_dlrover.optimizer.finetune import shape
 from sim.bound import bound_table, check, peak_throughput
 from sim.cluster import CheckPlan, Cluster, Policy, QuotaExceededError, Resize, SetHotPsCpu, Start, rate_factor
 from sim.dlrover_bridge import DLRoverUnavailable, default_venv, venv_python
 from sim.policies import OursPolicy, planner_configurations
 from sim.run import SUMMARY_COLUMNS, run_policy, summarise
-from sim.truth import AllReduce, MovingHotShard, QueueingTable, Roofline, measured_roofline
+from sim.truth import BATCH, AllReduce, MovingHotShard, QueueingTable, Roofline, measured_roofline
 from sim.workload import SimConfig, generate_trace
 
 pytestmark = pytest.mark.unit
@@ -291,15 +293,75 @@ def test_bridge_error_is_clear_when_venv_missing(tmp_path):
 
 
 def test_ours_decides_nothing_itself_the_products_controller_does(monkeypatch, small_run):
-    """The ours policy's resizes, heals and OOM answers all come out of ``controller.step``:
-    with a controller that never acts, ours never changes a job."""
+    """The ours policy's probes, plan, resizes, heals and OOM answers all come out of
+    ``controller.step``: with a controller that never acts, ours never starts, probes, fits or
+    changes a job."""
     import sim.policies
 
     acting = small_run("ours")
-    assert acting.counters["steps"] > 0 and acting.jobs["resizes"].sum() > 0
+    assert acting.counters["steps"] > 0 and acting.jobs["resizes"].sum() > 0 and acting.jobs["profile_s"].sum() > 0
     monkeypatch.setattr(sim.policies, "step", lambda state, observation: (state, []))
-    idle = run_policy(SMALL, "ours").jobs
-    assert idle["resizes"].sum() == 0
+    idle = run_policy(SMALL, "ours")
+    jobs = idle.jobs
+    assert (jobs["status"] == "failed").all() and idle.counters["fits"] == 0
+    assert (jobs[["profile_s", "resizes", "ooms", "failures", "trained_samples", "cpu_alloc_core_h"]] == 0).all().all()
+
+
+class ReplayedJob:
+    """A launcher over one job whose probes are measured as the simulation measured them."""
+
+    def __init__(self, samples_total: float):
+        self.config, self.samples_done, self.samples_total = None, 0.0, samples_total
+
+    def exists(self, job_id):
+        return self.config is not None
+
+    def launch(self, spec, config):
+        self.config = config
+
+    def read_job(self, job_id):
+        return {"config": self.config.to_row(), "nodes": {}}
+
+    def progress(self, job_id, timeout=0.0):
+        return {"state": "training", "samples_done": self.samples_done, "samples_total": self.samples_total}
+
+    def restart_cost_s(self, job_id):
+        return None
+
+    def apply(self, job_id, actions):
+        return []
+
+
+def test_the_simulated_and_the_product_profile_visit_the_same_probes_in_the_same_order(monkeypatch):
+    """The profile task's loop (``lifecycle.profiling.advance``), given the job the simulation
+    profiled and each probe measured as the simulation measured it, asks for the same probes,
+    sized the same, in the same order, and ends the profile where the simulation did."""
+    import airflow_dlrover.lifecycle.profiling as profiling
+
+    cfg = SMALL.without_instability()
+    jobs = Cluster(cfg, generate_trace(cfg), OursPolicy()).run()
+    profiled = [j for j in jobs if j.ooms == 0 and j.state["controller"].probes_issued >= C.MIN_PROBES_COLD]
+    assert profiled
+    for job in profiled[:3]:
+        simulated = job.state["controller"]
+        windows = list(job.probe_rows)
+        replay = ReplayedJob(job.spec.samples)
+
+        def measure_probe(launcher, job_id, config, window_s, quota):  # the simulation's two windows as one
+            first, second = windows.pop(0), windows.pop(0)
+            launcher.config, launcher.samples_done = config, second["samples_seen"]
+            return {**second, "throughput": (first["throughput"] + second["throughput"]) / 2,
+                    "probe_s": first["probe_s"] + second["probe_s"]}
+
+        monkeypatch.setattr(profiling, "measure_probe", measure_probe)
+        asked = []
+        state = begin(job.limit, "efficiency", prior=None, batch_size=BATCH, table_mb=job.spec.family.start_tables_mb,
+                      allreduce=job.spec.family.user.ps == 0, window_s=cfg.probe_s)
+        state, _ = profiling.advance(replay, str(job.spec.id), state, spec=SimpleNamespace(samples=job.spec.samples),
+                                     on_step=lambda before, after, actions, seen: asked.extend(
+                                         a.config for a in actions if isinstance(a, Probe)))
+        assert state.phase == Phase.FITTING
+        assert asked == job.probes[:simulated.probes_issued] and state.probes_issued == simulated.probes_issued
 
 
 ALLREDUCE = replace(SMALL, allreduce_fraction=0.5)

@@ -1,0 +1,136 @@
+"""``controller.step`` before training: the probes, the fit, the plan and its check, as phases."""
+
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+
+from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover.optimizer.controller import (
+    ControllerState, Fail, Keep, Launch, Observation, Probe, Relaunch, begin, step,
+)
+from airflow_dlrover.optimizer.job_model import JobModel, choose_prior, fit_job_model
+from airflow_dlrover.optimizer.probes import design_probes, probes_always_measured, visiting_order
+from airflow_dlrover.optimizer.types import Configuration, NodeState, NodeStatus, Phase, Quota, Reason
+from sim.synthetic import true_throughput
+
+pytestmark = pytest.mark.unit
+
+QUOTA = Quota(cpu=32.0, memory_mb=128 * 1024)
+SAMPLES = 5e9  # a long job: the budget lets every probe be measured
+
+
+def measured(config: Configuration, samples_seen: float, probe_s: float = 30.0) -> dict:
+    """One probe window of ``config`` on the synthetic truth (``sim.synthetic``)."""
+    x = float(true_throughput(pd.DataFrame([config.to_row()]))[0])
+    return dict(config.to_row(), throughput=x, worker_cpu_used=0.8 * config.worker_cpu,
+                ps_cpu_used=0.6 * config.ps_cpu if config.ps else float("nan"), worker_memory_used_mb=1200.0,
+                ps_memory_used_mb=400.0 + 2000.0 / config.ps if config.ps else float("nan"),
+                samples_seen=samples_seen, probe_s=probe_s, timestamp=samples_seen)
+
+
+def drive(state: ControllerState, samples: float = SAMPLES, probe_s: float = 30.0):
+    """Step the controller as the tasks do until it launches: every probe measured as asked.
+    Returns the final state, the probes asked for (in order) and the phases seen."""
+    asked, phases, done, now = [], [state.phase], 0.0, 0.0
+    observation = Observation(now, samples_total=samples)
+    while True:
+        state, actions = step(state, observation)
+        phases.append(state.phase)
+        assert not any(isinstance(a, Fail) for a in actions), actions
+        if any(isinstance(a, Launch) for a in actions):
+            return state, asked, phases, next(a for a in actions if isinstance(a, Launch))
+        probe = next((a for a in actions if isinstance(a, Probe)), None)
+        windows = ()
+        if probe is not None:
+            asked.append(probe)
+            now += probe_s
+            row = measured(probe.config, done, probe_s)
+            done = min(done + row["throughput"] * probe_s, samples)
+            windows = (row,)
+        observation = Observation(now, config=probe.config if probe else None, samples_done=done,
+                                  samples_total=samples, windows=windows)
+
+
+def test_a_cold_job_is_probed_in_the_visiting_order_then_fitted_planned_checked_and_launched():
+    state = begin(QUOTA, table_mb=2000.0)
+    design = design_probes(QUOTA, table_mb=2000.0)
+    assert state.phase == Phase.PROFILING and state.probes == tuple(visiting_order(design))
+    state, asked, phases, launch = drive(state)
+    profile_probes = [p for p in asked if p.reason == Reason.PROBE]
+    checks = [p for p in asked if p.reason == Reason.PLAN_CHECK]
+    # every probe, in the visiting order, each sized to what the probes before it used
+    assert [p.config.to_row() | {"worker_memory_mb": 0, "ps_memory_mb": 0} for p in profile_probes] == [
+        c.to_row() | {"worker_memory_mb": 0, "ps_memory_mb": 0} for c in visiting_order(design)]
+    assert all(p.window_s == C.PROBE_WINDOW_S for p in profile_probes)
+    # the phases in their order, each once
+    order = [Phase.PROFILING, Phase.FITTING, Phase.PLANNING, Phase.TRAINING]
+    assert [p for i, p in enumerate(phases) if i == 0 or p != phases[i - 1]] == order
+    # a plan past the probes is measured (a longer window) at most PLAN_CHECK_PROBES times, then launched
+    assert len(checks) == state.plan_checks <= C.PLAN_CHECK_PROBES
+    assert all(c.window_s == C.PLAN_CHECK_WINDOWS * C.PROBE_WINDOW_S for c in checks)
+    if checks:
+        assert len(state.profile) == len(asked)  # the checks' windows joined the profile
+    assert launch.plan == state.plan and launch.reason == Reason.PLANNED
+    assert state.model is not None and state.model.memory.table_capacity_mb == 2000.0  # the layout bounds the fit
+
+
+def test_the_budget_ends_a_short_jobs_profile_after_the_probes_that_identify_the_model():
+    state = begin(QUOTA)
+    designed = len(state.probes)
+    state, asked, _, _ = drive(state, samples=2e7, probe_s=60.0)
+    profiled = [p for p in asked if p.reason == Reason.PROBE]
+    assert len(profiled) == probes_always_measured(designed) < designed
+
+
+def test_a_warm_start_probes_nothing_and_plans_on_its_prior():
+    cold_state, *_ = drive(begin(QUOTA))
+    prior = choose_prior([cold_state.model])
+    state = begin(QUOTA, prior=prior)
+    assert state.probes == ()
+    state, asked, phases, launch = drive(state)
+    assert asked == [] and state.model is prior and Phase.FITTING in phases
+    assert launch.plan.config.cores <= QUOTA.cpu
+
+
+def test_nothing_measured_and_no_prior_fails_retryably():
+    state = replace(begin(QUOTA), probes=())
+    _, (fail,) = step(state, Observation(0.0, samples_total=SAMPLES))
+    assert isinstance(fail, Fail) and fail.retryable and fail.reason == Reason.NOT_PROFILED
+    _, (fail,) = step(ControllerState(QUOTA, phase=Phase.FITTING), Observation(0.0))
+    assert isinstance(fail, Fail) and fail.reason == Reason.NOT_PROFILED
+
+
+def test_a_job_that_trained_every_sample_while_profiling_ends_its_profile():
+    state, (probe,) = step(begin(QUOTA), Observation(0.0, samples_total=1e6))
+    finished = Observation(30.0, config=probe.config, samples_done=1e6, samples_total=1e6,
+                           windows=(measured(probe.config, 1e6),))
+    state, (keep,) = step(state, finished)
+    assert state.phase == Phase.FITTING and keep.reason == Reason.PROFILED
+    assert "trained every sample" in keep.describe()
+
+
+def test_a_probe_node_killed_for_memory_is_relaunched_at_once_not_reported_first():
+    """A probe is not a task's try: its failures are recovered in the same step."""
+    state, (probe,) = step(begin(QUOTA), Observation(0.0, samples_total=SAMPLES))
+    config = probe.config
+    killed = (NodeStatus("worker-0", "worker", 0, NodeState.OOM_KILLED, config.worker_cpu, config.worker_memory_mb,
+                         reason="OOM"),)
+    after, (relaunch,) = step(state, Observation(10.0, config=config, samples_total=SAMPLES, nodes=killed))
+    assert isinstance(relaunch, Relaunch) and relaunch.memory_mb > config.worker_memory_mb
+    assert after.phase == Phase.PROFILING and after.probes_issued == state.probes_issued
+
+
+def test_training_ends_when_every_sample_is_trained():
+    config = Configuration(2, 1, 1.0, 1.0, 2048, 2048)
+    state, (keep,) = step(ControllerState(QUOTA), Observation(0.0, config=config, samples_done=10, samples_total=10))
+    assert state.phase == Phase.DONE and keep == Keep(Reason.NO_SAMPLES_REMAIN)
+
+
+def test_the_prior_is_the_newest_cold_fits_throughput_with_the_newest_memory():
+    cold = fit_job_model(pd.DataFrame([measured(c, 0.0) for c in visiting_order(design_probes(QUOTA))]))
+    warm = fit_job_model(pd.DataFrame([measured(c, 1e6) for c in visiting_order(design_probes(QUOTA))[:3]]), cold)
+    assert warm.throughput.report.warm_start and not cold.throughput.report.warm_start
+    prior = choose_prior([warm, cold])  # newest first
+    assert prior.throughput is cold.throughput and prior.memory is warm.memory
+    assert choose_prior([]) is None and choose_prior([warm]) == JobModel(warm.throughput, warm.memory)
