@@ -160,11 +160,17 @@ NODE_CPU_TRUST_MULTIPLE = 2.0
 PLAN_TIE_FRACTION = 0.05
 
 #: A cold launch whose plan extrapolates past the probes (``Plan.extrapolation``) first measures
-#: it for one probe window on the running job, refits and plans again, at most this many times
+#: it for ``PLAN_CHECK_WINDOWS`` probe windows on the running job, refits and plans again, at most this many times
 #: (``controller.plan_needs_check``): the plan is then an interpolation, and its prediction rests
 #: on a measurement of it. The job trains at the plan meanwhile, so a check costs a resize, not
 #: lost samples. (ours)
 PLAN_CHECK_PROBES = 2
+
+#: Node failures a task before training (the profile, the plan's check) recovers at once (a probe
+#: is no task's try); one more fails the task, retryably: its retry starts the phase again, and
+#: Airflow's retries bound a node that keeps failing. (ours: a probe OOM-killed twice is grown
+#: ×1.5² = 2.25, past what any probe's share of the quota needed)
+FAILURES_BEFORE_TRAINING = 3
 #: A plan check's window, in probe windows: the job trains on its plan meanwhile, so a longer
 #: window costs no training, and one 2 s window of the demo's plan ranged 38–57 k samples/s
 #: (checking, besides, every plan probed in one window only, with 2 s windows, took three cold

@@ -253,6 +253,10 @@ def step(state: ControllerState, observation: Observation) -> tuple[ControllerSt
     if failed:
         if state.phase != Phase.TRAINING:  # a probe is not a task's try: its failures are recovered now
             state = replace(state, failures_reported=state.failures_reported | {(n.name, n.restarts) for n in failed})
+            if len(state.failures_reported) > C.FAILURES_BEFORE_TRAINING:
+                numbers = {"node": ", ".join(n.name for n in failed), "state": _value(failed[0].state),
+                           "detail": f"{failed[0].reason} (failure {len(state.failures_reported)} before training)"}
+                return state, [Fail(Reason.NODE_FAILED, numbers, retryable=True, nodes=tuple(n.name for n in failed))]
         return _recover(state, observation, failed)
     if state.phase in _BEFORE_TRAINING:
         return _BEFORE_TRAINING[state.phase](state, observation)

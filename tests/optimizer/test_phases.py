@@ -119,6 +119,11 @@ def test_a_probe_node_killed_for_memory_is_relaunched_at_once_not_reported_first
     after, (relaunch,) = step(state, Observation(10.0, config=config, samples_total=SAMPLES, nodes=killed))
     assert isinstance(relaunch, Relaunch) and relaunch.memory_mb > config.worker_memory_mb
     assert after.phase == Phase.PROFILING and after.probes_issued == state.probes_issued
+    # a node that keeps failing fails the task, retryably, past FAILURES_BEFORE_TRAINING
+    for restarts in range(1, C.FAILURES_BEFORE_TRAINING + 1):
+        again = (replace(killed[0], restarts=restarts),)
+        after, actions = step(after, Observation(20.0 + restarts, config=config, samples_total=SAMPLES, nodes=again))
+    assert [(type(a), a.retryable) for a in actions] == [(Fail, True)] and "before training" in actions[0].describe()
 
 
 def test_training_ends_when_every_sample_is_trained():
