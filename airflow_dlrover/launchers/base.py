@@ -3,35 +3,20 @@ written once over the small primitives a backend implements (``LocalLauncher``: 
 cgroups; ``KubernetesLauncher``: pods through the ``cncf-kubernetes`` hooks).
 
 A job's *record* (``job.json``: configuration, nodes with their resources and restarts, events)
-is kept by the backend (a file; a ConfigMap), so that any process adopts the job by its id. The
-protocol with the job's master is the runtime's, the same on every backend:
+is kept by the backend (a file; a ConfigMap), so that any process adopts the job by its id.
 
-* workers join as new nodes and leave by ``/drain`` (finish the shard, then exit) — a node that
-  is not running leaves by ``/node_lost`` (its shards are requeued);
-* a new PS count is ``/checkpoint {hold}`` → new PS → ``/cluster`` (which restores the new set
-  from that checkpoint: the re-partition);
-* a relaunched worker's shards are requeued (``/node_lost``), a relaunched PS rolls the job back
-  to its last checkpoint (``/restore``), a relaunched master reloads its persisted state;
-* a node's new CPU / memory is applied in place where the backend can and the node keeps its
-  number of torch threads (:func:`torch_threads`; a PS is one numpy thread), else the node is
-  relaunched.
+What differs between our runtime and a user's trainer (how the nodes start, how they report, what
+a resize or a relaunch does to them) is the job's kind (:mod:`launchers.kinds`), chosen once per
+job from its spec (:meth:`Launcher.kind`); the operations here take the job's lock, read its
+record and hand the rest to it.
 
-What a backend implements (everything else is here): ``_record`` / ``_write`` (the record),
-``_live_states`` (each node's state from its process or pod), ``_place`` (a new node's
-backend fields), ``_create_job`` (the job's objects and its master), ``_start_node``,
-``_stop_node``, ``_set_limits`` (in place), ``can_resize_in_place``, ``_ps_addresses``,
-``_adoptable``, ``_discard``, ``_master_url``, ``_acquire`` / ``_release`` (the job's lock),
+What a backend implements (everything else is here or in the kinds): ``_record`` / ``_write`` (the
+record), ``_live_states`` (each node's state from its process or pod), ``_place`` (a new node's
+backend fields), ``_create_job`` / ``_create_trainer_job`` (the job's objects, and our runtime's
+master), ``_start_node`` / ``_start_trainer_node``, ``_stop_node``, ``_set_limits`` (in place),
+``can_resize_in_place``, ``_ps_addresses``, ``_adoptable``, ``_discard``, ``_master_url``,
+``_peer_address``, ``_rendezvous``, ``_read_output``, ``_acquire`` / ``_release`` (the job's lock),
 ``job_dir``, ``spec``, ``stop``, ``kill_node``.
-
-A *trainer of the user's* (``spec.trainer``, ``launchers.contract``) has no master: its nodes get
-the contract's environment (``_trainer_env``) and report through their metrics file or log
-(``_read_output``); a resize restarts the group (SIGTERM → the trainer checkpoints → the new
-configuration starts and resumes), timed from the SIGTERM to the first report of the new group;
-a failed node restarts the whole group of an ``allreduce`` trainer (as torchrun's elastic agent
-does) and only itself in a ``ps`` trainer. A node that exits non-zero before its first report,
-or reports nothing within ``report_timeout_s``, broke the contract: it reads as exit code
-``USER_ERROR_EXIT_CODE`` (no retry fixes it). A node that SIGKILL ended (``SIGKILL_EXIT_CODES``)
-failed by the cluster's doing, before its first report too.
 
 Every operation that changes the job (launch, relaunch, set_limits, resize, stop) holds the job's
 lock from its read of the record to its last write: two launcher processes (the fine-tune resizing
@@ -42,24 +27,19 @@ other's change. The lock is reentrant within a process (a resize relaunches node
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
 import math
-import statistics
 import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from airflow_dlrover.launchers.contract import (
-    TrainerSpec, job_progress, node_argv, node_env, node_report, parse_reports,
-)
+from airflow_dlrover.launchers.contract import TrainerSpec
+from airflow_dlrover.launchers.kinds import JobKind, job_kind
 from airflow_dlrover import timings as T
-from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import FAILED_STATES, Configuration, NodeState, NodeStatus
 from airflow_dlrover.runtime.auth import call_master
-from airflow_dlrover.runtime.prepare import prepare
 from airflow_dlrover.runtime.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -95,7 +75,7 @@ class Launcher:
 
     def __init__(self) -> None:
         self._keys: dict[str, bytes] = {}
-        self._trainers: dict[str, TrainerSpec | None] = {}
+        self._kinds: dict[str, JobKind] = {}
         self._locks: dict[str, tuple[threading.RLock, list]] = {}  # job → (thread lock, [depth, handle])
         self._locks_guard = threading.Lock()
 
@@ -140,14 +120,25 @@ class Launcher:
         """A new node's backend fields (a port, a pod name); ``previous``: the node it replaces."""
 
     def _create_job(self, spec: JobSpec, record: dict[str, Any]) -> None:
-        """Create the job's objects and start its master (``record["nodes"]["master"]``)."""
+        """Create our runtime's job objects and start its master (``record["nodes"]["master"]``)."""
+        raise NotImplementedError
+
+    def _create_trainer_job(self, spec: JobSpec, record: dict[str, Any]) -> None:
+        """Create the objects of a trainer's job (it has no master)."""
         raise NotImplementedError
 
     def _start_node(self, job_id: str, record: dict[str, Any], node: dict[str, Any]) -> None:
+        """Start one of our runtime's nodes."""
+        raise NotImplementedError
+
+    def _start_trainer_node(self, job_id: str, record: dict[str, Any], node: dict[str, Any], argv: list[str],
+                            env: dict[str, str]) -> None:
+        """Start a trainer's node: ``argv`` with the contract's environment ``env``."""
         raise NotImplementedError
 
     def _stop_node(self, job_id: str, record: dict[str, Any], node: dict[str, Any], *, replacing: bool) -> None:
-        """Stop the node and wait until it is gone; ``replacing``: it starts again at once."""
+        """Stop the node and wait until it is gone; ``replacing``: it starts again at once and resumes
+        from the state its job's master keeps (no grace period; a master keeps its dependents)."""
         raise NotImplementedError
 
     def _stop_nodes(self, job_id: str, record: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
@@ -222,8 +213,7 @@ class Launcher:
         """The record with each node's live ``state``, ``exit_code``, ``reason``, ``oom_kills``, ``started``."""
         record = self._record(job_id)
         record = with_live_states(record, self._live_states(job_id, record))
-        if record.get("trainer"):
-            self._check_contract(job_id, record)
+        self.kind(job_id, record).check_reports(record)
         return record
 
     def status(self, job_id: str) -> list[NodeStatus]:
@@ -254,90 +244,30 @@ class Launcher:
     def _node_state(self, job_id: str, record: dict[str, Any], name: str) -> str:
         return self._live_states(job_id, {**record, "nodes": {name: record["nodes"][name]}})[name][0]
 
-    # -- a trainer of the user's (launchers.contract) ----------------------------------------------
+    # -- the job's kind (launchers.kinds) --------------------------------------------------------
+    def kind(self, job_id: str, record: dict[str, Any] | None = None) -> JobKind:
+        """The job's kind, chosen from its spec (once per job and launcher). ``record``: the job's
+        record where at hand; one without the trainer flag is our runtime's, without reading the spec."""
+        if job_id not in self._kinds:
+            trainer = None if record is not None and not record.get("trainer") else self.spec(job_id).trainer
+            self._kinds[job_id] = job_kind(self, job_id, trainer)
+        return self._kinds[job_id]
+
     def trainer(self, job_id: str) -> TrainerSpec | None:
-        """The job's trainer, or None for our runtime (read once per job and launcher)."""
-        if job_id not in self._trainers:
-            data = self.spec(job_id).trainer
-            self._trainers[job_id] = TrainerSpec.from_dict(data) if data else None
-        return self._trainers[job_id]
+        """The job's trainer, or None for our runtime."""
+        return self.kind(job_id).trainer
 
     def progress(self, job_id: str, timeout: float = T.MASTER_CALL_TIMEOUT_S) -> dict[str, Any]:
         """The job's ``state``, ``samples_done``, ``samples_total`` and ``throughput``: its master's
         ``/status`` (our runtime; ``timeout``: how long an unreachable master is retried), or its
         trainer's reports (:func:`contract.job_progress`)."""
-        if self.trainer(job_id) is None:
-            return self.master_call(job_id, "/status", timeout=timeout)
-        return self._job_metrics(job_id, self._record(job_id))["status"]
+        return self.kind(job_id).progress(timeout)
 
     def restart_cost_s(self, job_id: str) -> float | None:
         """What a resize costs a trainer of the user's, which every resize restarts: the median of
         its measured group restarts (SIGTERM → first report of every new worker; profiling makes
         some), else ``TRAINER_RESTART_COST_S``. None for our runtime (the controller's costs by kind)."""
-        if self.trainer(job_id) is None:
-            return None
-        measured = [e["restart_s"] for e in self._record(job_id)["events"]
-                    if e.get("event") == "restart" and e.get("restart_s") is not None]
-        return statistics.median(measured) if measured else C.TRAINER_RESTART_COST_S
-
-    def _trainer_reports(self, job_id: str, record: dict[str, Any]) -> dict[str, dict[str, Any]]:
-        """Each running or finished node's report, with its ``role``."""
-        return {name: {**self._node_report(job_id, node), "role": node["role"]}
-                for name, node in record["nodes"].items() if node.get("state") != STOPPED}
-
-    def _node_report(self, job_id: str, node: dict[str, Any]) -> dict[str, Any]:
-        """A trainer node's reports since its start (:func:`contract.node_report`), from its metrics
-        file, its log (``log_regex``) or its endpoint's scrapes (``metrics_port``)."""
-        trainer = self.trainer(job_id)
-        text, mtime = self._read_output(job_id, node, trainer.reports_via)
-        return node_report(parse_reports(text, trainer.log_regex, written_at=mtime))
-
-    def _job_metrics(self, job_id: str, record: dict[str, Any]) -> dict[str, Any]:
-        """The master's ``/metrics`` (an unreachable master: none), or a trainer's answer in its
-        shape: per-node reports, the job's throughput and progress. ``metrics`` adds the usage."""
-        if not record.get("trainer"):
-            try:
-                return self.master_call(job_id, "/metrics", timeout=T.MASTER_POLL_TIMEOUT_S)
-            except ConnectionError:
-                return {"throughput": 0.0, "nodes": {}, "status": None}
-        record = self.read_job(job_id)
-        reports = self._trainer_reports(job_id, record)
-        status = job_progress(reports, {n: node["state"] for n, node in record["nodes"].items()})
-        return {"throughput": status["throughput"], "nodes": reports, "status": status}
-
-    def _check_contract(self, job_id: str, record: dict[str, Any]) -> None:
-        """Mark the workers that broke the contract (module docstring) as the user's failures."""
-        trainer = self.trainer(job_id)
-        now = time.time()
-        for name, node in record["nodes"].items():
-            if node["role"] != "worker" or node.get("state") not in (RUNNING, FAILED, SUCCEEDED):
-                continue
-            if node["state"] == FAILED and node.get("exit_code") in (C.USER_ERROR_EXIT_CODE, *C.SIGKILL_EXIT_CODES):
-                continue
-            if self._node_report(job_id, node)["reports"]:
-                continue
-            source = {"log": f"log lines matching {trainer.log_regex!r}", "file": "DLROVER_METRICS_FILE",
-                      "prometheus": f"Prometheus text on port {trainer.metrics_port}{trainer.metrics_path}"}[trainer.reports_via]
-            if node["state"] in (FAILED, SUCCEEDED):
-                output, _ = self._read_output(job_id, node, "log")
-                what = "exited 0 without a report" if node["state"] == SUCCEEDED else f"{node.get('reason') or 'failed'} before its first report"
-                why = f"{what} (in {source}); output tail:\n{output[-1500:]}"
-            elif now - (node.get("started") or now) > trainer.report_timeout_s:
-                why = f"reported nothing (in {source}) in report_timeout_s={trainer.report_timeout_s:g}s"
-            else:
-                continue
-            node.update(state=FAILED, exit_code=C.USER_ERROR_EXIT_CODE, reason=f"trainer {name} {why}")
-
-    def _trainer_env(self, job_id: str, record: dict[str, Any], node: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
-        """The argv and contract environment of a trainer's node."""
-        trainer, spec = self.trainer(job_id), self.spec(job_id)
-        peers = {name: self._peer_address(job_id, record, other) for name, other in record["nodes"].items()}
-        env = node_env(job_id=job_id, trainer=trainer, config=Configuration(**record["config"]), node=node,
-                       samples=spec.samples, peers=peers, rendezvous=tuple(record["rendezvous"]),
-                       checkpoint_dir=trainer.checkpoint_dir or self._checkpoint_dir(job_id),
-                       metrics_file=self._metrics_file(job_id, node), generation=record["generation"],
-                       job_key=spec.authkey, metrics_port=self._metrics_port(job_id, node))
-        return node_argv(trainer, env), env
+        return self.kind(job_id).restart_cost_s()
 
     def _metrics_port(self, job_id: str, node: dict[str, Any]) -> int:
         """Where a trainer's node serves Prometheus text (0: it reports otherwise)."""
@@ -351,182 +281,38 @@ class Launcher:
         """A trainer's default checkpoint folder, as its nodes see the path (it outlives them)."""
         return str(self.job_dir(job_id) / "checkpoint")
 
-    def _start_group(self, job_id: str, record: dict[str, Any], config: Configuration,
-                     restarts: dict[str, int] | None = None) -> None:
-        """Place every node of ``config`` (PS, then workers), then start them: each gets its peers'
-        addresses."""
-        grace = self.trainer(job_id).grace_s
-        nodes = [self._new_node(record, f"ps-{i}", "ps", i, config.ps_cpu, config.ps_memory_mb, count=config.ps)
-                 for i in range(config.ps)]
-        nodes += [self._new_node(record, f"worker-{i}", "worker", i, config.worker_cpu, config.worker_memory_mb,
-                                 gpu=config.worker_gpu) for i in range(config.workers)]
-        for node in nodes:
-            node.update(grace_s=grace, restarts=(restarts or {}).get(node["name"], 0))
-        record["rendezvous"] = list(self._rendezvous(job_id, record))
-        for node in nodes:
-            self._start_node(job_id, record, node)
-        self._write(job_id, record)
-
-    def _stop_group(self, job_id: str, record: dict[str, Any]) -> dict[str, int]:
-        """SIGTERM every node (the trainer checkpoints in its grace period); returns the restart
-        count each node's next incarnation gets."""
-        self._stop_nodes(job_id, record, [n for n in record["nodes"].values() if n.get("state") != STOPPED])
-        return {name: node.get("restarts", 0) + 1 for name, node in record["nodes"].items()}
-
-    def _restart_group(self, job_id: str, record: dict[str, Any], config: Configuration, reason: str) -> dict[str, Any]:
-        """Stop the trainer's group and start it on ``config`` (it resumes from its checkpoint);
-        returns the actions and the seconds from the SIGTERM to the first report of every new worker
-        (None when one did not report within ``report_timeout_s``: the guard sees why)."""
-        started, stamp = time.monotonic(), time.time()
-        current = record["config"]
-        restarts = self._stop_group(job_id, record)
-        stopped_s = time.monotonic() - started
-        record["nodes"] = {}
-        record["config"] = config.to_row()
-        record["generation"] = record.get("generation", 0) + 1
-        self._start_group(job_id, record, config, restarts)
-        reported = self._wait_first_reports(job_id)
-        seconds = None if reported is None else reported - stamp
-        event = {"time": stamp, "event": "restart", "reason": reason, "generation": record["generation"],
-                 "from": current, "to": config.to_row(), "stop_s": stopped_s, "restart_s": seconds}
-        record["events"].append(event)
-        if reason == "resize":
-            record["resizes"] = record.get("resizes", 0) + 1
-        self._write(job_id, record)
-        restart = "trainer did not report again" if seconds is None else f"training again after {seconds:.1f} s"
-        return {"actions": [f"group restarted on {config.describe()} ({reason}; {restart})"],
-                "seconds": time.monotonic() - started, "restart_s": seconds}
-
-    def _wait_first_reports(self, job_id: str) -> float | None:
-        """Time of the last first report of the group's workers, None when a node failed or the
-        trainer's ``report_timeout_s`` passed first."""
-        deadline = time.monotonic() + self.trainer(job_id).report_timeout_s
-        while time.monotonic() < deadline:
-            record = self.read_job(job_id)
-            workers = [n for n in record["nodes"].values() if n["role"] == "worker"]
-            if any(n["state"] in FAILED_STATES for n in record["nodes"].values()):
-                return None
-            reports = self._trainer_reports(job_id, record)
-            if all(reports[n["name"]]["reports"] > 0 or n["state"] == SUCCEEDED for n in workers):
-                return time.time()
-            time.sleep(max(self.poll_s, 0.2))
-        return None
-
-    def _relaunch_trainer_node(self, job_id: str, record: dict[str, Any], node: dict[str, Any],
-                               cpu: float | None, memory_mb: float | None) -> NodeStatus:
-        """A failed trainer node: an ``allreduce`` group restarts as a whole (with the node's new
-        resources for its whole role), a ``ps`` trainer's node alone. Several failed members of a
-        group restart it once: a member the group's restart already replaced, with the resources
-        asked for, is running again."""
-        role = node["role"]
-        config = Configuration(**record["config"])
-        changes = {}
-        if cpu is not None and cpu != getattr(config, f"{role}_cpu"):
-            changes[f"{role}_cpu"] = cpu
-        if memory_mb is not None and memory_mb > (getattr(config, f"{role}_memory_mb") or 0):
-            changes[f"{role}_memory_mb"] = memory_mb
-        config = dataclasses.replace(config, **changes)
-        if self.trainer(job_id).kind == "allreduce":
-            if changes or node.get("state") in FAILED_STATES:
-                self._restart_group(job_id, record, config, f"{node['name']} relaunched")
-        else:
-            self._stop_node(job_id, record, node, replacing=True)
-            node.update(cpu=getattr(config, f"{role}_cpu"), memory_mb=getattr(config, f"{role}_memory_mb") or None,
-                        restarts=node.get("restarts", 0) + 1)
-            record["config"] = config.to_row()
-            record["events"].append({"time": time.time(), "node": node["name"], "event": "relaunch",
-                                     "cpu": node["cpu"], "memory_mb": node["memory_mb"]})
-            self._start_node(job_id, record, node)
-            self._write(job_id, record)
-        return next(s for s in self.status(job_id) if s.name == node["name"])
-
     # -- launch / adopt -----------------------------------------------------------------------------
     @exclusive
     def launch(self, spec: JobSpec, config: Configuration) -> str:
-        """Start master, PS and workers for ``config`` — or adopt the job when it already runs (an
-        Airflow retry never starts a second copy). What is left of a launch whose master died is
-        removed first, and the new job resumes from its checkpoint (the master reloaded its state;
-        ``/cluster`` restores the new, empty PS)."""
+        """Start the job's nodes for ``config`` (its kind's: master, PS and workers, or the trainer's
+        group) — or adopt the job when it already runs (an Airflow retry never starts a second copy).
+        What is left of a launch whose master died, or that failed half-way, is removed first, and
+        the new job resumes from its checkpoint."""
         job_id = spec.job_id
         self._keys.pop(job_id, None)  # an adopted job keeps its own key; a new one gets spec's
-        resuming = self.exists(job_id)
-        if resuming:
+        if self.exists(job_id):
             record = self.read_job(job_id)
-            adoptable = _group_alive(record) if record.get("trainer") else self._adoptable(record)
-            if record.get("launched") and adoptable:  # a half-launched job is redone
+            if record.get("launched") and self.kind(job_id, record).adoptable(record):  # a half-launched job is redone
                 log.info("job %s already running: adopted", job_id)
                 return job_id
             self._discard(job_id, record)
+        kind = self._kinds[job_id] = job_kind(self, job_id, spec.trainer)
         record = {"job_id": job_id, "config": config.to_row(), "nodes": {}, "events": [], "resizes": 0,
                   "started": time.time()}
-        if spec.trainer is not None:
-            trainer = TrainerSpec.from_dict(spec.trainer)
-            self._trainers[job_id] = trainer
-            record.update(trainer=True, generation=0)
-            self._create_job(spec, record)
-            self._start_group(job_id, record, config)
-            record["launched"] = True
-            self._write(job_id, record)
-            return job_id
-        spec = prepare(spec, runs_here=self.runs_local_code)
-        self._new_node(record, "master", "master", 0, T.MASTER_CPU, T.MASTER_MEMORY_MB)
-        self._create_job(spec, record)
-        self._wait_ready(job_id, record, ["master"])
-        self._start_ps(job_id, record, config)
-        for index in range(config.workers):
-            self._add_worker(job_id, record, config, index)
+        kind.create(spec, record, config)
         record["launched"] = True  # only now may a retry adopt the job
         self._write(job_id, record)
         return job_id
 
-    def _start_ps(self, job_id: str, record: dict[str, Any], config: Configuration,
-                  previous: dict[str, dict[str, Any]] | None = None) -> None:
-        """Start ``config.ps`` PS (each in the place of the PS it replaces) and hand them to the master
-        (``/cluster``: a new job's start at generation 0, any other's are restored)."""
-        names = []
-        for index in range(config.ps):
-            name = f"ps-{index}"
-            node = self._new_node(record, name, "ps", index, config.ps_cpu, config.ps_memory_mb, count=config.ps,
-                                  previous=(previous or {}).get(name))
-            self._start_node(job_id, record, node)
-            names.append(name)
-        self._write(job_id, record)
-        self._wait_ready(job_id, record, names)
-        self.master_call(job_id, "/cluster", {"ps": self._ps_addresses(job_id, record, names)})
-
-    def _add_worker(self, job_id: str, record: dict[str, Any], config: Configuration, index: int) -> str:
-        node = self._new_node(record, f"worker-{index}", "worker", index, config.worker_cpu, config.worker_memory_mb,
-                              gpu=config.worker_gpu)
-        self._start_node(job_id, record, node)
-        return node["name"]
-
     # -- one node ------------------------------------------------------------------------------
     @exclusive
-    def relaunch(self, job_id: str, node_name: str, cpu: float | None = None, memory_mb: float | None = None) -> NodeStatus:
-        """Restart one node (optionally with new resources) and re-join it to the job. A node
-        relaunched with more memory than its role's configuration raises the configuration's:
-        the nodes of a role are alike, and a later resize must not shrink it back."""
+    def relaunch(self, job_id: str, node_name: str, cpu: float | None = None,
+                 memory_mb: float | None = None) -> NodeStatus:
+        """Restart one node (optionally with new resources) as its job's kind does: re-joined to our
+        runtime's job, or a trainer's (a whole ``allreduce`` group). Its new memory raises its role's
+        configuration when more: the nodes of a role are alike, and a later resize must not shrink it."""
         record = self.read_job(job_id)
-        node = record["nodes"][node_name]
-        if record.get("trainer"):
-            return self._relaunch_trainer_node(job_id, record, node, cpu, memory_mb)
-        self._stop_node(job_id, record, node, replacing=True)
-        node["cpu"] = node["cpu"] if cpu is None else cpu
-        node["memory_mb"] = node["memory_mb"] if memory_mb is None else memory_mb
-        node["restarts"] = node.get("restarts", 0) + 1
-        key = f"{node['role']}_memory_mb"
-        if memory_mb is not None and key in record["config"] and memory_mb > (record["config"][key] or 0):
-            record["config"][key] = memory_mb
-        record["events"].append({"time": time.time(), "node": node_name, "event": "relaunch", "cpu": node["cpu"],
-                                 "memory_mb": node["memory_mb"]})
-        if node["role"] == "worker":
-            self.master_call(job_id, "/node_lost", {"node": node_name})
-        self._start_node(job_id, record, node)
-        self._write(job_id, record)
-        if node["role"] in ("master", "ps"):
-            self._wait_ready(job_id, record, [node_name])
-        if node["role"] == "ps":
-            self.master_call(job_id, "/restore", {})  # roll every PS back to the last checkpoint
+        self.kind(job_id, record).relaunch(record, record["nodes"][node_name], cpu, memory_mb)
         return next(s for s in self.status(job_id) if s.name == node_name)
 
     @exclusive
@@ -548,85 +334,13 @@ class Launcher:
     def _in_place(self, role: str, cpu_before: float | None, cpu_after: float | None) -> bool:
         return self.can_resize_in_place() and (role == "ps" or torch_threads(cpu_before) == torch_threads(cpu_after))
 
-    def _wait_exit(self, job_id: str, record: dict[str, Any], node: dict[str, Any],
-                   timeout_s: float = T.DRAIN_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        while self._node_state(job_id, record, node["name"]) == RUNNING:
-            if time.monotonic() > deadline:
-                log.warning("%s did not exit %.0f s after /drain: stopping it", node["name"], timeout_s)
-                return
-            time.sleep(self.poll_s)
-
-    def _leave(self, job_id: str, record: dict[str, Any], node: dict[str, Any]) -> None:
-        """A worker leaves the job: drained when it runs, its shards requeued when it does not."""
-        if self._node_state(job_id, record, node["name"]) == RUNNING:
-            self.master_call(job_id, "/drain", {"node": node["name"]})
-            self._wait_exit(job_id, record, node)
-        else:
-            self.master_call(job_id, "/node_lost", {"node": node["name"]})
-        self._stop_node(job_id, record, node, replacing=False)
-        node["state"] = STOPPED
-
     # -- the whole job ---------------------------------------------------------------------------
     @exclusive
     def resize(self, job_id: str, config: Configuration, remove: Iterable[str] = ()) -> dict[str, Any]:
-        """Change the job to ``config`` (see the module docstring); ``remove``: workers that leave
-        first. Returns the actions taken and the seconds they took."""
+        """Change the job to ``config`` as its kind does (``launchers.kinds``); ``remove``: workers
+        that leave first. Returns the actions taken and the seconds they took."""
         record = self.read_job(job_id)
-        if record.get("trainer"):
-            return self._restart_group(job_id, record, config, "resize")
-        current = Configuration(**record["config"])
-        started = time.monotonic()
-        actions = []
-        ps_nodes = {n: node for n, node in record["nodes"].items() if node["role"] == "ps"}
-        ps_resources = (config.ps_cpu, config.ps_memory_mb) != (current.ps_cpu, current.ps_memory_mb)
-        if config.ps == current.ps and ps_resources and self._in_place("ps", current.ps_cpu, config.ps_cpu):
-            for node in ps_nodes.values():
-                node.update(cpu=config.ps_cpu, memory_mb=config.ps_memory_mb or None)
-                self._set_limits(job_id, node)
-            actions.append(f"ps resized in place to {config.ps_cpu:g} CPU / {config.ps_memory_mb:g} MB")
-        elif config.ps != current.ps or ps_resources:
-            self.master_call(job_id, "/checkpoint", {"hold": True})
-            for name, node in ps_nodes.items():
-                self._stop_node(job_id, record, node, replacing=False)
-                del record["nodes"][name]
-            self._start_ps(job_id, record, config, previous=ps_nodes)
-            actions.append(f"ps {current.ps}×{current.ps_cpu:g} → {config.ps}×{config.ps_cpu:g} "
-                           "(checkpoint, re-partition)")
-        workers = sorted((n for n in record["nodes"].values() if n["role"] == "worker" and n.get("state") != STOPPED),
-                         key=lambda n: n["index"])
-        remove = set(remove)
-        staying = [n for n in workers if n["name"] not in remove]
-        leaving = [n for n in workers if n["name"] in remove] + staying[config.workers:]
-        staying = staying[: config.workers]
-        worker_resources = ((config.worker_cpu, config.worker_memory_mb, config.worker_gpu)
-                            != (current.worker_cpu, current.worker_memory_mb, current.worker_gpu))
-        if worker_resources and config.worker_gpu == current.worker_gpu and self._in_place(
-                "worker", current.worker_cpu, config.worker_cpu):
-            for node in staying:
-                node.update(cpu=config.worker_cpu, memory_mb=config.worker_memory_mb or None)
-                self._set_limits(job_id, node)
-            actions.append(f"workers resized in place to {config.worker_cpu:g} CPU / {config.worker_memory_mb:g} MB")
-        elif worker_resources:
-            for node in staying:
-                self.master_call(job_id, "/drain", {"node": node["name"]})
-                self._wait_exit(job_id, record, node)
-                self._stop_node(job_id, record, node, replacing=True)
-                node.update(cpu=config.worker_cpu, memory_mb=config.worker_memory_mb or None, gpu=config.worker_gpu,
-                            restarts=node.get("restarts", 0) + 1)
-                self._start_node(job_id, record, node)
-            actions.append(f"workers relaunched with {config.worker_cpu:g} CPU / {config.worker_memory_mb:g} MB")
-        for node in leaving:
-            self._leave(job_id, record, node)
-            actions.append(f"{node['name']} removed")
-        next_index = max((n["index"] for n in record["nodes"].values() if n["role"] == "worker"), default=-1) + 1
-        for offset in range(config.workers - len(staying)):
-            actions.append(f"{self._add_worker(job_id, record, config, next_index + offset)} added")
-        record["config"] = config.to_row()
-        record["resizes"] = record.get("resizes", 0) + 1
-        record["events"].append({"time": time.time(), "event": "resize", "actions": actions})
-        self._write(job_id, record)
-        return {"actions": actions, "seconds": time.monotonic() - started}
+        return self.kind(job_id, record).resize(record, config, remove)
 
     # -- the controller's actions --------------------------------------------------------------
     def apply(self, job_id: str, actions: Iterable[Any]) -> list[dict[str, Any]]:
@@ -649,12 +363,6 @@ class Launcher:
                 continue
             records.append({**action.to_record(), "done": done, "seconds": time.monotonic() - started})
         return records
-
-
-def _group_alive(record: dict[str, Any]) -> bool:
-    """Whether a trainer's group still runs (or finished): a retry adopts it."""
-    states = [n.get("state") for n in record["nodes"].values() if n.get("state") != STOPPED]
-    return bool(states) and all(s in (RUNNING, SUCCEEDED) for s in states)
 
 
 def with_live_states(record: dict[str, Any], states: dict[str, tuple]) -> dict[str, Any]:

@@ -13,9 +13,9 @@ Resizes keep the runtime's protocol (as ``LocalLauncher``): workers join as new 
 ``/drain`` then deletion; a PS change is ``/checkpoint`` → new PS pods → ``/cluster`` →
 ``/restore`` (re-partition; the checkpoint files are on the job's ReadWriteMany volume). A trainer
 of the user's gets its own pods (``kubernetes_manifests.trainer_pod``), stopped with its grace
-period and restarted as the launcher base says; its reports are read from its pods' logs. A node's
-new CPU / memory is a relaunch, or an in-place pod resize (``pods/resize``, Kubernetes ≥ 1.33) with
-``in_place_resize=True`` when its torch thread count does not change.
+period and restarted as its kind says (``launchers.kinds``); its reports are read from its pods'
+logs. A node's new CPU / memory is a relaunch, or an in-place pod resize (``pods/resize``,
+Kubernetes ≥ 1.33) with ``in_place_resize=True`` when its torch thread count does not change.
 
 The master's HTTP API is reached at ``master_url`` (default: the ``J-master`` Service's cluster DNS
 name, for Airflow workers that run in the cluster; a ``kubectl port-forward`` or ingress URL
@@ -349,14 +349,16 @@ class KubernetesLauncher(Launcher):
                 return "", None
             raise
 
-    def _create_trainer_pod(self, job_id: str, record: dict[str, Any], node: dict[str, Any]) -> Any:
+    def _start_trainer_node(self, job_id: str, record: dict[str, Any], node: dict[str, Any], argv: list[str],
+                            env: dict[str, str]) -> None:
+        """The node's pod of the trainer's image, with its grace period and, for a trainer that serves
+        Prometheus text, its reports sidecar."""
         trainer = self.trainer(job_id)
-        argv, env = self._trainer_env(job_id, record, node)
         metrics = (trainer.metrics_port, trainer.metrics_path, trainer.metrics_names) if trainer.metrics_port else None
         body = km.trainer_pod(job_id, node, argv=argv, env=env, image=trainer.image, grace_s=trainer.grace_s,
                               placement=self.placement, owner=km.config_map_owner(record["config_map_uid"], job_id),
                               metrics=metrics)
-        return self.core.create_namespaced_pod(self.namespace, body)
+        self.core.create_namespaced_pod(self.namespace, body)
 
     def _create_trainer_job(self, spec: JobSpec, record: dict[str, Any]) -> None:
         """The ConfigMap first (it owns the rest: deleting it garbage-collects the job), then the
@@ -364,7 +366,8 @@ class KubernetesLauncher(Launcher):
         if not self.trainer(spec.job_id).image:
             raise InvalidInputError("trainer.image", "", "the trainer's container image, to run it on Kubernetes")
         record["namespace"] = self.namespace
-        created = self.core.create_namespaced_config_map(self.namespace, km.trainer_config_map(spec, self.placement, record))
+        created = self.core.create_namespaced_config_map(self.namespace,
+                                                         km.trainer_config_map(spec, self.placement, record))
         record["config_map_uid"] = created.metadata.uid
         for body in km.trainer_objects(spec, self.placement, km.config_map_owner(created.metadata.uid, spec.job_id)):
             create = {"Secret": self.core.create_namespaced_secret, "Service": self.core.create_namespaced_service,
@@ -438,11 +441,6 @@ class KubernetesLauncher(Launcher):
                 time.sleep(self.poll_s)
 
     def _create_job(self, spec: JobSpec, record: dict[str, Any]) -> None:
-        if record.get("trainer"):
-            return self._create_trainer_job(spec, record)
-        self._create_runtime_job(spec, record)
-
-    def _create_runtime_job(self, spec: JobSpec, record: dict[str, Any]) -> None:
         """The master pod first (it owns everything else: deleting it garbage-collects the job),
         then the Secret (the job's key), the ConfigMap (spec and record) and the Services."""
         record["namespace"] = self.namespace
@@ -456,9 +454,6 @@ class KubernetesLauncher(Launcher):
 
     def _start_node(self, job_id: str, record: dict[str, Any], node: dict[str, Any]) -> None:
         """Create the node's pod; a relaunched master re-owns the job's objects."""
-        if record.get("trainer"):
-            self._create_trainer_pod(job_id, record, node)
-            return
         created = self._create_pod(record, node)
         if node["role"] == "master" and node.get("restarts", 0) > 0:
             record["master_uid"] = created.metadata.uid
@@ -510,7 +505,7 @@ class KubernetesLauncher(Launcher):
         from kubernetes.utils import parse_quantity
 
         record = self._record(job_id)
-        metrics = self._job_metrics(job_id, record)
+        metrics = self.kind(job_id, record).job_metrics(record)
         by_pod = {n["pod"]: n for n in record["nodes"].values() if n.get("state") != STOPPED}
         usage = {}
         try:

@@ -127,12 +127,11 @@ class LocalLauncher(Launcher):
 
     # -- processes -----------------------------------------------------------------------------
     def _place(self, record: dict[str, Any], node: dict[str, Any], previous: dict[str, Any] | None) -> None:
-        """Nodes keep their ports across restarts (clients reconnect transparently); a worker
-        listens on none."""
-        listens = node["role"] != "worker" or record.get("trainer")
-        node["port"] = (previous or {}).get("port") or (_free_port() if listens else 0)
-        if record.get("trainer") and self.trainer(record["job_id"]).metrics_port:
-            node["metrics_port"] = (previous or {}).get("metrics_port") or _free_port()
+        """Each port the node's kind listens on is a free one of its own (``port`` 0: it listens on
+        none); nodes keep their ports across restarts (clients reconnect transparently)."""
+        node["port"] = 0
+        for key in self.kind(record["job_id"], record).ports(node["role"]):
+            node[key] = (previous or {}).get(key) or _free_port()
 
     def _command(self, job_id: str, node: dict[str, Any], master: str | None) -> list[str]:
         args = [self.python, "-m", "airflow_dlrover.runtime", node["role"], "--job-dir", str(self.job_dir(job_id)),
@@ -144,12 +143,18 @@ class LocalLauncher(Launcher):
         return args
 
     def _create_job(self, spec: JobSpec, record: dict[str, Any]) -> None:
+        self._save_job(spec, record)
+        self._start_node(spec.job_id, record, record["nodes"]["master"])
+
+    def _create_trainer_job(self, spec: JobSpec, record: dict[str, Any]) -> None:
+        self._save_job(spec, record)
+
+    def _save_job(self, spec: JobSpec, record: dict[str, Any]) -> None:
+        """The job's folder with its spec and record."""
         folder = self.job_dir(spec.job_id)
         folder.mkdir(parents=True, exist_ok=True)
         spec.save(folder / "spec.json")
         self._write(spec.job_id, record)
-        if "master" in record["nodes"]:
-            self._start_node(spec.job_id, record, record["nodes"]["master"])
 
     def _peer_address(self, job_id: str, record: dict[str, Any], node: dict[str, Any]) -> str:
         return f"127.0.0.1:{node['port']}"
@@ -197,6 +202,28 @@ class LocalLauncher(Launcher):
                 os.close(fd)
 
     def _start_node(self, job_id: str, record: dict[str, Any], node: dict[str, Any]) -> None:
+        """Our runtime's node, with as many torch threads as its whole cores."""
+        argv = self._command(job_id, node, record["nodes"]["master"].get("address"))
+        env = dict(os.environ, OMP_NUM_THREADS=str(torch_threads(node["cpu"])),
+                   DLROVER_WORKER_GPU=str(node.get("gpu", 0)), PYTHONUNBUFFERED="1")
+        self._spawn(job_id, record, node, argv, env, self.job_dir(job_id))
+
+    def _start_trainer_node(self, job_id: str, record: dict[str, Any], node: dict[str, Any], argv: list[str],
+                            env: dict[str, str]) -> None:
+        """A trainer's node, in the trainer's ``workdir`` (default: the job's folder); its reports
+        start empty (its log is read from where it stood at the start: ``log_offset``)."""
+        folder = self.job_dir(job_id)
+        (folder / "metrics").mkdir(parents=True, exist_ok=True)
+        Path(self._metrics_file(job_id, node)).unlink(missing_ok=True)
+        self._scrapes_file(job_id, node).unlink(missing_ok=True)
+        log_path = folder / "logs" / f"{node['name']}.log"
+        node["log_offset"] = log_path.stat().st_size if log_path.exists() else 0
+        self._spawn(job_id, record, node, argv, dict(os.environ, **env, PYTHONUNBUFFERED="1"),
+                    self.trainer(job_id).workdir or folder)
+
+    def _spawn(self, job_id: str, record: dict[str, Any], node: dict[str, Any], argv: list[str],
+               env: dict[str, str], workdir: str | Path) -> None:
+        """Run ``argv`` as the node, in its cgroup, its output in its log."""
         name = node["name"]
         folder = self.job_dir(job_id)
         for sub in ("logs", "run", "exit"):
@@ -206,24 +233,11 @@ class LocalLauncher(Launcher):
         exit_file.unlink(missing_ok=True)
         exit_file.with_suffix(".message").unlink(missing_ok=True)
         group = self._group(job_id, node, apply=True)
-        if record.get("trainer"):
-            (folder / "metrics").mkdir(exist_ok=True)
-            Path(self._metrics_file(job_id, node)).unlink(missing_ok=True)
-            self._scrapes_file(job_id, node).unlink(missing_ok=True)
-            argv, contract_env = self._trainer_env(job_id, record, node)
-            env = dict(os.environ, **contract_env, PYTHONUNBUFFERED="1")
-            log_path = folder / "logs" / f"{name}.log"
-            node["log_offset"] = log_path.stat().st_size if log_path.exists() else 0
-        else:
-            argv = self._command(job_id, node, record["nodes"]["master"].get("address"))
-            env = dict(os.environ, OMP_NUM_THREADS=str(torch_threads(node["cpu"])),
-                       DLROVER_WORKER_GPU=str(node.get("gpu", 0)), PYTHONUNBUFFERED="1")
         # The wrapper records the exit status; every argument is quoted (no templated shell text).
         # stdin is /dev/null: a node outlives the task that starts it, and an Airflow task's fd 0 is
         # its supervisor's request socket, which the supervisor then waits for (60 s) after the task.
         script = f"{shlex.join(argv)}; echo $? > {shlex.quote(str(exit_file))}"
         with open(folder / "logs" / f"{name}.log", "ab") as logfile:
-            workdir = (self.trainer(job_id).workdir or folder) if record.get("trainer") else folder
             process = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=logfile,
                                        stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                        preexec_fn=group.preexec_fn(), cwd=workdir)
@@ -275,7 +289,7 @@ class LocalLauncher(Launcher):
         return LOST, None, "process vanished without an exit status", ooms
 
     def _stop_node(self, job_id: str, record: dict[str, Any], node: dict[str, Any], *, replacing: bool) -> None:
-        if replacing and not record.get("trainer"):  # our runtime's replaced node resumes from the master
+        if replacing:  # it resumes from its master's state: nothing to save
             self._kill(node, signal.SIGKILL, T.RELAUNCH_GRACE_S)
         else:
             self._kill(node)
@@ -334,7 +348,7 @@ class LocalLauncher(Launcher):
     def metrics(self, job_id: str) -> dict[str, Any]:
         """The master's metrics plus each node's cgroup usage (CPU seconds, memory)."""
         job = self._record(job_id)
-        metrics = self._job_metrics(job_id, job)
+        metrics = self.kind(job_id, job).job_metrics(job)
         usage = {}
         for name, node in job["nodes"].items():
             if node.get("state") == STOPPED:

@@ -92,7 +92,7 @@ def test_two_failed_members_restart_an_allreduce_group_once(tmp_path):
     launcher = LocalLauncher(tmp_path / "jobs")
     launcher.launch(trainer_spec("pair", [sys.executable, "-c", REPORT_AND_WAIT]), TWO)
     try:
-        launcher._wait_first_reports("pair")
+        launcher.kind("pair").wait_first_reports()
         launcher.kill_node("pair", "worker-0")
         launcher.kill_node("pair", "worker-1")
         deadline = time.monotonic() + 10
