@@ -36,6 +36,7 @@ from airflow_dlrover.lifecycle.run import run_job
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.job_model import fit_job_model
 from airflow_dlrover.optimizer.planner import plan
+from airflow_dlrover.optimizer.probes import design_probes
 from airflow_dlrover.optimizer.types import Configuration, Quota
 from airflow_dlrover.runtime.spec import JobSpec
 
@@ -62,10 +63,11 @@ def spec(example: str, job_id: str, samples: int, reports: str = "file") -> JobS
 def measure(example: str, quota: Quota, window_s: float, out: Path, reports: str = "file") -> dict:
     kind, default, samples = SETUPS[example]
     launcher = LocalLauncher(out / "jobs")
+    probes = design_probes(quota, batch_size=512, allreduce=kind == "allreduce")
     job = spec(example, f"{example.replace('_', '-')}-profile", samples * 100, reports)  # never finishes while profiling
     started = time.monotonic()
     try:
-        table = profile_job(launcher, job, quota, window_s=window_s, allreduce=kind == "allreduce")
+        table = profile_job(launcher, job, quota, window_s=window_s, probes=probes)
         restarts = [e["restart_s"] for e in launcher.read_job(job.job_id)["events"] if e.get("event") == "restart"]
         charged = launcher.restart_cost_s(job.job_id)
     finally:
