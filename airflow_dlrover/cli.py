@@ -251,7 +251,8 @@ def _trainer_spec(args: argparse.Namespace, job_id: str, samples: int | None, ba
     trainer = TrainerSpec(command=tuple(command), kind=args.kind or ("ps" if args.ps else "allreduce"),
                           log_regex=args.log_regex or "", metrics_port=args.metrics_port, metrics_path=args.metrics_path,
                           metrics_names=_pairs("metrics-name", args.metrics_name), grace_s=args.grace,
-                          report_timeout_s=args.report_timeout, workdir=os.getcwd())
+                          report_timeout_s=args.report_timeout, workdir=os.getcwd(), max_restarts=args.max_restarts,
+                          restart_window_s=args.restart_window)
     return JobSpec(job_id=job_id, samples=samples, batch_size=batch_size, trainer=trainer.to_dict())
 
 
@@ -352,6 +353,10 @@ def _add_trainer(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grace", type=float, default=T.TRAINER_GRACE_S, help="seconds from SIGTERM to SIGKILL")
     parser.add_argument("--report-timeout", type=float, default=T.TRAINER_REPORT_TIMEOUT_S,
                         help="a node that reports nothing this long after its start is a contract error")
+    parser.add_argument("--max-restarts", type=int, default=C.TRAINER_MAX_RESTARTS,
+                        help="failures the trainer may have within --restart-window before it stops (as torchrun's)")
+    parser.add_argument("--restart-window", type=float, default=C.TRAINER_RESTART_WINDOW_S,
+                        help="seconds over which --max-restarts counts")
     parser.add_argument("--samples", type=int, default=None, help="samples to train (DLROVER_SAMPLES)")
     parser.add_argument("--job-id", default=None)
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the trainer's argv")

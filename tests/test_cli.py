@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pandas as pd
 import pytest
@@ -222,3 +223,38 @@ def test_run_trainer_refuses_a_bad_metrics_endpoint_before_starting(tmp_path, ca
     assert main(["run-trainer", "--workers", "1", "--out", str(tmp_path), *option, "--", "python", "t.py"]) == 2
     assert expected in capsys.readouterr().err
     assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
+
+
+CRASHES_AFTER_ONE_REPORT = """
+import json, os, time
+folder = os.environ["DLROVER_CHECKPOINT_DIR"]
+with open(os.path.join(folder, "ckpt.json"), "w") as f:  # the folder exists: the contract says so
+    json.dump({"samples_done": 512}, f)
+with open(os.environ["DLROVER_METRICS_FILE"], "a") as f:
+    f.write(json.dumps({"throughput": 1000.0, "samples_done": 512, "samples_total": 10**6}) + "\\n")
+time.sleep(0.5)
+raise ValueError("embedding row 7 is out of range: the trainer's own bug")
+"""
+
+
+def test_run_trainer_stops_a_trainer_that_crashes_the_same_way_on_every_start(tmp_path, capsys):
+    """It saved into its checkpoint folder without creating it, reported once, then raised: the
+    second identical crash before any progress ends the run, with the exit code and traceback."""
+    script = tmp_path / "train.py"
+    script.write_text(CRASHES_AFTER_ONE_REPORT)
+    started = time.monotonic()
+    assert main(["run-trainer", "--workers", "1", "--worker-memory", "512Mi", "--samples", "1000000",
+                 "--out", str(tmp_path / "out"), "--", sys.executable, str(script)]) == 1
+    assert time.monotonic() - started < 120
+    err = capsys.readouterr().err
+    assert "exited 1 again before the job trained any sample more" in err
+    assert "ValueError: embedding row 7 is out of range" in err and "no restart fixes" in err
+    checkpoint = next((tmp_path / "out").rglob("checkpoint"))
+    assert (checkpoint / "ckpt.json").exists() and checkpoint.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("value", ["nan", "-1"])
+def test_train_refuses_a_setting_only_a_worker_would_notice_before_anything_starts(tmp_path, capsys, value):
+    assert main(["train", "--zipf-skew", value, "--out", str(tmp_path)]) == 2
+    assert "zipf_skew=" in capsys.readouterr().err and not any(tmp_path.iterdir())

@@ -20,7 +20,9 @@ from typing import Any, Iterable
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.controller import Action, ControllerState, Fail, Resize
 from airflow_dlrover.optimizer.finetune import ResizeRecord
-from airflow_dlrover.optimizer.types import Configuration, EventKind, NodeStatus, Phase, Quota, Reason, RecordKind
+from airflow_dlrover.optimizer.types import (
+    Configuration, EventKind, NodeState, NodeStatus, Phase, Quota, Reason, RecordKind,
+)
 
 
 def controller_state(history: Any, job: Any, run: int, quota: Quota | None,
@@ -46,8 +48,11 @@ def controller_state(history: Any, job: Any, run: int, quota: Quota | None,
                                    last["throughput_before"], last.get("predicted_speedup") or 1.0,
                                    is_revert=last["action"] == "revert",
                                    exploring=last["reason"] == Reason.EXPLORE and not judged)
-    failures = {(n["name"], n.get("restarts", 0)) for e in events
-                if e.get("event") == EventKind.NODE_FAILED for n in e.get("nodes", [])}
+    reports = [e for e in events if e.get("event") == EventKind.NODE_FAILED]
+    failures = {(n["name"], n.get("restarts", 0)) for e in reports for n in e.get("nodes", [])}
+    failure_log = tuple({"time_s": e["time"], "samples_done": e.get("samples_done") or 0.0,
+                         "exit_codes": {n["name"]: n.get("exit_code") for n in e.get("nodes", [])
+                                        if n.get("state") == NodeState.FAILED}} for e in reports)
     deadline_s = planned.get("deadline_s")
     values = dict(
         quota=quota,
@@ -62,6 +67,7 @@ def controller_state(history: Any, job: Any, run: int, quota: Quota | None,
         rejected=tuple(Configuration(**d["reject"]) for d in resizes if d.get("reject")),
         explorations=sum(d["reason"] == Reason.EXPLORE for d in resizes),
         failures_reported=frozenset(failures),
+        failure_log=failure_log,
         node_history=tuple(node_history),
         phase=phase,
         window_s=layout.get("window_s") or C.PROBE_WINDOW_S,
@@ -92,6 +98,7 @@ def failure_record(action: Fail, nodes: Iterable[NodeStatus], try_number: int) -
     """The guard's ``node_failed`` event: the nodes (with their restarts: which incarnation failed)."""
     failed = [n.to_dict() for n in nodes if n.name in action.nodes]
     return {"event": EventKind.NODE_FAILED.value, "time": time.time(), "nodes": failed, "try_number": try_number,
+            "samples_done": action.numbers.get("samples_done"),
             "retryable": action.retryable, "reason": action.reason.value, "text": action.describe()}
 
 

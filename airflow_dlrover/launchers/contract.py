@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from airflow_dlrover import timings as T
+from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import InvalidInputError
 from airflow_dlrover.scrape import SCRAPED_FIELDS, new_report, scrape, scraped_report
 
@@ -77,9 +78,11 @@ class TrainerSpec:
     node gets a free port of its own, in ``DLROVER_METRICS_PORT``), each field from the sample
     ``metrics_names`` maps it to (default ``dlrover_<field>``); ``grace_s``: SIGTERM to
     SIGKILL; ``report_timeout_s``: a node that reports nothing this long after its start is the
-    user's mistake; ``checkpoint_dir``: where checkpoints survive relaunches (default: the job's
-    folder locally; on Kubernetes a path on a mounted volume); ``workdir``: the local launcher's
-    working folder for the nodes (default: the job's folder; on Kubernetes the image's)."""
+    user's mistake; ``checkpoint_dir``: where checkpoints survive relaunches, created before the
+    first node starts (default: the job's folder locally; on Kubernetes a path on a mounted
+    volume); ``workdir``: the local launcher's working folder for the nodes (default: the job's
+    folder; on Kubernetes the image's); ``max_restarts`` within ``restart_window_s``: the restart
+    budget, as torchrun's ``--max-restarts`` (``controller``: one failure more stops the job)."""
 
     command: tuple[str, ...]
     image: str = ""
@@ -92,6 +95,8 @@ class TrainerSpec:
     report_timeout_s: float = T.TRAINER_REPORT_TIMEOUT_S
     checkpoint_dir: str = ""
     workdir: str = ""
+    max_restarts: int = C.TRAINER_MAX_RESTARTS
+    restart_window_s: float = C.TRAINER_RESTART_WINDOW_S
 
     def __post_init__(self) -> None:
         command = self.command
@@ -120,10 +125,12 @@ class TrainerSpec:
             if "throughput" not in pattern.groupindex:
                 raise InvalidInputError("trainer.log_regex", self.log_regex, "a regex with a named group (?P<throughput>…)")
         self._check_metrics_endpoint()
-        for name in ("grace_s", "report_timeout_s"):
+        for name in ("grace_s", "report_timeout_s", "restart_window_s"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise InvalidInputError(f"trainer.{name}", value, "seconds > 0")
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise InvalidInputError("trainer.max_restarts", self.max_restarts, "an integer ≥ 0")
 
     def _check_metrics_endpoint(self) -> None:
         port = self.metrics_port

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RUNNING, SUCCEEDED, FAILED, STOPPED = NodeState.RUNNING, NodeState.SUCCEEDED, NodeState.FAILED, NodeState.STOPPED
+#: how much of a failed node's output its failure shows (a Python traceback's last frames)
+OUTPUT_TAIL_CHARS = 1500
 __all__ = ["AllreduceTrainerJob", "JobKind", "RuntimeJob", "TrainerJob", "job_kind"]
 
 
@@ -417,6 +419,9 @@ class TrainerJob(JobKind):
             if node["state"] == FAILED and node.get("exit_code") in (C.USER_ERROR_EXIT_CODE, *C.SIGKILL_EXIT_CODES):
                 continue
             if self.node_report(node)["reports"]:
+                if node["state"] == FAILED:  # a crash after it reported: its traceback says why
+                    output, _ = self.launcher._read_output(self.job_id, node, "log")
+                    node["reason"] = f"{node.get('reason') or 'failed'}; output tail:\n{output[-OUTPUT_TAIL_CHARS:]}"
                 continue
             source = {"log": f"log lines matching {trainer.log_regex!r}", "file": "DLROVER_METRICS_FILE",
                       "prometheus": f"Prometheus text on port {trainer.metrics_port}{trainer.metrics_path}",
@@ -425,7 +430,7 @@ class TrainerJob(JobKind):
                 output, _ = self.launcher._read_output(self.job_id, node, "log")
                 what = ("exited 0 without a report" if node["state"] == SUCCEEDED
                         else f"{node.get('reason') or 'failed'} before its first report")
-                why = f"{what} (in {source}); output tail:\n{output[-1500:]}"
+                why = f"{what} (in {source}); output tail:\n{output[-OUTPUT_TAIL_CHARS:]}"
             elif now - (node.get("started") or now) > trainer.report_timeout_s:
                 why = f"reported nothing (in {source}) in report_timeout_s={trainer.report_timeout_s:g}s"
             else:

@@ -331,7 +331,7 @@ class KubernetesLauncher(Launcher):
         return km.TRAINER_METRICS_FILE
 
     def _checkpoint_dir(self, job_id: str) -> str:
-        return f"{km.JOB_DIR}/checkpoint"
+        return km.TRAINER_CHECKPOINT_DIR
 
     def _read_output(self, job_id: str, node: dict[str, Any], via: str) -> tuple[str, float | None]:
         """The trainer container's log (its reports are JSON lines there: ``TRAINER_METRICS_FILE``),

@@ -52,7 +52,8 @@ created first and owns the rest (Secret, the headless Service ``J-nodes`` that n
 ``J-<role>-<i>.J-nodes.NS.svc``, one NetworkPolicy, the pods). Its pods run the trainer's image
 and argv with the contract's environment (the job's key from the Secret as ``DLROVER_JOB_KEY``),
 the same labels, security context and requests = limits as ours; ``DLROVER_CHECKPOINT_DIR`` is
-``<job dir>/checkpoint`` on the job's volume (or the trainer's own ``checkpoint_dir``), and the
+``<job dir>/checkpoint`` on the job's volume, mounted as a subPath of its own so that the kubelet
+creates it before the container starts (or the trainer's own ``checkpoint_dir``), and the
 reports go to the pod's log (``DLROVER_METRICS_FILE=/dev/stdout``), which the launcher reads —
 or, for a trainer that serves Prometheus text on ``metrics_port``, to the log of the pod's native
 sidecar ``SCRAPE_CONTAINER`` (the runtime image running ``airflow_dlrover.scrape`` on the pod's loopback,
@@ -92,6 +93,7 @@ LOCAL_PROTOCOLS = ("file", "local")
 STORAGE_EGRESS_PORTS = (443,)
 PS_PORT = 7070  # each PS's transport port (fixed: the DNS name + port is the address the master is given)
 JOB_DIR = "/var/lib/dlrover/job"  # the job dir in every pod: same path everywhere, so checkpoint paths agree
+TRAINER_CHECKPOINT_DIR = f"{JOB_DIR}/checkpoint"  # a trainer's default DLROVER_CHECKPOINT_DIR, its own mount
 DATA_DIR = "/var/lib/dlrover/data"  # where data_volume_claim is mounted (read-only) in the workers
 DEFAULT_VOLUME_CLAIM = "dlrover-jobs"  # the RWX claim holding every job's dir (one sub-directory per job)
 #: Memory request/limit of a PS or worker whose plan has no memory (0/None = no memory model).
@@ -361,6 +363,9 @@ def trainer_pod(job_id: str, node: Mapping[str, Any], *, argv: Sequence[str], en
         + ([{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"}] if role == "worker" else []),
         "volumeMounts": [{"name": "job", "mountPath": JOB_DIR, "subPath": job_id}, {"name": "tmp", "mountPath": "/tmp"}],
     }
+    if env.get("DLROVER_CHECKPOINT_DIR") == TRAINER_CHECKPOINT_DIR:  # the kubelet creates a missing subPath
+        container["volumeMounts"].insert(1, {"name": "job", "mountPath": TRAINER_CHECKPOINT_DIR,
+                                             "subPath": f"{job_id}/checkpoint"})
     spec: dict[str, Any] = {
         "restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
         "terminationGracePeriodSeconds": int(math.ceil(grace_s)), "securityContext": _pod_security(),

@@ -56,6 +56,13 @@ def job_progress(launcher: Any, job_id: str, nodes: Iterable[Any]) -> dict[str, 
         return None
 
 
+def restart_budget(launcher: Any, job_id: str) -> tuple[int, float] | None:
+    """The controller's ``restart_budget`` of a trainer of the user's (its ``max_restarts`` within
+    ``restart_window_s``); None for our runtime."""
+    trainer = launcher.trainer(job_id)
+    return None if trainer is None else (trainer.max_restarts, trainer.restart_window_s)
+
+
 def recover(launcher: Any, job_id: str, quota: Quota | None = None) -> list[dict[str, Any]]:
     """Recover every failed node now, as a retry does: ``controller.step`` on the job's
     observation with its failures taken as reported, its actions applied by the launcher;

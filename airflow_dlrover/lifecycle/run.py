@@ -26,7 +26,7 @@ from airflow_dlrover.launchers.base import statuses
 from airflow_dlrover.launchers.local import LocalLauncher
 from airflow_dlrover.launchers.watch import WINDOW_S, JobMeter
 from airflow_dlrover import timings as T
-from airflow_dlrover.lifecycle.observer import job_progress, observe
+from airflow_dlrover.lifecycle.observer import job_progress, observe, restart_budget
 from airflow_dlrover.optimizer.controller import ControllerState, Fail, step
 from airflow_dlrover.optimizer.types import (
     CONFIG_COLUMNS, SAMPLE_TABLE_COLUMNS, Configuration, Fault, FaultKind, InvalidInputError, JobFailed,
@@ -62,7 +62,7 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
     rows: list[dict[str, Any]] = []
     series: list[dict[str, Any]] = []
     meter = JobMeter(launcher, job_id)
-    state = ControllerState(quota=None)
+    state = ControllerState(quota=None, restart_budget=restart_budget(launcher, job_id))
     try:
         while True:
             now = time.time() - started

@@ -171,6 +171,13 @@ PLAN_CHECK_PROBES = 2
 #: Airflow's retries bound a node that keeps failing. (ours: a probe OOM-killed twice is grown
 #: ×1.5² = 2.25, past what any probe's share of the quota needed)
 FAILURES_BEFORE_TRAINING = 3
+
+#: A trainer of the user's fails for good past this many failures within
+#: ``TRAINER_RESTART_WINDOW_S`` (its ``max_restarts``, ``restart_window_s``): a crash that survives
+#: restarts is the trainer's, and restarting it for ever hides it. (DLRover's elastic agent's
+#: ``max_restarts`` default, 3; torchrun's is 0)
+TRAINER_MAX_RESTARTS = 3
+TRAINER_RESTART_WINDOW_S = 600.0
 #: A plan check's window, in probe windows: the job trains on its plan meanwhile, so a longer
 #: window costs no training, and one 2 s window of the demo's plan ranged 38–57 k samples/s
 #: (checking, besides, every plan probed in one window only, with 2 s windows, took three cold

@@ -188,7 +188,9 @@ class ControllerState:
     visiting order, of which ``probes_issued`` were asked for, each measured for ``window_s``;
     ``batch_size`` and the layout's tables (``table_mb``, ``largest_table_mb``; None: unknown) the
     probes and the fit are sized by; ``plan``: the plan chosen last, measured ``plan_checks``
-    times before launch."""
+    times before launch. ``failure_log``: each report of failed nodes (``time_s``, ``samples_done``
+    and the nodes' ``exit_codes``); ``restart_budget``: (failures, seconds) a trainer of the
+    user's may have before it stops (None: no budget)."""
 
     quota: Quota | None
     objective: Objective = Objective.THROUGHPUT
@@ -212,6 +214,8 @@ class ControllerState:
     largest_table_mb: float | None = None
     plan: Plan | None = None
     plan_checks: int = 0
+    failure_log: tuple[dict, ...] = ()
+    restart_budget: tuple[int, float] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objective", Objective.parse(self.objective))
@@ -390,11 +394,18 @@ def _recover(state: ControllerState, obs: Observation, failed: list[NodeStatus])
     keys = {(n.name, n.restarts) for n in failed}
     new = [n for n in failed if (n.name, n.restarts) not in state.failures_reported]
     if new:
+        report = {"time_s": obs.now_s, "samples_done": obs.samples_done,
+                  "exit_codes": {n.name: n.exit_code for n in new if n.state == NodeState.FAILED}}
+        stop = _stop_restarting(state, report, new)
+        state = replace(state, failures_reported=state.failures_reported | keys,
+                        failure_log=state.failure_log + (report,))
+        if stop is not None:
+            return state, [stop]
         numbers = {n.name: {"state": _value(n.state), "reason": n.reason} for n in new}
         fail = Fail(Reason.NODE_FAILED, {"node": ", ".join(n.name for n in new), "state": _value(new[0].state),
-                                         "detail": new[0].reason, "nodes": numbers},
+                                         "detail": new[0].reason, "nodes": numbers, "samples_done": obs.samples_done},
                     retryable=True, nodes=tuple(n.name for n in new))
-        return replace(state, failures_reported=state.failures_reported | keys), [fail]
+        return state, [fail]
     actions: list[Action] = []
     config = obs.config
     killed = [n for n in failed if n.state == NodeState.OOM_KILLED and n.memory_mb]
@@ -418,6 +429,31 @@ def _recover(state: ControllerState, obs: Observation, failed: list[NodeStatus])
     # read as a trend would size the next one for a leak): its next incarnation is judged afresh.
     gone = {n.name for n in failed}
     return replace(state, node_history=tuple(r for r in state.node_history if r["node"] not in gone)), actions
+
+
+def _stop_restarting(state: ControllerState, report: dict, new: list[NodeStatus]) -> Fail | None:
+    """``Fail(retryable=False)`` when restarting again cannot help: a node exits with the code a
+    node exited with at the last failure, and the job trained nothing since (``CRASH_LOOP``: the
+    same crash before any progress, as a bad input or a bug in the trainer fails every start; a
+    kill or an OOM kill is the cluster's, never one), or a trainer of the user's passed its
+    ``restart_budget`` (``RESTART_BUDGET``: more failure reports within its window)."""
+    nodes = tuple(n.name for n in new)
+    codes = {code for code in report["exit_codes"].values() if code not in (None, 0, *C.SIGKILL_EXIT_CODES)}
+    last = state.failure_log[-1] if state.failure_log else None
+    if last is not None and report["samples_done"] <= last["samples_done"]:
+        again = next((n for n in new if n.exit_code in codes & set(last["exit_codes"].values())), None)
+        if again is not None:
+            return Fail(Reason.CRASH_LOOP, {"node": again.name, "exit_code": again.exit_code,
+                                            "samples_done": report["samples_done"], "detail": again.reason},
+                        retryable=False, nodes=nodes)
+    if state.restart_budget is not None:
+        most, window_s = state.restart_budget
+        recent = [r for r in (*state.failure_log, report) if r["time_s"] > report["time_s"] - window_s]
+        if len(recent) > most:
+            return Fail(Reason.RESTART_BUDGET, {"node": new[0].name, "failures": len(recent), "window_s": window_s,
+                                                "max_restarts": most, "detail": new[0].reason},
+                        retryable=False, nodes=nodes)
+    return None
 
 
 def _forecast_mb(state: ControllerState, obs: Observation) -> dict[str, float]:

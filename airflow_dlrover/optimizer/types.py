@@ -621,6 +621,8 @@ class Reason(StrEnum):
     FITTED = "fitted"
     PLAN_CHECK = "plan_check"
     PLANNED = "planned"
+    CRASH_LOOP = "crash_loop"
+    RESTART_BUDGET = "restart_budget"
 
     def describe(self, numbers: Mapping[str, Any] | None = None) -> str:
         values = dict(numbers or {})
@@ -665,4 +667,8 @@ _REASON_TEXT = {
     Reason.PLAN_CHECK: ("the plan extrapolates past the probes ({extrapolation}): measured for {window_s:g}s "
                         "before it is launched (check {check} of at most {limit})"),
     Reason.PLANNED: "{reason}",
+    Reason.CRASH_LOOP: ("{node} exited {exit_code} again before the job trained any sample more ({samples_done:,.0f} "
+                        "done): the same crash on every start, which no restart fixes: {detail}"),
+    Reason.RESTART_BUDGET: ("{failures} failures within {window_s:g}s, past the trainer's max_restarts={max_restarts}: "
+                            "stopped; the last: {node}: {detail}"),
 }

@@ -83,10 +83,12 @@ class JobSpec:
             "shard_size": self.shard_size >= 1, "embedding_dim": self.embedding_dim >= 1,
             "eval_fraction": 0 <= self.eval_fraction < 1, "eval_files": self.eval_files >= 0,
             "max_bad_rows": self.max_bad_rows >= 0,
+            "zipf_skew": math.isfinite(self.zipf_skew) and self.zipf_skew >= 0,
             "bottom_mlp": len(self.bottom_mlp) >= 1 and (bool(self.model) or len(dims) > 1 or self.bottom_mlp[-1] in dims),
             "model": not self.model or _IMPORT_PATH.fullmatch(self.model) is not None,
         }
         allowed = {"bottom_mlp": "a last layer equal to the tables' embedding dim", "eval_fraction": "0 ≤ x < 1",
+                   "zipf_skew": "a finite number ≥ 0 (0 = uniform ids)",
                    "model": "an import path pkg.module:function"}
         for name, ok in checks.items():
             if not ok:

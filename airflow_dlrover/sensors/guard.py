@@ -81,13 +81,15 @@ class DLRoverInstabilitySensor(DLRoverWatchingOperator, BaseSensorOperator):
         actions; returns the detectors' history to carry on."""
         from airflow_dlrover.history.control import action_event, controller_state, failure_record
         from airflow_dlrover.launchers.base import statuses
+        from airflow_dlrover.lifecycle.observer import restart_budget
         from airflow_dlrover.optimizer.controller import Fail, Keep, step
 
         record = self.launcher.read_job(job_id)
         nodes = tuple(statuses(record))
         if not usage and not any(n.failed for n in nodes):
             return node_history
-        state = controller_state(self.history, self.job, run, self.parsed_quota(required=False), node_history)
+        state = controller_state(self.history, self.job, run, self.parsed_quota(required=False), node_history,
+                                 restart_budget=restart_budget(self.launcher, job_id))
         new_state, actions = step(state, self.observation(job_id, record=record, usage=usage))
         try_number = context["ti"].try_number
         for fail in (a for a in actions if isinstance(a, Fail)):

@@ -4,15 +4,15 @@ from dataclasses import replace
 
 import pytest
 
-from airflow_dlrover.history.control import controller_state, decision_record
+from airflow_dlrover.history.control import controller_state, decision_record, failure_record
 from airflow_dlrover.history.identity import JobIdentity
 from airflow_dlrover.history.store import HistoryStore
 from airflow_dlrover.optimizer import constants as C
-from airflow_dlrover.optimizer.controller import ControllerState, Observation, Resize, step
+from airflow_dlrover.optimizer.controller import ControllerState, Fail, Observation, Resize, step
 from airflow_dlrover.optimizer.job_model import JobModel
 from airflow_dlrover.optimizer.memory import MemoryModel
 from airflow_dlrover.optimizer.model import fit_throughput
-from airflow_dlrover.optimizer.types import Configuration, Quota, Reason
+from airflow_dlrover.optimizer.types import Configuration, NodeState, NodeStatus, Quota, Reason
 from sim.synthetic import model_samples
 
 pytestmark = pytest.mark.unit
@@ -93,3 +93,16 @@ class _Upto:
 
     def __getattr__(self, name):
         return getattr(self.store, name)
+
+
+def test_the_failures_reported_survive_the_tasks_rebuilding_the_state(tmp_path):
+    """The guard's tries rebuild the restart budget's log from its ``node_failed`` events."""
+    store = HistoryStore(f"sqlite:///{tmp_path / 'h.db'}")
+    run = store.start_run(JobIdentity("", "", "crash"), "manual__crash")
+    node = NodeStatus("worker-0", "worker", 0, NodeState.FAILED, 1.0, 1024, restarts=0, exit_code=1, reason="exited 1")
+    fail = Fail(Reason.NODE_FAILED, {"node": "worker-0", "samples_done": 4096.0}, nodes=("worker-0",))
+    store.add(run, "event", failure_record(fail, [node], try_number=1))
+    rebuilt = controller_state(store, JobIdentity("", "", "crash"), run, QUOTA, restart_budget=(3, 600.0))
+    assert rebuilt.failures_reported == {("worker-0", 0)} and rebuilt.restart_budget == (3, 600.0)
+    [entry] = rebuilt.failure_log
+    assert entry["exit_codes"] == {"worker-0": 1} and entry["samples_done"] == 4096.0

@@ -59,7 +59,9 @@ def test_a_bad_command_is_refused_naming_the_argument(command, field, why):
 
 def test_bad_settings_are_refused():
     for changes, field in (({"kind": "horovod"}, "trainer.kind"), ({"log_regex": "speed ([0-9.]+)"}, "trainer.log_regex"),
-                           ({"log_regex": "(?P<throughput>"}, "trainer.log_regex"), ({"grace_s": 0}, "trainer.grace_s")):
+                           ({"log_regex": "(?P<throughput>"}, "trainer.log_regex"), ({"grace_s": 0}, "trainer.grace_s"),
+                           ({"max_restarts": -1}, "trainer.max_restarts"), ({"max_restarts": 1.5}, "trainer.max_restarts"),
+                           ({"restart_window_s": float("nan")}, "trainer.restart_window_s")):
         with pytest.raises(InvalidInputError) as err:
             TrainerSpec(command=("t",), **changes)
         assert err.value.field == field

@@ -415,3 +415,48 @@ def test_a_cold_plan_is_checked_where_it_extrapolates():
     planned = Plan(CONFIG, 1200.0, 1000.0, 1400.0, "throughput", "")
     assert not plan_needs_check(planned)
     assert plan_needs_check(copy(planned, extrapolation={"workers": 1.5}))
+
+
+def crashed(restarts: int, code: int = 1):
+    """worker-0's ``restarts``-th incarnation, exited ``code``."""
+    return nodes(worker_0={"state": NodeState.FAILED, "exit_code": code, "restarts": restarts,
+                           "reason": f"exited {code}; output tail:\nValueError: zipf_skew must be finite"})
+
+
+def test_the_same_crash_before_any_progress_stops_the_job_at_once():
+    state, (fail,) = step(ControllerState(QUOTA), observe(nodes=crashed(0)))
+    assert fail.retryable and state.failure_log[-1]["exit_codes"] == {"worker-0": 1}
+    state, (relaunch,) = step(state, observe(nodes=crashed(0)))
+    assert isinstance(relaunch, Relaunch)
+    _, (stop,) = step(state, observe(nodes=crashed(1)))  # the same exit, no sample trained since
+    assert stop.reason == Reason.CRASH_LOOP and not stop.retryable and "zipf_skew must be finite" in stop.describe()
+    progressed = Observation(now_s=200.0, config=CONFIG, samples_done=2e5, samples_total=1e6, nodes=crashed(1))
+    _, (again,) = step(state, progressed)  # it trained meanwhile: a crash like any other
+    assert again.reason == Reason.NODE_FAILED and again.retryable
+    _, (other,) = step(state, observe(nodes=crashed(1, code=2)))  # another crash: not the same one
+    assert other.retryable
+
+
+@pytest.mark.parametrize("code", C.SIGKILL_EXIT_CODES)
+def test_a_killed_node_is_never_a_crash_loop(code):
+    state, _ = step(ControllerState(QUOTA), observe(nodes=crashed(0, code)))
+    state, _ = step(state, observe(nodes=crashed(0, code)))
+    _, (fail,) = step(state, observe(nodes=crashed(1, code)))
+    assert fail.reason == Reason.NODE_FAILED and fail.retryable
+
+
+def test_a_trainer_past_its_restart_budget_stops_and_old_failures_do_not_count():
+    state = ControllerState(QUOTA, restart_budget=(2, 100.0))
+    for restarts, now in enumerate((0.0, 10.0, 20.0)):
+        progress = Observation(now_s=now, config=CONFIG, samples_done=1e4 * (restarts + 1), samples_total=1e6,
+                               nodes=crashed(restarts, code=-9))
+        state, actions = step(state, progress)
+        if restarts < 2:
+            assert actions[0].retryable
+            state, _ = step(state, progress)  # the retry relaunches
+    assert actions[0].reason == Reason.RESTART_BUDGET and not actions[0].retryable
+    assert "max_restarts=2" in actions[0].describe()
+    later = ControllerState(QUOTA, restart_budget=(2, 100.0), failure_log=state.failure_log[:2])
+    late = Observation(now_s=150.0, config=CONFIG, samples_done=5e4, samples_total=1e6, nodes=crashed(2, code=-9))
+    _, (fail,) = step(later, late)  # the first two failures left the window
+    assert fail.retryable
