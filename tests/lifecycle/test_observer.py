@@ -55,6 +55,9 @@ class RecordedJob:
     def restart_cost_s(self, job_id: str) -> float | None:
         return self.cost
 
+    def trainer(self, job_id: str):
+        return None
+
     def apply(self, job_id: str, actions) -> list:
         self.applied += list(actions)
         return []
