@@ -252,7 +252,7 @@ def _trainer_spec(args: argparse.Namespace, job_id: str, samples: int | None, ba
                           log_regex=args.log_regex or "", metrics_port=args.metrics_port, metrics_path=args.metrics_path,
                           metrics_names=_pairs("metrics-name", args.metrics_name), grace_s=args.grace,
                           report_timeout_s=args.report_timeout, workdir=os.getcwd(), max_restarts=args.max_restarts,
-                          restart_window_s=args.restart_window)
+                          restart_window_s=args.restart_window, reports_from=args.reports_from)
     return JobSpec(job_id=job_id, samples=samples, batch_size=batch_size, trainer=trainer.to_dict())
 
 
@@ -340,6 +340,8 @@ def _add_configuration(parser: argparse.ArgumentParser, ps: int) -> None:
 
 
 def _add_trainer(parser: argparse.ArgumentParser) -> None:
+    from airflow_dlrover.launchers.contract import REPORTS_FROM
+
     parser.add_argument("--kind", choices=("allreduce", "ps"), default=None,
                         help="allreduce (torch.distributed, no PS: the group restarts as one) or ps (default: by --ps)")
     parser.add_argument("--log-regex", default=None,
@@ -357,6 +359,8 @@ def _add_trainer(parser: argparse.ArgumentParser) -> None:
                         help="failures the trainer may have within --restart-window before it stops (as torchrun's)")
     parser.add_argument("--restart-window", type=float, default=C.TRAINER_RESTART_WINDOW_S,
                         help="seconds over which --max-restarts counts")
+    parser.add_argument("--reports-from", choices=REPORTS_FROM, default="every_node",
+                        help="every_node: each worker reports its own rate; rank0: worker 0 reports the job's")
     parser.add_argument("--samples", type=int, default=None, help="samples to train (DLROVER_SAMPLES)")
     parser.add_argument("--job-id", default=None)
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the trainer's argv")

@@ -258,3 +258,60 @@ def test_run_trainer_stops_a_trainer_that_crashes_the_same_way_on_every_start(tm
 def test_train_refuses_a_setting_only_a_worker_would_notice_before_anything_starts(tmp_path, capsys, value):
     assert main(["train", "--zipf-skew", value, "--out", str(tmp_path)]) == 2
     assert "zipf_skew=" in capsys.readouterr().err and not any(tmp_path.iterdir())
+
+
+#: A torch.distributed trainer as people write one: rank 0 logs the job's progress and rate (a log
+#: line, as facebookresearch/dlrm's), every rank trains its slice of each step, and rank 0 saves
+#: into DLROVER_CHECKPOINT_DIR without creating it; it resumes from there after any restart.
+RANK0_TRAINER = r"""
+import os, signal, sys, time
+import torch, torch.distributed as dist
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group("gloo")
+torch.set_num_threads(1)
+total, batch = int(os.environ["DLROVER_SAMPLES"]), int(os.environ["DLROVER_BATCH_SIZE"])
+path = os.path.join(os.environ["DLROVER_CHECKPOINT_DIR"], "model.pt")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+done = torch.load(path)["done"] if os.path.exists(path) else 0
+if os.path.exists(path):
+    model.module.load_state_dict(torch.load(path)["model"])
+stop = torch.zeros(1)
+signal.signal(signal.SIGTERM, lambda *_: stop.fill_(1.0))
+started, trained, last_log = time.time(), 0, 0.0
+while done < total:
+    g = torch.Generator().manual_seed(done + rank * batch)
+    x = torch.randn(batch, 16, generator=g)
+    loss = torch.nn.functional.mse_loss(model(x), x[:, :1])
+    optimizer.zero_grad(); loss.backward(); optimizer.step()
+    done, trained = min(done + world * batch, total), trained + world * batch
+    flag = stop.clone(); dist.all_reduce(flag)
+    if rank == 0 and (time.time() - last_log > 0.5 or done >= total or flag.item()):
+        rate = trained / (time.time() - started)
+        print(f"step done={done} of {total}, {rate:.1f} samples/s, loss {loss.item():.4f}", flush=True)
+        last_log = time.time()
+        torch.save({"done": done, "model": model.module.state_dict()}, path + ".tmp"); os.replace(path + ".tmp", path)
+    if flag.item():
+        break
+dist.barrier()
+dist.destroy_process_group()
+"""
+RANK0_REGEX = r"done=(?P<samples_done>\d+) of (?P<samples_total>\d+), (?P<throughput>[0-9.]+) samples/s"
+
+
+def test_a_rank0_trainer_is_profiled_fitted_and_recovers_a_killed_rank_to_the_last_sample(tmp_path, capsys):
+    script = tmp_path / "train.py"
+    script.write_text(RANK0_TRAINER)
+    trainer = ["--reports-from", "rank0", "--log-regex", RANK0_REGEX, "--grace", "10", "--", sys.executable, str(script)]
+    samples = tmp_path / "samples.csv"
+    assert main(["profile", "--cpu", "2", "--memory", "4Gi", "--ps", "0", "--samples", "100000000", "--window", "3",
+                 "--out", str(samples), *trainer]) == 0
+    table = pd.read_csv(samples)
+    assert len(table) >= 3 and (table.ps == 0).all() and (table.workers > 1).any() and (table.throughput > 0).all()
+    assert main(["fit", str(samples), "-o", str(tmp_path / "model.json")]) == 0
+    out = tmp_path / "run"
+    assert main(["run-trainer", "--workers", "2", "--worker-cpu", "0.5", "--worker-memory", "1Gi", "--samples", "3000000",
+                 "--inject", "kill-worker@8s", "--out", str(out), *trainer]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["samples_done"] == summary["samples_total"] == 3_000_000
+    assert summary["restarts"] >= 1 and summary["median_throughput"] > 0

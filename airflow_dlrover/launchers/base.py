@@ -253,6 +253,10 @@ class Launcher:
             self._kinds[job_id] = job_kind(self, job_id, trainer)
         return self._kinds[job_id]
 
+    def reporters(self, job_id: str, record: dict[str, Any]) -> list[str]:
+        """The workers whose reports make the job's rate and progress (``JobKind.reporters``)."""
+        return self.kind(job_id, record).reporters(record)
+
     def trainer(self, job_id: str) -> TrainerSpec | None:
         """The job's trainer, or None for our runtime."""
         return self.kind(job_id).trainer

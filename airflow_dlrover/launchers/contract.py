@@ -57,6 +57,10 @@ PLACEHOLDERS = {
     "world_size": "WORLD_SIZE", "master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT",
 }
 KINDS = ("allreduce", "ps")
+#: who reports: every worker its own rate (the job's is their sum), or rank 0 (``worker-0``) alone
+#: the job's rate and progress, as facebookresearch/dlrm, TorchRec's examples and Hugging Face's
+#: Trainer log
+REPORTS_FROM = ("every_node", "rank0")
 METRIC_FIELDS = ("throughput", "samples_done", "samples_total", "loss", "auc", "time")
 #: A node's port in ``TF_CONFIG`` where it has one of its own (a pod; TensorFlow's customary server
 #: port) and worker 0's ``torch.distributed`` rendezvous port there (torchrun's default): neither
@@ -82,7 +86,8 @@ class TrainerSpec:
     first node starts (default: the job's folder locally; on Kubernetes a path on a mounted
     volume); ``workdir``: the local launcher's working folder for the nodes (default: the job's
     folder; on Kubernetes the image's); ``max_restarts`` within ``restart_window_s``: the restart
-    budget, as torchrun's ``--max-restarts`` (``controller``: one failure more stops the job)."""
+    budget, as torchrun's ``--max-restarts`` (``controller``: one failure more stops the job);
+    ``reports_from``: ``every_node`` or ``rank0`` (:data:`REPORTS_FROM`)."""
 
     command: tuple[str, ...]
     image: str = ""
@@ -97,6 +102,7 @@ class TrainerSpec:
     workdir: str = ""
     max_restarts: int = C.TRAINER_MAX_RESTARTS
     restart_window_s: float = C.TRAINER_RESTART_WINDOW_S
+    reports_from: str = "every_node"
 
     def __post_init__(self) -> None:
         command = self.command
@@ -117,6 +123,8 @@ class TrainerSpec:
                                         f"placeholders among {{{'}, {'.join(PLACEHOLDERS)}}}", f"Unknown: {unknown[0]!r}.")
         if self.kind not in KINDS:
             raise InvalidInputError("trainer.kind", self.kind, " | ".join(KINDS))
+        if self.reports_from not in REPORTS_FROM:
+            raise InvalidInputError("trainer.reports_from", self.reports_from, " | ".join(REPORTS_FROM))
         if self.log_regex:
             try:
                 pattern = re.compile(self.log_regex)

@@ -87,6 +87,11 @@ class JobKind:
                                  "memory_mb": memory_mb})
 
     # -- reports -------------------------------------------------------------------------------
+    def reporters(self, record: dict[str, Any]) -> list[str]:
+        """The workers whose reports make the job's rate and progress: every one of the job (not
+        one that left it)."""
+        return [name for name, node in record["nodes"].items() if node["role"] == "worker" and node.get("state") != STOPPED]
+
     def check_reports(self, record: dict[str, Any]) -> None:
         """Mark the nodes whose reports break their kind's rules as failed (``read_job``)."""
         raise NotImplementedError
@@ -382,13 +387,14 @@ class TrainerJob(JobKind):
                 "seconds": time.monotonic() - started, "restart_s": seconds}
 
     def wait_first_reports(self) -> float | None:
-        """Time of the last first report of the group's workers, None when a node failed or the
-        trainer's ``report_timeout_s`` passed first."""
+        """Time of the last first report of the group's workers that report (:meth:`reporters`),
+        None when a node failed or the trainer's ``report_timeout_s`` passed first."""
         launcher = self.launcher
         deadline = time.monotonic() + self.trainer.report_timeout_s
         while time.monotonic() < deadline:
             record = launcher.read_job(self.job_id)
-            workers = [n for n in record["nodes"].values() if n["role"] == "worker"]
+            reporting = set(self.reporters(record))
+            workers = [n for n in record["nodes"].values() if n["name"] in reporting]
             if any(n["state"] in FAILED_STATES for n in record["nodes"].values()):
                 return None
             reports = self._reports(record)
@@ -409,16 +415,23 @@ class TrainerJob(JobKind):
         return {name: {**self.node_report(node), "role": node["role"]}
                 for name, node in record["nodes"].items() if node.get("state") != STOPPED}
 
+    def reporters(self, record: dict[str, Any]) -> list[str]:
+        """The workers that report: every one, or ``worker-0`` alone for a rank-0 trainer."""
+        active = super().reporters(record)
+        return [w for w in active if w == "worker-0"] if self.trainer.reports_from == "rank0" else active
+
     def check_reports(self, record: dict[str, Any]) -> None:
-        """Mark the workers that broke the contract (class docstring) as the user's failures."""
+        """Mark the workers that broke the contract (class docstring) as the user's failures; a
+        rank of a rank-0 trainer other than 0 owes no report (its crash is a failure like any)."""
         trainer = self.trainer
         now = time.time()
+        reporters = set(self.reporters(record))
         for name, node in record["nodes"].items():
             if node["role"] != "worker" or node.get("state") not in (RUNNING, FAILED, SUCCEEDED):
                 continue
             if node["state"] == FAILED and node.get("exit_code") in (C.USER_ERROR_EXIT_CODE, *C.SIGKILL_EXIT_CODES):
                 continue
-            if self.node_report(node)["reports"]:
+            if name not in reporters or self.node_report(node)["reports"]:
                 if node["state"] == FAILED:  # a crash after it reported: its traceback says why
                     output, _ = self.launcher._read_output(self.job_id, node, "log")
                     node["reason"] = f"{node.get('reason') or 'failed'}; output tail:\n{output[-OUTPUT_TAIL_CHARS:]}"

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from airflow_dlrover.lifecycle.observer import job_progress, observe, recover
+from airflow_dlrover.launchers.base import statuses
 from airflow_dlrover.launchers.watch import JobMeter, all_running
 from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer import constants as C
@@ -132,8 +133,8 @@ def _window_reported(meter: JobMeter, window_s: float) -> bool:
 
 
 def _settle(launcher: Any, job_id: str, since: float, quota: Quota) -> bool:
-    """Wait until every active worker reported ``PROBE_REPORT_AFTER_S`` after ``since``;
-    False when the job is done."""
+    """Wait until every running worker that reports (``Launcher.reporters``: rank 0 alone for a
+    rank-0 trainer) reported ``PROBE_REPORT_AFTER_S`` after ``since``; False when the job is done."""
     trainer = launcher.trainer(job_id)
     timeout = C.PROBE_SETTLE_TIMEOUT_S + (trainer.report_timeout_s if trainer else 0.0)
     deadline = time.monotonic() + timeout
@@ -141,7 +142,8 @@ def _settle(launcher: Any, job_id: str, since: float, quota: Quota) -> bool:
         metrics = launcher.metrics(job_id)
         if metrics.get("status") and metrics["status"]["state"] == "done":
             return False
-        nodes = launcher.status(job_id)
+        record = launcher.read_job(job_id)
+        nodes = statuses(record)
         broken = next((s for s in nodes if s.failed and s.exit_code == C.USER_ERROR_EXIT_CODE), None)
         if broken is not None:
             raise InvalidInputError("trainer" if trainer else "job", broken.name, "a job that keeps the contract "
@@ -151,7 +153,8 @@ def _settle(launcher: Any, job_id: str, since: float, quota: Quota) -> bool:
                 log.warning("while profiling: %s", record.get("text") or record)
             since = time.time()
             continue
-        workers = [s.name for s in nodes if s.role == "worker" and s.state == "running"]
+        running = {s.name for s in nodes if s.state == "running"}
+        workers = [w for w in launcher.reporters(job_id, record) if w in running]
         reports = metrics["nodes"]
         if workers and all(reports.get(w, {}).get("reported_at", 0) >= since + C.PROBE_REPORT_AFTER_S for w in workers):
             return True
