@@ -45,14 +45,14 @@ ENV = (
     "DLROVER_JOB_ID", "DLROVER_ROLE", "DLROVER_INDEX", "DLROVER_WORKERS", "DLROVER_PS", "DLROVER_CPU",
     "DLROVER_MEMORY_MB", "DLROVER_GPU", "DLROVER_BATCH_SIZE", "DLROVER_SAMPLES", "DLROVER_CHECKPOINT_DIR",
     "DLROVER_METRICS_FILE", "DLROVER_METRICS_PORT", "DLROVER_SCRAPE_S", "DLROVER_GENERATION", "DLROVER_GRACE_S",
-    "DLROVER_JOB_KEY", "TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+    "DLROVER_JOB_KEY", "DLROVER_GLOBAL_BATCH_SIZE", "TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
     "OMP_NUM_THREADS",
 )
 #: ``{placeholder}`` → the environment variable whose value it takes.
 PLACEHOLDERS = {
     "job_id": "DLROVER_JOB_ID", "role": "DLROVER_ROLE", "index": "DLROVER_INDEX", "workers": "DLROVER_WORKERS",
     "ps": "DLROVER_PS", "cpu": "DLROVER_CPU", "memory_mb": "DLROVER_MEMORY_MB", "gpu": "DLROVER_GPU",
-    "batch_size": "DLROVER_BATCH_SIZE", "samples": "DLROVER_SAMPLES", "checkpoint_dir": "DLROVER_CHECKPOINT_DIR",
+    "batch_size": "DLROVER_BATCH_SIZE", "global_batch_size": "DLROVER_GLOBAL_BATCH_SIZE", "samples": "DLROVER_SAMPLES", "checkpoint_dir": "DLROVER_CHECKPOINT_DIR",
     "metrics_file": "DLROVER_METRICS_FILE", "metrics_port": "DLROVER_METRICS_PORT", "generation": "DLROVER_GENERATION", "rank": "RANK",
     "world_size": "WORLD_SIZE", "master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT",
 }
@@ -62,6 +62,11 @@ KINDS = ("allreduce", "ps")
 #: Trainer log
 REPORTS_FROM = ("every_node", "rank0")
 METRIC_FIELDS = ("throughput", "samples_done", "samples_total", "loss", "auc", "time")
+#: what a log line may give instead of a rate and a sample count (``log_regex``'s named groups), as
+#: trainers log them — facebookresearch/dlrm's ``Finished training it N/M of epoch E, T ms/it``:
+#: ``ms_per_it`` (the throughput is the samples of an iteration / its time) and ``iteration`` of
+#: ``iterations`` in ``epoch`` (0-based) (samples done: the iterations done × the job's batch)
+ITERATION_FIELDS = ("ms_per_it", "iteration", "iterations", "epoch")
 #: A node's port in ``TF_CONFIG`` where it has one of its own (a pod; TensorFlow's customary server
 #: port) and worker 0's ``torch.distributed`` rendezvous port there (torchrun's default): neither
 #: may be a metrics port.
@@ -130,8 +135,9 @@ class TrainerSpec:
                 pattern = re.compile(self.log_regex)
             except re.error as err:
                 raise InvalidInputError("trainer.log_regex", self.log_regex, f"a valid regular expression ({err})") from None
-            if "throughput" not in pattern.groupindex:
-                raise InvalidInputError("trainer.log_regex", self.log_regex, "a regex with a named group (?P<throughput>…)")
+            if "throughput" not in pattern.groupindex and "ms_per_it" not in pattern.groupindex:
+                raise InvalidInputError("trainer.log_regex", self.log_regex,
+                                        "a regex with a named group (?P<throughput>…) or (?P<ms_per_it>…)")
         self._check_metrics_endpoint()
         for name in ("grace_s", "report_timeout_s", "restart_window_s"):
             value = getattr(self, name)
@@ -201,6 +207,7 @@ def node_env(*, job_id: str, trainer: TrainerSpec, config: Any, node: Mapping[st
         "DLROVER_WORKERS": str(config.workers), "DLROVER_PS": str(config.ps),
         "DLROVER_CPU": f"{node['cpu']:g}", "DLROVER_MEMORY_MB": f"{node.get('memory_mb') or 0:g}",
         "DLROVER_GPU": str(node.get("gpu", 0)), "DLROVER_BATCH_SIZE": str(config.batch_size),
+        "DLROVER_GLOBAL_BATCH_SIZE": str(config.batch_size * config.workers),
         "DLROVER_SAMPLES": "" if samples is None else str(samples), "DLROVER_CHECKPOINT_DIR": checkpoint_dir,
         "DLROVER_METRICS_FILE": metrics_file, "DLROVER_METRICS_PORT": str(metrics_port or ""),
         "DLROVER_SCRAPE_S": f"{T.TRAINER_SCRAPE_S:g}" if metrics_port else "", "DLROVER_GENERATION": str(generation),
@@ -222,16 +229,22 @@ def node_argv(trainer: TrainerSpec, env: Mapping[str, str]) -> list[str]:
     return [arg.format(**values) for arg in trainer.command]
 
 
-def parse_reports(text: str, log_regex: str = "", written_at: float | None = None) -> list[dict[str, float]]:
+def parse_reports(text: str, log_regex: str = "", written_at: float | None = None,
+                  per_iteration: tuple[float, float] | None = None) -> list[dict[str, float]]:
     """The reports in a metrics file (JSON lines) or, with ``log_regex``, in a log: dicts of the
     :data:`METRIC_FIELDS` given, ``throughput`` always. A line the trainer was writing when it was
     read, or one without a numeric throughput, is skipped. Lines without ``time`` get
-    ``written_at`` (the file's modification time)."""
+    ``written_at`` (the file's modification time). A log line's :data:`ITERATION_FIELDS` become
+    a throughput and samples done by ``per_iteration``: (samples the job trains an iteration,
+    samples the reporting node's rate stands for an iteration)."""
     reports = []
     if log_regex:
         pattern = re.compile(log_regex)
         for match in pattern.finditer(text):
-            fields = {k: v for k, v in match.groupdict().items() if v is not None and k in METRIC_FIELDS}
+            found = {k: v for k, v in match.groupdict().items() if v is not None}
+            fields = {k: v for k, v in found.items() if k in METRIC_FIELDS}
+            if per_iteration is not None:
+                fields = {**_from_iterations(found, *per_iteration), **fields}
             report = _numbers(fields)
             if report is not None:
                 reports.append(report)
@@ -250,6 +263,22 @@ def parse_reports(text: str, log_regex: str = "", written_at: float | None = Non
     for report in reports:
         report.setdefault("time", written_at if written_at is not None else 0.0)
     return reports
+
+
+def _from_iterations(found: Mapping[str, str], job_samples: float, node_samples: float) -> dict[str, float]:
+    """``throughput`` = node_samples · 1000 / ms_per_it; ``samples_done`` = (epoch · iterations +
+    iteration) · job_samples (the iterations of the epochs before, then this one's)."""
+    out: dict[str, float] = {}
+    try:
+        numbers = {k: float(found[k]) for k in ITERATION_FIELDS if k in found}
+    except ValueError:
+        return out
+    if numbers.get("ms_per_it", 0) > 0:
+        out["throughput"] = node_samples * 1000.0 / numbers["ms_per_it"]
+    if "iteration" in numbers:
+        before = numbers.get("epoch", 0.0) * numbers.get("iterations", 0.0)
+        out["samples_done"] = (before + numbers["iteration"]) * job_samples
+    return out
 
 
 def _numbers(fields: Mapping[str, Any]) -> dict[str, float] | None:
@@ -313,5 +342,5 @@ def job_progress(reports: Mapping[str, Mapping[str, Any]], states: Mapping[str, 
     return status
 
 
-__all__ = ["ENV", "KINDS", "PLACEHOLDERS", "SCRAPED_FIELDS", "TrainerSpec", "job_progress", "new_report", "node_argv",
+__all__ = ["ENV", "ITERATION_FIELDS", "KINDS", "PLACEHOLDERS", "REPORTS_FROM", "SCRAPED_FIELDS", "TrainerSpec", "job_progress", "new_report", "node_argv",
            "node_env", "node_report", "parse_reports", "read_node_report", "scrape", "scraped_report"]

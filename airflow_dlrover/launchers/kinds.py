@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from airflow_dlrover import timings as T
 from airflow_dlrover.launchers.contract import (
-    TrainerSpec, job_progress, node_argv, node_env, node_report, parse_reports,
+    ITERATION_FIELDS, TrainerSpec, job_progress, node_argv, node_env, node_report, parse_reports,
 )
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import FAILED_STATES, Configuration, NodeState
@@ -408,7 +408,18 @@ class TrainerJob(JobKind):
         """A node's reports since its start (:func:`contract.node_report`), from its metrics file, its
         log (``log_regex``) or its endpoint's scrapes (``metrics_port``)."""
         text, mtime = self.launcher._read_output(self.job_id, node, self.trainer.reports_via)
-        return node_report(parse_reports(text, self.trainer.log_regex, written_at=mtime))
+        return node_report(parse_reports(text, self.trainer.log_regex, written_at=mtime,
+                                         per_iteration=self._per_iteration()))
+
+    def _per_iteration(self) -> tuple[float, float] | None:
+        """(samples the job trains an iteration, samples a reporting node's rate stands for): the
+        job's batch × workers; rank 0 reports the job's rate, every node its own batch. None where
+        the log gives no iterations (``contract.ITERATION_FIELDS``)."""
+        if not any(f"(?P<{field}>" in self.trainer.log_regex for field in ITERATION_FIELDS):
+            return None
+        config = Configuration(**self.launcher._record(self.job_id)["config"])
+        job = float(config.batch_size * config.workers)
+        return job, job if self.trainer.reports_from == "rank0" else float(config.batch_size)
 
     def _reports(self, record: dict[str, Any]) -> dict[str, dict[str, Any]]:
         """Each running or finished node's report, with its ``role``."""

@@ -1,6 +1,8 @@
 """The trainer contract (launchers.contract): what a node gets, what is read back, what is refused."""
 
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -89,6 +91,36 @@ def test_reports_are_read_from_json_lines_or_a_log():
     parsed = parse_reports(log, regex, written_at=5.0)
     assert [(r["throughput"], r["samples_done"], r["time"]) for r in parsed] == [(120.5, 100, 5.0), (130, 200, 5.0)]
     assert parsed[1]["auc"] == 0.7 and "auc" not in parsed[0]
+
+
+#: facebookresearch/dlrm's own progress line, read with no wrapper script
+DLRM_REGEX = (r"Finished training it (?P<iteration>\d+)/(?P<iterations>\d+) of epoch (?P<epoch>\d+), "
+              r"(?P<ms_per_it>[0-9.]+) ms/it, loss (?P<loss>[0-9.]+)")
+
+
+@pytest.mark.unit
+def test_facebookresearch_dlrms_own_log_lines_are_its_reports():
+    """The fixture is ``dlrm_s_pytorch.py``'s real output (facebookresearch/dlrm at 090956e, run
+    with --data-generation=random --mini-batch-size=512 --num-batches=60 --print-freq=20
+    --print-time --nepochs=2): each ``Finished training it N/M of epoch E, T ms/it`` line is a
+    report — the job's rate from the global batch and ms/it, its progress from the iterations."""
+    output = (Path(__file__).parents[1] / "data" / "dlrm_s_pytorch_output.txt").read_text()
+    spec = TrainerSpec(command=("python", "dlrm_s_pytorch.py", "--mini-batch-size={global_batch_size}"),
+                       log_regex=DLRM_REGEX, reports_from="rank0")
+    assert node_argv(spec, env_of(spec, replace(ALLREDUCE, workers=2, batch_size=256),
+                                  {"name": "worker-0", "role": "worker", "index": 0, "cpu": 1}))[-1] == "--mini-batch-size=512"
+    reports = parse_reports(output, spec.log_regex, written_at=9.0, per_iteration=(512.0, 512.0))
+    lines = [line for line in output.splitlines() if line.startswith("Finished training it")]
+    assert len(reports) == len(lines) == 6
+    ms = [float(line.split(", ")[1].split()[0]) for line in lines]
+    assert [r["throughput"] for r in reports] == pytest.approx([512 * 1000 / t for t in ms])
+    assert [r["samples_done"] for r in reports] == [20 * 512, 40 * 512, 60 * 512, 80 * 512, 100 * 512, 120 * 512]
+    assert reports[-1]["loss"] == pytest.approx(float(lines[-1].rsplit(" ", 1)[1]))
+    # each rank's own rate, when every rank reports: its share of the global batch
+    ranks = parse_reports(output, spec.log_regex, per_iteration=(512.0, 256.0))
+    assert [r["throughput"] for r in ranks] == pytest.approx([r["throughput"] / 2 for r in reports])
+    with pytest.raises(InvalidInputError, match=r"\(\?P<ms_per_it>"):
+        TrainerSpec(command=("t",), log_regex=r"it (?P<iteration>\d+)")
 
 
 def test_the_job_is_done_only_when_every_worker_exited_0():
