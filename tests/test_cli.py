@@ -302,7 +302,8 @@ RANK0_REGEX = r"done=(?P<samples_done>\d+) of (?P<samples_total>\d+), (?P<throug
 def test_a_rank0_trainer_is_profiled_fitted_and_recovers_a_killed_rank_to_the_last_sample(tmp_path, capsys):
     script = tmp_path / "train.py"
     script.write_text(RANK0_TRAINER)
-    trainer = ["--reports-from", "rank0", "--log-regex", RANK0_REGEX, "--grace", "10", "--", sys.executable, str(script)]
+    trainer = ["--reports-from", "rank0", "--log-regex", RANK0_REGEX, "--grace", "10", "--",
+               sys.executable, str(script)]
     samples = tmp_path / "samples.csv"
     assert main(["profile", "--cpu", "2", "--memory", "4Gi", "--ps", "0", "--samples", "100000000", "--window", "3",
                  "--out", str(samples), *trainer]) == 0
@@ -310,8 +311,8 @@ def test_a_rank0_trainer_is_profiled_fitted_and_recovers_a_killed_rank_to_the_la
     assert len(table) >= 3 and (table.ps == 0).all() and (table.workers > 1).any() and (table.throughput > 0).all()
     assert main(["fit", str(samples), "-o", str(tmp_path / "model.json")]) == 0
     out = tmp_path / "run"
-    assert main(["run-trainer", "--workers", "2", "--worker-cpu", "0.5", "--worker-memory", "1Gi", "--samples", "3000000",
-                 "--inject", "kill-worker@8s", "--out", str(out), *trainer]) == 0
+    assert main(["run-trainer", "--workers", "2", "--worker-cpu", "0.5", "--worker-memory", "1Gi",
+                 "--samples", "3000000", "--inject", "kill-worker@8s", "--out", str(out), *trainer]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["samples_done"] == summary["samples_total"] == 3_000_000
     assert summary["restarts"] >= 1 and summary["median_throughput"] > 0

@@ -43,17 +43,18 @@ from airflow_dlrover.scrape import SCRAPED_FIELDS, new_report, scrape, scraped_r
 #: The environment every node of a trainer gets (stable names: the contract).
 ENV = (
     "DLROVER_JOB_ID", "DLROVER_ROLE", "DLROVER_INDEX", "DLROVER_WORKERS", "DLROVER_PS", "DLROVER_CPU",
-    "DLROVER_MEMORY_MB", "DLROVER_GPU", "DLROVER_BATCH_SIZE", "DLROVER_SAMPLES", "DLROVER_CHECKPOINT_DIR",
-    "DLROVER_METRICS_FILE", "DLROVER_METRICS_PORT", "DLROVER_SCRAPE_S", "DLROVER_GENERATION", "DLROVER_GRACE_S",
-    "DLROVER_JOB_KEY", "DLROVER_GLOBAL_BATCH_SIZE", "TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-    "OMP_NUM_THREADS",
+    "DLROVER_MEMORY_MB", "DLROVER_GPU", "DLROVER_BATCH_SIZE", "DLROVER_GLOBAL_BATCH_SIZE", "DLROVER_SAMPLES",
+    "DLROVER_CHECKPOINT_DIR", "DLROVER_METRICS_FILE", "DLROVER_METRICS_PORT", "DLROVER_SCRAPE_S", "DLROVER_GENERATION",
+    "DLROVER_GRACE_S", "DLROVER_JOB_KEY", "TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS",
 )
 #: ``{placeholder}`` → the environment variable whose value it takes.
 PLACEHOLDERS = {
     "job_id": "DLROVER_JOB_ID", "role": "DLROVER_ROLE", "index": "DLROVER_INDEX", "workers": "DLROVER_WORKERS",
     "ps": "DLROVER_PS", "cpu": "DLROVER_CPU", "memory_mb": "DLROVER_MEMORY_MB", "gpu": "DLROVER_GPU",
-    "batch_size": "DLROVER_BATCH_SIZE", "global_batch_size": "DLROVER_GLOBAL_BATCH_SIZE", "samples": "DLROVER_SAMPLES", "checkpoint_dir": "DLROVER_CHECKPOINT_DIR",
-    "metrics_file": "DLROVER_METRICS_FILE", "metrics_port": "DLROVER_METRICS_PORT", "generation": "DLROVER_GENERATION", "rank": "RANK",
+    "batch_size": "DLROVER_BATCH_SIZE", "global_batch_size": "DLROVER_GLOBAL_BATCH_SIZE", "samples": "DLROVER_SAMPLES",
+    "checkpoint_dir": "DLROVER_CHECKPOINT_DIR", "metrics_file": "DLROVER_METRICS_FILE",
+    "metrics_port": "DLROVER_METRICS_PORT", "generation": "DLROVER_GENERATION", "rank": "RANK",
     "world_size": "WORLD_SIZE", "master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT",
 }
 KINDS = ("allreduce", "ps")
@@ -342,5 +343,6 @@ def job_progress(reports: Mapping[str, Mapping[str, Any]], states: Mapping[str, 
     return status
 
 
-__all__ = ["ENV", "ITERATION_FIELDS", "KINDS", "PLACEHOLDERS", "REPORTS_FROM", "SCRAPED_FIELDS", "TrainerSpec", "job_progress", "new_report", "node_argv",
-           "node_env", "node_report", "parse_reports", "read_node_report", "scrape", "scraped_report"]
+__all__ = ["ENV", "ITERATION_FIELDS", "KINDS", "PLACEHOLDERS", "REPORTS_FROM", "SCRAPED_FIELDS", "TrainerSpec",
+           "job_progress", "new_report", "node_argv", "node_env", "node_report", "parse_reports", "read_node_report",
+           "scrape", "scraped_report"]

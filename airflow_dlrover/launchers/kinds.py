@@ -90,7 +90,8 @@ class JobKind:
     def reporters(self, record: dict[str, Any]) -> list[str]:
         """The workers whose reports make the job's rate and progress: every one of the job (not
         one that left it)."""
-        return [name for name, node in record["nodes"].items() if node["role"] == "worker" and node.get("state") != STOPPED]
+        return [name for name, node in record["nodes"].items()
+                if node["role"] == "worker" and node.get("state") != STOPPED]
 
     def check_reports(self, record: dict[str, Any]) -> None:
         """Mark the nodes whose reports break their kind's rules as failed (``read_job``)."""

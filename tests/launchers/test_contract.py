@@ -62,7 +62,8 @@ def test_a_bad_command_is_refused_naming_the_argument(command, field, why):
 def test_bad_settings_are_refused():
     for changes, field in (({"kind": "horovod"}, "trainer.kind"), ({"log_regex": "speed ([0-9.]+)"}, "trainer.log_regex"),
                            ({"log_regex": "(?P<throughput>"}, "trainer.log_regex"), ({"grace_s": 0}, "trainer.grace_s"),
-                           ({"max_restarts": -1}, "trainer.max_restarts"), ({"max_restarts": 1.5}, "trainer.max_restarts"),
+                           ({"max_restarts": -1}, "trainer.max_restarts"),
+                           ({"max_restarts": 1.5}, "trainer.max_restarts"),
                            ({"restart_window_s": float("nan")}, "trainer.restart_window_s")):
         with pytest.raises(InvalidInputError) as err:
             TrainerSpec(command=("t",), **changes)
@@ -107,8 +108,9 @@ def test_facebookresearch_dlrms_own_log_lines_are_its_reports():
     output = (Path(__file__).parents[1] / "data" / "dlrm_s_pytorch_output.txt").read_text()
     spec = TrainerSpec(command=("python", "dlrm_s_pytorch.py", "--mini-batch-size={global_batch_size}"),
                        log_regex=DLRM_REGEX, reports_from="rank0")
-    assert node_argv(spec, env_of(spec, replace(ALLREDUCE, workers=2, batch_size=256),
-                                  {"name": "worker-0", "role": "worker", "index": 0, "cpu": 1}))[-1] == "--mini-batch-size=512"
+    rank0 = {"name": "worker-0", "role": "worker", "index": 0, "cpu": 1}
+    argv = node_argv(spec, env_of(spec, replace(ALLREDUCE, workers=2, batch_size=256), rank0))
+    assert argv[-1] == "--mini-batch-size=512"
     reports = parse_reports(output, spec.log_regex, written_at=9.0, per_iteration=(512.0, 512.0))
     lines = [line for line in output.splitlines() if line.startswith("Finished training it")]
     assert len(reports) == len(lines) == 6

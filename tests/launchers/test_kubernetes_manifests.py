@@ -502,9 +502,9 @@ def test_a_trainer_pod_validates_and_is_hardened_with_or_without_its_reports_sid
     sidecars = pod["spec"].get("initContainers", [])
     assert len(sidecars) == (metrics is not None)
     # the default checkpoint folder is a subPath of its own: the kubelet creates it before the trainer starts
-    with_checkpoint = km.trainer_pod("ddp-daily", node, argv=["t"], env={"DLROVER_CHECKPOINT_DIR": km.TRAINER_CHECKPOINT_DIR},
-                                     image="team/ddp:2", grace_s=20, placement=placement,
-                                     owner=km.config_map_owner(UID, "ddp-daily"), metrics=metrics)
+    default = {"DLROVER_CHECKPOINT_DIR": km.TRAINER_CHECKPOINT_DIR}
+    with_checkpoint = km.trainer_pod("ddp-daily", node, argv=["t"], env=default, image="team/ddp:2", grace_s=20,
+                                     placement=placement, owner=km.config_map_owner(UID, "ddp-daily"), metrics=metrics)
     mounts = with_checkpoint["spec"]["containers"][0]["volumeMounts"]
     assert {"name": "job", "mountPath": km.TRAINER_CHECKPOINT_DIR, "subPath": "ddp-daily/checkpoint"} in mounts
     assert not any(m["mountPath"] == km.TRAINER_CHECKPOINT_DIR for m in pod["spec"]["containers"][0]["volumeMounts"])
