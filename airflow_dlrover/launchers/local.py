@@ -150,8 +150,11 @@ class LocalLauncher(Launcher):
         """The job's folder, and the checkpoint folder the contract promises: it exists, only the
         job's user can read it, before the first node starts."""
         self._save_job(spec, record)
-        checkpoint = Path(self.trainer(spec.job_id).checkpoint_dir or self._checkpoint_dir(spec.job_id))
-        checkpoint.mkdir(mode=0o700, parents=True, exist_ok=True)
+        trainer = self.trainer(spec.job_id)
+        # a relative checkpoint_dir is the nodes' (they run in the trainer's workdir)
+        workdir = Path(trainer.workdir or self.job_dir(spec.job_id))
+        (workdir / (trainer.checkpoint_dir or self._checkpoint_dir(spec.job_id))).mkdir(mode=0o700, parents=True,
+                                                                                         exist_ok=True)
 
     def _save_job(self, spec: JobSpec, record: dict[str, Any]) -> None:
         """The job's folder with its spec and record."""
