@@ -9,10 +9,10 @@ from airflow_dlrover.operators.job import user_errors
 
 
 class DLRoverFitOperator(DLRoverBaseOperator):
-    """Fit the throughput and memory models on this run's profile samples, warm-started from the
-    job's prior (``HistoryStore.prior_model``); a warm start profiles nothing, and then the prior is
-    this run's model until the fine-tune refits it. The model goes to the history store, a summary
-    to XCom.
+    """The controller's fitting phase: the throughput and memory models fitted on this run's
+    profile samples, warm-started from the job's prior (``job_model.choose_prior``); a warm start
+    profiles nothing, and then the prior is this run's model until the fine-tune refits it. The
+    model goes to the history store, a summary to XCom.
 
     Arguments: ``DLRoverBaseOperator``'s (the quota is not used).
     """
