@@ -26,14 +26,15 @@ from airflow_dlrover.optimizer.controller import ControllerState, Fail, Observat
 from airflow_dlrover.optimizer.types import Configuration, Quota
 
 
-def observe(launcher: Any, job_id: str, *, spec: Any = None, record: dict[str, Any] | None = None,
-            status: dict[str, Any] | None = None, windows: Iterable[dict] = (),
-            usage: Iterable[dict] = ()) -> Observation:
+def observe(launcher: Any, job_id: str, *, before_launch: bool = False, spec: Any = None,
+            record: dict[str, Any] | None = None, status: dict[str, Any] | None = None,
+            windows: Iterable[dict] = (), usage: Iterable[dict] = ()) -> Observation:
     """The controller's observation of job ``job_id`` now (see the module docstring).
-    ``spec``: the job's spec, for a job that does not run yet (its size: ``spec.samples``);
-    ``record``: the launcher's record with live states, when the caller has just read it;
-    ``status``: the job's progress, when the caller has just asked for it."""
-    if record is None and not launcher.exists(job_id):
+    ``before_launch``: the job may not run yet (the tasks before training), then only its size is
+    known (``spec.samples``, where given); ``record``: the launcher's record with live states,
+    when the caller has just read it; ``status``: the job's progress, when the caller has just
+    asked for it."""
+    if before_launch and record is None and not launcher.exists(job_id):
         return Observation(time.time(), samples_total=spec.samples if spec else None, windows=tuple(windows))
     record = launcher.read_job(job_id) if record is None else record
     nodes = tuple(statuses(record))

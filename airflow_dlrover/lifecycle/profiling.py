@@ -48,7 +48,7 @@ def advance(launcher: Any, job_id: str, state: ControllerState, *, spec: JobSpec
     ``JobFailed`` for what no retry fixes, a ``RuntimeError`` (retryable) otherwise. ``spec``: the
     job's, for a phase that may start it (a probe)."""
     phase, started = state.phase, False
-    observation = observe(launcher, job_id, spec=spec)
+    observation = observe(launcher, job_id, before_launch=True, spec=spec)
     while True:
         before = state
         state, actions = step(state, observation)
@@ -61,7 +61,7 @@ def advance(launcher: Any, job_id: str, state: ControllerState, *, spec: JobSpec
         if probe is None:
             for record in launcher.apply(job_id, actions):
                 log.warning("while %s: %s", phase.value, record.get("text") or record)
-            observation = observe(launcher, job_id, spec=spec)
+            observation = observe(launcher, job_id, before_launch=True, spec=spec)
             continue
         log.info("%s: %s", probe.config.describe(), probe.describe())
         if not started:
@@ -72,7 +72,7 @@ def advance(launcher: Any, job_id: str, state: ControllerState, *, spec: JobSpec
         except JobFinished:
             log.info("the job finished while %s", phase.value)
             row = None
-        observation = observe(launcher, job_id, spec=spec, windows=(row,) if row else ())
+        observation = observe(launcher, job_id, before_launch=True, spec=spec, windows=(row,) if row else ())
 
 
 def profile_job(launcher: Any, spec: JobSpec, quota: Quota, *, window_s: float = C.PROBE_WINDOW_S,
