@@ -1,10 +1,11 @@
-"""Trainers of the user's (examples/ddp_dlrm, examples/ps_dlrm) through the launcher, measured (run
-alone: the machine is small).
+"""Trainers of the user's (examples/ddp_dlrm, examples/ps_dlrm, examples/torchrec_dlrm) through the
+launcher, measured, in each way each can report (run alone: the machine is small).
 
-    python benchmarks/trainers.py [--examples ddp_dlrm ps_dlrm] [--quota-cpu 2] [--out DIR]
-    python benchmarks/trainers.py --examples ddp_dlrm --reports prometheus   # scraped, not the file
+    python benchmarks/trainers.py [--runs ddp_dlrm:every_node torchrec_dlrm:rank0 …] [--quota-cpu 2] [--out DIR]
 
-For each example, in one run:
+Reporting modes (docs/trainers.md): ``every_node`` (each node's own rate, in its metrics file),
+``rank0`` (rank 0 alone, the job's rate and progress: ``reports_from="rank0"``), ``prometheus``
+(every node's gauges, scraped). For each example and mode, in one run:
 
 1. **profile**: the designed probes under the quota (all-reduce ones for ddp_dlrm, PS ones for
    ps_dlrm) through the local launcher, one bounded window each; the model fitted on them and
@@ -41,27 +42,32 @@ from airflow_dlrover.optimizer.types import Configuration, Quota
 from airflow_dlrover.runtime.spec import JobSpec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-#: (kind, the default configuration a user would write for a 2-core quota, samples to train)
+#: (kind, the default configuration a user would write for a 2-core quota, samples to train,
+#: the reporting modes the trainer has)
 SETUPS = {
-    "ddp_dlrm": ("allreduce", Configuration(2, 0, 1.0, 0.0, 1024, 0), 12_000_000),
-    "ps_dlrm": ("ps", Configuration(2, 2, 0.5, 0.5, 1024, 1024), 600_000),
+    "ddp_dlrm": ("allreduce", Configuration(2, 0, 1.0, 0.0, 1024, 0), 6_000_000, ("every_node", "rank0", "prometheus")),
+    "ps_dlrm": ("ps", Configuration(2, 2, 0.5, 0.5, 1024, 1024), 600_000, ("every_node",)),
+    "torchrec_dlrm": ("allreduce", Configuration(2, 0, 1.0, 0.0, 2048, 0), 6_000_000, ("rank0",)),
 }
-
-
-#: the examples that can report through a Prometheus endpoint (ps_dlrm keeps to its metrics file)
-PROMETHEUS = ("ddp_dlrm",)
+RUNS = [f"{example}:{mode}" for example, setup in SETUPS.items() for mode in setup[3]]
 METRICS_PORT = 9400
 
 
-def spec(example: str, job_id: str, samples: int, reports: str = "file") -> JobSpec:
+def spec(example: str, job_id: str, samples: int, reports: str = "every_node") -> JobSpec:
     kind = SETUPS[example][0]
-    trainer = TrainerSpec(command=(sys.executable, str(EXAMPLES / example / "train.py")), kind=kind, grace_s=20,
+    command = (sys.executable, str(EXAMPLES / example / "train.py"))
+    if example == "ddp_dlrm" and reports == "rank0":
+        command += ("--reports-from", "rank0")
+    trainer = TrainerSpec(command=command, kind=kind, grace_s=30,
+                          reports_from="rank0" if reports == "rank0" else "every_node",
                           metrics_port=METRICS_PORT if reports == "prometheus" else 0)
     return JobSpec(job_id=job_id, samples=samples, batch_size=512, trainer=trainer.to_dict())
 
 
-def measure(example: str, quota: Quota, window_s: float, out: Path, reports: str = "file") -> dict:
-    kind, default, samples = SETUPS[example]
+def measure(example: str, quota: Quota, window_s: float, out: Path, reports: str = "every_node") -> dict:
+    kind, default, samples, _ = SETUPS[example]
+    out = out / f"{example}-{reports}"
+    out.mkdir(parents=True, exist_ok=True)
     launcher = LocalLauncher(out / "jobs")
     probes = design_probes(quota, batch_size=512, allreduce=kind == "allreduce")
     job = spec(example, f"{example.replace('_', '-')}-profile", samples * 100, reports)  # never finishes while profiling
@@ -93,19 +99,16 @@ def measure(example: str, quota: Quota, window_s: float, out: Path, reports: str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--examples", nargs="+", default=sorted(SETUPS), choices=sorted(SETUPS))
+    parser.add_argument("--runs", nargs="+", default=RUNS, choices=RUNS, help="example:reporting mode")
     parser.add_argument("--quota-cpu", type=float, default=2.0)
     parser.add_argument("--quota-memory", default="4Gi")
     parser.add_argument("--window", type=float, default=C.TRAINER_PROBE_WINDOW_S)
-    parser.add_argument("--reports", choices=("file", "prometheus"), default="file",
-                        help=f"how the trainers report (prometheus: {', '.join(PROMETHEUS)} only)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    if args.reports == "prometheus" and set(args.examples) - set(PROMETHEUS):
-        parser.error(f"--reports prometheus: only {', '.join(PROMETHEUS)} serves an endpoint")
     out = Path(args.out or tempfile.mkdtemp(prefix="trainers-"))
     quota = Quota.parse(args.quota_cpu, args.quota_memory)
-    results = [measure(example, quota, args.window, out, args.reports) for example in args.examples]
+    runs = [run.split(":") for run in args.runs]
+    results = [measure(example, quota, args.window, out, mode) for example, mode in runs]
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     rows = []
     for r in results:

@@ -16,7 +16,7 @@ DAGS_FOLDER.mkdir(parents=True, exist_ok=True)
 for dag_file in ("dlrm_daily_retrain.py", "deploy_on_new_model.py"):
     shutil.copy(Path(__file__).parents[1] / "dags" / dag_file, DAGS_FOLDER)
 #: an example trainer's DAG runs beside its trainer (examples/<name>: dag.py and train.py)
-for example in ("ddp_dlrm", "ps_dlrm"):
+for example in ("ddp_dlrm", "ps_dlrm", "torchrec_dlrm"):
     shutil.copytree(Path(__file__).parents[1] / "examples" / example, DAGS_FOLDER / example, dirs_exist_ok=True)
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(DAGS_FOLDER)
 

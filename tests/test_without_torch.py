@@ -99,7 +99,8 @@ def test_the_dags_parse_without_torch():
         print(json.dumps({"errors": {k: v[-500:] for k, v in bag.import_errors.items()}, "dags": sorted(bag.dag_ids)}))
     """)
     assert out["errors"] == {}
-    assert out["dags"] == ["ddp_dlrm_daily_retrain", "deploy_on_new_model", "dlrm_daily_retrain", "ps_dlrm_daily_retrain"]
+    assert out["dags"] == ["ddp_dlrm_daily_retrain", "deploy_on_new_model", "dlrm_daily_retrain", "ps_dlrm_daily_retrain",
+                           "torchrec_dlrm_daily_retrain"]
 
 
 def test_the_ui_app_builds_without_torch():

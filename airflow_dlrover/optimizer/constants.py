@@ -178,6 +178,13 @@ FAILURES_BEFORE_TRAINING = 3
 #: ``max_restarts`` default, 3; torchrun's is 0)
 TRAINER_MAX_RESTARTS = 3
 TRAINER_RESTART_WINDOW_S = 600.0
+#: Backoff before the k-th relaunch within ``TRAINER_RESTART_WINDOW_S``: none for the first (a
+#: killed node comes back at once), then ``RESTART_BACKOFF_S · 2^(k-2)`` up to
+#: ``RESTART_BACKOFF_MAX_S``, so a node that keeps failing for a reason outside the job (a bad host,
+#: a registry, a full disk) is retried ever more slowly. (Kubernetes' CrashLoopBackOff: 10 s doubling
+#: to 300 s; shorter here, where restarts within the window are bounded by ``max_restarts``)
+RESTART_BACKOFF_S = 5.0
+RESTART_BACKOFF_MAX_S = 60.0
 #: A plan check's window, in probe windows: the job trains on its plan meanwhile, so a longer
 #: window costs no training, and one 2 s window of the demo's plan ranged 38–57 k samples/s
 #: (checking, besides, every plan probed in one window only, with 2 s windows, took three cold

@@ -26,7 +26,9 @@ phase: a probe's are recovered at once, as it is no task's try):
    up to ``MEMORY_GRANULARITY_MB``, once per kill: ``(name, restarts)`` names the killed
    incarnation; the memory model's forecast for the job when that is more), or, for a worker the
    cluster cannot place, a ``Resize`` without it. An OOM kill the quota leaves no room to grow is
-   ``Fail(retryable=False)``.
+   ``Fail(retryable=False)``, as are the same crash again before any progress (``CRASH_LOOP``) and
+   a trainer past its restart budget (``RESTART_BUDGET``). A repeated failure is recovered after a
+   backoff (:func:`restart_backoff_s`; ``Keep(RESTART_BACKOFF)`` meanwhile).
 2. **Usage** (per-node rows): the instability detectors (``instability``) on the last
    ``DETECTOR_HISTORY_WINDOWS`` windows of each node. A hot PS gets CPU in place (``Heal``), a
    straggler is replaced (``Relaunch`` with the planned CPU), a node at OOM risk gets the
@@ -406,6 +408,9 @@ def _recover(state: ControllerState, obs: Observation, failed: list[NodeStatus])
                                          "detail": new[0].reason, "nodes": numbers, "samples_done": obs.samples_done},
                     retryable=True, nodes=tuple(n.name for n in new))
         return state, [fail]
+    wait = _backoff(state, obs, failed)
+    if wait is not None:
+        return state, [wait]
     actions: list[Action] = []
     config = obs.config
     killed = [n for n in failed if n.state == NodeState.OOM_KILLED and n.memory_mb]
@@ -454,6 +459,28 @@ def _stop_restarting(state: ControllerState, report: dict, new: list[NodeStatus]
                                                 "max_restarts": most, "detail": new[0].reason},
                         retryable=False, nodes=nodes)
     return None
+
+
+def restart_backoff_s(failures: int) -> float:
+    """The wait before relaunching after the ``failures``-th failure within the restart window:
+    0 for the first, then ``RESTART_BACKOFF_S · 2^(failures-2)`` up to ``RESTART_BACKOFF_MAX_S``."""
+    return 0.0 if failures <= 1 else min(C.RESTART_BACKOFF_MAX_S, C.RESTART_BACKOFF_S * 2 ** (failures - 2))
+
+
+def _backoff(state: ControllerState, obs: Observation, failed: list[NodeStatus]) -> Keep | None:
+    """``Keep`` while the last failure's backoff (``restart_backoff_s`` of the failures within the
+    trainer's restart window, else ``TRAINER_RESTART_WINDOW_S``) has not passed; ``None`` to recover now."""
+    if not state.failure_log:
+        return None
+    window_s = state.restart_budget[1] if state.restart_budget is not None else C.TRAINER_RESTART_WINDOW_S
+    last_s = state.failure_log[-1]["time_s"]
+    failures = sum(1 for r in state.failure_log if r["time_s"] > last_s - window_s)
+    backoff_s = restart_backoff_s(failures)
+    if obs.now_s >= last_s + backoff_s:
+        return None
+    return Keep(Reason.RESTART_BACKOFF, {"node": ", ".join(n.name for n in failed), "failures": failures,
+                                         "window_s": window_s, "backoff_s": backoff_s,
+                                         "wait_s": last_s + backoff_s - obs.now_s})
 
 
 def _forecast_mb(state: ControllerState, obs: Observation) -> dict[str, float]:

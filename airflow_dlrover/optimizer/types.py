@@ -623,6 +623,7 @@ class Reason(StrEnum):
     PLANNED = "planned"
     CRASH_LOOP = "crash_loop"
     RESTART_BUDGET = "restart_budget"
+    RESTART_BACKOFF = "restart_backoff"
 
     def describe(self, numbers: Mapping[str, Any] | None = None) -> str:
         values = dict(numbers or {})
@@ -671,4 +672,6 @@ _REASON_TEXT = {
                         "done): the same crash on every start, which no restart fixes: {detail}"),
     Reason.RESTART_BUDGET: ("{failures} failures within {window_s:g}s, past the trainer's max_restarts={max_restarts}: "
                             "stopped; the last: {node}: {detail}"),
+    Reason.RESTART_BACKOFF: ("{node} is relaunched in {wait_s:.0f}s: failure {failures} within {window_s:g}s "
+                             "backs off {backoff_s:g}s"),
 }

@@ -83,6 +83,7 @@ class DLRoverInstabilitySensor(DLRoverWatchingOperator, BaseSensorOperator):
         from airflow_dlrover.launchers.base import statuses
         from airflow_dlrover.lifecycle.observer import restart_budget
         from airflow_dlrover.optimizer.controller import Fail, Keep, step
+        from airflow_dlrover.optimizer.types import Reason
 
         record = self.launcher.read_job(job_id)
         nodes = tuple(statuses(record))
@@ -99,7 +100,11 @@ class DLRoverInstabilitySensor(DLRoverWatchingOperator, BaseSensorOperator):
             if not fail.retryable:
                 raise AirflowFailException(message)
             raise DLRoverNodeFailure(f"{message}; the retry relaunches it and resumes from the checkpoint")
-        for record in [k.to_record() for k in actions if isinstance(k, Keep)] + self.launcher.apply(job_id, actions):
+        keeps = [k for k in actions if isinstance(k, Keep)]
+        for wait in (k for k in keeps if k.reason == Reason.RESTART_BACKOFF):  # a wait, not an event
+            self.log.info("job %s: %s", job_id, wait.describe())
+        keeps = [k.to_record() for k in keeps if k.reason != Reason.RESTART_BACKOFF]
+        for record in keeps + self.launcher.apply(job_id, actions):
             event = action_event(record, nodes, try_number)
             self.history.add(run, "event", event)
             metrics.incr({"recovered": "recoveries", "instability": "instabilities"}.get(event["event"], event["event"]),

@@ -19,7 +19,8 @@ so that a SIGTERM to any of them stops all at the same step, and every rank ente
 checkpoint's barrier at the same step (ranks that decided by their own clocks would wait in
 different collectives until gloo's timeout). Reports: one JSON line a second in
 ``DLROVER_METRICS_FILE`` (``throughput`` of this rank, the job's ``samples_done`` and
-``samples_total``, ``loss``; rank 0's last line adds the held-out ``auc``) — or, where the
+``samples_total``, ``loss``; rank 0's last line adds the held-out ``auc``; with ``--reports-from
+rank0`` rank 0 alone reports, the job's rate) — or, where the
 launcher gives ``DLROVER_METRICS_PORT``, the same as Prometheus gauges ``dlrover_<field>`` served
 there (``prometheus_client``), held for two scrapes (``DLROVER_SCRAPE_S``) after the last.
 
@@ -55,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-interval", type=float, default=10.0)
     p.add_argument("--report-interval", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--reports-from", choices=("every_node", "rank0"), default="every_node",
+                   help="rank0: rank 0 alone reports, the job's rate (the contract's reports_from='rank0')")
     return p.parse_args(argv)
 
 
@@ -158,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     ddp = nn.parallel.DistributedDataParallel(model)
     loss_fn = nn.BCEWithLogitsLoss()
     report = Reporter(dict(os.environ))
+    rank0_only = args.reports_from == "rank0"
+    reports = rank == 0 or not rank0_only
 
     def checkpoint() -> None:
         if rank == 0:
@@ -190,12 +195,13 @@ def main(argv: list[str] | None = None) -> int:
         loss.backward()
         optimizer.step()
         done += step
-        window_samples += count
+        window_samples += step if rank0_only else count
         loss_value = float(loss.detach())
         now = time.monotonic()
         if now - window_start >= args.report_interval:
-            report(throughput=window_samples / (now - window_start), samples_done=done, samples_total=args.samples,
-                   loss=loss_value)
+            if reports:
+                report(throughput=window_samples / (now - window_start), samples_done=done, samples_total=args.samples,
+                       loss=loss_value)
             window_start, window_samples = now, 0
     checkpoint()
     final = {"throughput": 0.0, "samples_done": done, "samples_total": args.samples, "loss": loss_value}
@@ -204,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             dense, ids, labels = batch(args.samples, args.eval_samples, args)
             final["auc"] = auc(model(dense, ids), labels)
     dist.destroy_process_group()
-    report.final(**final)
+    if reports:
+        report.final(**final)
     return 0
 
 

@@ -18,7 +18,7 @@ from airflow_dlrover.operators import (
 )
 from airflow_dlrover.operators.job import build_spec, launcher_job_id, parse_faults, parse_quota
 from airflow_dlrover.optimizer import constants as C
-from airflow_dlrover.optimizer.types import InvalidInputError, Quota
+from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, Quota
 from airflow_dlrover.sensors import DLRoverInstabilitySensor, DLRoverNodeFailure
 from airflow_dlrover.triggers.job import DLRoverJobTrigger
 
@@ -331,6 +331,46 @@ def test_a_plan_past_the_probes_is_measured_refitted_and_planned_again_before_th
         assert [e["event"] for e in events].index("plan_checked") < [e["event"] for e in events].index("launched")
     finally:
         launch.launcher.stop(first["job_id"])
+
+
+#: Saves, reports once, then raises: the same bug on every start.
+CRASHES_AFTER_ONE_REPORT = """
+import json, os, time
+with open(os.path.join(os.environ["DLROVER_CHECKPOINT_DIR"], "ckpt.json"), "w") as f:
+    json.dump({"samples_done": 512}, f)
+with open(os.environ["DLROVER_METRICS_FILE"], "a") as f:
+    f.write(json.dumps({"throughput": 1000.0, "samples_done": 512, "samples_total": 10**6}) + "\\n")
+time.sleep(0.5)
+raise ValueError("embedding row 7 is out of range: the trainer's own bug")
+"""
+
+
+@pytest.mark.jobs
+def test_the_guard_fails_without_retry_when_a_trainer_crashes_the_same_way_again(airflow_db, tmp_path):
+    """The first crash fails the guard's try (retryable); its retry relaunches the trainer, which
+    crashes again before any progress: the guard fails for good, showing the trainer's traceback."""
+    script = tmp_path / "train.py"
+    script.write_text(CRASHES_AFTER_ONE_REPORT)
+    ctx = context("manual__crashes")
+    guard = DLRoverInstabilitySensor(task_id="guard", job="crashes", window="1s", deferrable=False)
+    run, job_id = guard.run_ids(ctx)
+    spec = build_spec(job_id, {"trainer": {"command": [sys.executable, str(script)]}, "samples": 10**6})
+    guard.launcher.launch(spec, Configuration(1, 0, 0.5, 0.0, 512.0, 0.0))
+    started = time.monotonic()
+    try:
+        with pytest.raises(DLRoverNodeFailure, match="worker-0 failed: exited 1"):
+            guard.execute(ctx)
+        TI.try_number = 2
+        with pytest.raises(AirflowFailException) as stopped:
+            guard.execute(ctx)
+        assert "exited 1 again before the job trained any sample more" in str(stopped.value)
+        assert "ValueError: embedding row 7 is out of range" in str(stopped.value)
+        assert time.monotonic() - started < 60
+        failures = [e for e in HistoryStore().records(run, "event") if e["event"] == "node_failed"]
+        assert [f["retryable"] for f in failures] == [True, False]
+    finally:
+        TI.try_number = 1
+        guard.launcher.stop(job_id)
 
 
 def _alive(pid: int) -> bool:

@@ -460,3 +460,21 @@ def test_a_trainer_past_its_restart_budget_stops_and_old_failures_do_not_count()
     late = Observation(now_s=150.0, config=CONFIG, samples_done=5e4, samples_total=1e6, nodes=crashed(2, code=-9))
     _, (fail,) = step(later, late)  # the first two failures left the window
     assert fail.retryable
+
+
+def test_a_repeated_failure_is_relaunched_after_a_doubling_backoff():
+    from airflow_dlrover.optimizer.controller import restart_backoff_s
+
+    assert [restart_backoff_s(k) for k in range(1, 8)] == [0.0, 5.0, 10.0, 20.0, 40.0, 60.0, 60.0]
+    state = ControllerState(QUOTA)
+    for restarts, failed_at, backoff_s in ((0, 0.0, 0.0), (1, 100.0, 5.0), (2, 200.0, 10.0)):
+        seen = Observation(now_s=failed_at, config=CONFIG, samples_done=1e4 * (restarts + 1), samples_total=1e6,
+                           nodes=crashed(restarts, code=-9))
+        state, (fail,) = step(state, seen)
+        assert fail.reason == Reason.NODE_FAILED and fail.retryable
+        if backoff_s:
+            _, (wait,) = step(state, replace(seen, now_s=failed_at + backoff_s - 1))
+            assert isinstance(wait, Keep) and wait.reason == Reason.RESTART_BACKOFF
+            assert wait.numbers["wait_s"] == pytest.approx(1.0) and wait.numbers["failures"] == restarts + 1
+        state, (relaunch,) = step(state, replace(seen, now_s=failed_at + backoff_s))
+        assert isinstance(relaunch, Relaunch) and relaunch.node == "worker-0"
