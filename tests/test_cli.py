@@ -2,6 +2,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -11,6 +12,8 @@ from airflow_dlrover.optimizer.job_model import JobModel
 from sim.synthetic import model_samples
 
 pytestmark = pytest.mark.jobs
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 @pytest.fixture()
@@ -188,9 +191,7 @@ def test_train_takes_a_parquet_dataset_a_layout_file_and_an_export(tmp_path, cap
 
 
 def test_run_trainer_finishes_a_ddp_job_through_a_resize(tmp_path, capsys):
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "examples" / "ddp_dlrm" / "train.py"
+    script = EXAMPLES / "ddp_dlrm" / "train.py"
     out = tmp_path / "ddp"
     assert main(["run-trainer", "--workers", "1", "--worker-cpu", "1", "--worker-memory", "1Gi", "--samples", "600000",
                  "--resize", "6s:workers=2,worker_cpu=0.5", "--grace", "10", "--out", str(out), "--",
@@ -305,14 +306,32 @@ def test_a_rank0_trainer_is_profiled_fitted_and_recovers_a_killed_rank_to_the_la
     trainer = ["--reports-from", "rank0", "--log-regex", RANK0_REGEX, "--grace", "10", "--",
                sys.executable, str(script)]
     samples = tmp_path / "samples.csv"
-    assert main(["profile", "--cpu", "2", "--memory", "4Gi", "--ps", "0", "--samples", "100000000", "--window", "3",
+    assert main(["profile", "--cpu", "2", "--memory", "4Gi", "--ps", "0", "--samples", "30000000", "--window", "2",
                  "--out", str(samples), *trainer]) == 0
     table = pd.read_csv(samples)
     assert len(table) >= 3 and (table.ps == 0).all() and (table.workers > 1).any() and (table.throughput > 0).all()
     assert main(["fit", str(samples), "-o", str(tmp_path / "model.json")]) == 0
     out = tmp_path / "run"
     assert main(["run-trainer", "--workers", "2", "--worker-cpu", "0.5", "--worker-memory", "1Gi",
-                 "--samples", "3000000", "--inject", "kill-worker@8s", "--out", str(out), *trainer]) == 0
+                 "--samples", "2000000", "--inject", "kill-worker@7s", "--out", str(out), *trainer]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["samples_done"] == summary["samples_total"] == 3_000_000
+    assert summary["samples_done"] == summary["samples_total"] == 2_000_000
     assert summary["restarts"] >= 1 and summary["median_throughput"] > 0
+
+
+TORCHREC = EXAMPLES / "torchrec_dlrm" / "train.py"
+
+
+def test_the_torchrec_trainer_resumes_its_sharded_state_at_another_world_size_and_after_a_killed_rank(tmp_path):
+    """Two ranks resized to one (the tables' shards gathered and restored at another world size),
+    then the one rank killed: every sample trained, and the held-out AUC of a model that learned."""
+    pytest.importorskip("torchrec", reason="the torchrec extra (make installs it)")
+    out = tmp_path / "run"
+    assert main(["run-trainer", "--workers", "2", "--worker-cpu", "1", "--worker-memory", "2Gi", "--kind", "allreduce",
+                 "--reports-from", "rank0", "--samples", "500000", "--resize", "10s:workers=1,worker_cpu=2",
+                 "--inject", "kill-worker@22s", "--out", str(out), "--timeout", "300", "--",
+                 sys.executable, str(TORCHREC), "--checkpoint-interval", "2"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["samples_done"] == summary["samples_total"] == 500_000
+    assert summary["resizes"] == 1 and summary["restarts"] == 1 and summary["config"]["workers"] == 1
+    assert summary["auc"] > 0.7
