@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("moto.server", reason="moto[server] (the test extra) runs the S3 API of these tests")
-pytest.importorskip("s3fs", reason="s3fs (the test extra) is fsspec's s3:// filesystem")
+pytest.importorskip("moto.server", reason="moto[server] runs the S3 API of these tests")
+pytest.importorskip("s3fs", reason="s3fs is fsspec's s3:// filesystem")
 
 from airflow_dlrover.cli import main  # noqa: E402
 from airflow_dlrover.launchers.local import LocalLauncher  # noqa: E402
