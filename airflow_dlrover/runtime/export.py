@@ -11,8 +11,8 @@ A row the job never touched is not stored: its value is its deterministic initia
 ``runtime.ps.initial_rows(seed, t, id, dim)`` (the seed is in the manifest), which is what the PS
 served for it. Atomic: everything is written into a sibling staging folder, the manifest last,
 then moved into place (a rename on a local filesystem; on an object store, where a move is a copy,
-a folder without its manifest is incomplete and :func:`load_export` refuses it). An export that
-replaces an older one moves the old one aside first and deletes it after.
+a folder without its manifest is incomplete and :func:`load_export` refuses it: see :func:`_move`).
+An export that replaces an older one moves the old one aside first and deletes it after.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from airflow_dlrover.optimizer.types import InvalidInputError
-from airflow_dlrover.runtime.datasets import filesystem
+from airflow_dlrover.runtime.datasets import filesystem, is_local
 from airflow_dlrover.runtime.layout import FeatureLayout
 from airflow_dlrover.runtime.lookup import embed, route
 
@@ -80,11 +80,34 @@ def _export(spec, model, checkpoint_files, metrics, heartbeat) -> str:
     old = None
     if fs.exists(path):
         old = f"{path}.replaced-{uuid.uuid4().hex[:8]}"
-        fs.mv(path, old, recursive=True)
-    fs.mv(staging, path, recursive=True)
+        _move(fs, path, old)
+    _move(fs, staging, path)
     if old is not None:
         fs.rm(old, recursive=True)
     return spec.export
+
+
+def _move(fs, source: str, destination: str) -> None:
+    """Move the export folder ``source`` to ``destination`` (which does not exist). On a local
+    filesystem a rename. Elsewhere (an object store: no rename, no folders, and fsspec's recursive
+    move fails there on the folders it lists but cannot copy) file by file, so that a folder with a
+    manifest is always complete: every file is copied, the manifest last; then the source's
+    manifest is deleted, then its other files. An export that replaces an older one therefore shows,
+    at its URL, the old export, then none (:func:`load_export` refuses the folder), then the new one;
+    the old one stays complete beside it until the new one is in place."""
+    if is_local(fs):
+        fs.mv(source, destination, recursive=True)
+        return
+    manifest = f"{source}/{MANIFEST}"
+    listed = fs.find(source)
+    files = [f for f in listed if f != manifest]
+    if files:
+        fs.copy(files, [destination + f[len(source):] for f in files])
+    if manifest in listed:
+        fs.copy(manifest, f"{destination}/{MANIFEST}")
+        fs.rm(manifest)
+    if files:
+        fs.rm(source, recursive=True)
 
 
 class ExportedModel:
