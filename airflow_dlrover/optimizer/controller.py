@@ -28,7 +28,10 @@ phase: a probe's are recovered at once, as it is no task's try):
    cluster cannot place, a ``Resize`` without it. An OOM kill the quota leaves no room to grow is
    ``Fail(retryable=False)``, as are the same crash again before any progress (``CRASH_LOOP``) and
    a trainer past its restart budget (``RESTART_BUDGET``). A repeated failure is recovered after a
-   backoff (:func:`restart_backoff_s`; ``Keep(RESTART_BACKOFF)`` meanwhile).
+   backoff (:func:`restart_backoff_s`; ``Keep(RESTART_BACKOFF)`` meanwhile). An all-reduce job
+   (``ps = 0``) restarts as a group: its ranks that fail while a reported failure awaits that
+   restart (gloo's "connection reset by peer") are part of that failure, and one ``Relaunch``
+   restarts the group.
 2. **Usage** (per-node rows): the instability detectors (``instability``) on the last
    ``DETECTOR_HISTORY_WINDOWS`` windows of each node. A hot PS gets CPU in place (``Heal``), a
    straggler is replaced (``Relaunch`` with the planned CPU), a node at OOM risk gets the
@@ -395,6 +398,9 @@ def _recover(state: ControllerState, obs: Observation, failed: list[NodeStatus])
                             retryable=False, nodes=(wrong_input.name,))]
     keys = {(n.name, n.restarts) for n in failed}
     new = [n for n in failed if (n.name, n.restarts) not in state.failures_reported]
+    group = obs.config is not None and is_allreduce(obs.config)  # one failure restarts the whole group
+    if group and len(new) < len(failed):  # peers of a reported failure, failed while the group awaits its restart
+        state, new = replace(state, failures_reported=state.failures_reported | keys), []
     if new:
         report = {"time_s": obs.now_s, "samples_done": obs.samples_done,
                   "exit_codes": {n.name: n.exit_code for n in new if n.state == NodeState.FAILED}}
@@ -428,7 +434,7 @@ def _recover(state: ControllerState, obs: Observation, failed: list[NodeStatus])
             else:
                 actions.append(Relaunch(Reason.OOM_KILLED, {**oom, "memory_mb": memory}, node=node.name,
                                         memory_mb=memory))
-        else:
+        elif not (group and any(isinstance(a, Relaunch) for a in actions)):  # a group restarts once
             actions.append(Relaunch(Reason.NODE_FAILED, numbers, node=node.name))
     # The detectors' rows of a failed node describe the incarnation that died (an OOM kill's ramp
     # read as a trend would size the next one for a leak): its next incarnation is judged afresh.

@@ -478,3 +478,21 @@ def test_a_repeated_failure_is_relaunched_after_a_doubling_backoff():
             assert wait.numbers["wait_s"] == pytest.approx(1.0) and wait.numbers["failures"] == restarts + 1
         state, (relaunch,) = step(state, replace(seen, now_s=failed_at + backoff_s))
         assert isinstance(relaunch, Relaunch) and relaunch.node == "worker-0"
+
+
+def test_ranks_that_fail_while_their_group_awaits_its_restart_are_part_of_the_reported_failure():
+    group = Configuration(3, 0, 0.5, 0.0, 2048, 0)
+    ranks = [NodeStatus(f"worker-{i}", "worker", i, NodeState.RUNNING, 0.5, 2048) for i in range(3)]
+    killed = NodeStatus(**{**ranks[0].__dict__, "state": NodeState.FAILED, "exit_code": -9, "reason": "killed"})
+    reset = [NodeStatus(**{**r.__dict__, "state": NodeState.FAILED, "exit_code": 1,
+                           "reason": "RuntimeError: Connection reset by peer"}) for r in ranks[1:]]
+    seen = Observation(now_s=100.0, config=group, samples_done=1e5, samples_total=1e6, nodes=(killed, *ranks[1:]))
+    reported, (fail,) = step(ControllerState(QUOTA), seen)
+    assert fail.retryable and fail.nodes == ("worker-0",)
+    # the retry finds the other ranks failed too: no second failure, one relaunch restarts the group
+    state, actions = step(reported, replace(seen, now_s=103.0, nodes=(killed, *reset)))
+    assert [(type(a), a.node) for a in actions] == [(Relaunch, "worker-0")]
+    assert len(state.failure_log) == 1
+    # in a PS job the same failures are separate: each is reported
+    _, (other,) = step(reported, replace(seen, config=CONFIG, nodes=(killed, *reset)))
+    assert isinstance(other, Fail) and other.nodes == ("worker-1", "worker-2")
