@@ -99,9 +99,10 @@ def test_two_failed_members_restart_an_allreduce_group_once(tmp_path):
         while sum(s.failed for s in launcher.status("pair")) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         records = recover(launcher, "pair")
-        assert [r["node"] for r in records if r.get("action") == "relaunch"] == ["worker-0", "worker-1"]
+        # one relaunch for the group: the controller's step asks it once, the group restarts once
+        assert [r["node"] for r in records if r.get("action") == "relaunch"] == ["worker-0"]
         restarts = [e for e in launcher.read_job("pair")["events"] if e.get("event") == "restart"]
-        assert len(restarts) == 1 and restarts[0]["generation"] == 1  # the second member was already back
+        assert len(restarts) == 1 and restarts[0]["generation"] == 1
         assert all(s.state == "running" for s in launcher.status("pair"))
     finally:
         launcher.stop("pair")
