@@ -647,7 +647,13 @@ class CgroupManager:
         return ok
 
     def _rmdir(self, d: str, *, quiet: bool = False) -> bool:
-        if any(os.path.isdir(os.path.join(d, e)) for e in os.listdir(d)):
+        """Remove the empty group ``d``; True once it is gone (one that another stop removed first
+        included), False while it holds a child group or a process."""
+        try:
+            entries = os.listdir(d)
+        except FileNotFoundError:
+            return True
+        if any(os.path.isdir(os.path.join(d, e)) for e in entries):
             if not quiet:
                 log.warning("not removing cgroup %s: it still has child groups", d)
             return False

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -321,6 +322,23 @@ def test_v2_usage_pids_and_preexec(fake_v2):
     mgr.remove_root()
     assert not (own / "dlrover").exists()
 
+
+
+def test_a_group_another_stop_removed_first_counts_as_removed(fake_v2, monkeypatch):
+    base, own, self_cg = fake_v2
+    mgr = CgroupManager("dlrover", base=str(base), self_cgroup=str(self_cg))
+    mgr.create("job1", "worker-0", Limits(cpu_cores=1.0, memory_mb=100))
+    node = own / "dlrover" / "job1" / "worker-0"
+    walk = os.walk
+
+    def racing_walk(top, topdown=True):  # another stop removes worker-0 after this one listed it
+        listed = list(walk(top, topdown=topdown))
+        shutil.rmtree(node)
+        return iter(listed)
+
+    monkeypatch.setattr(os, "walk", racing_walk)
+    mgr.remove_job("job1")
+    assert not (own / "dlrover" / "job1").exists()
 
 def test_v2_without_memory_controller_is_advisory(fake_v2, monkeypatch, caplog):
     base, own, self_cg = fake_v2
