@@ -82,4 +82,3 @@ def deploy_verdict(auc: float | None, previous_auc: float | None = None, *, min_
     compared = (f", and at most max_auc_drop={max_auc_drop:g} below the previous model's AUC {previous:.4f}"
                 if previous is not None else " (no previous model's AUC to compare with)")
     return Verdict(True, f"AUC {auc:.4f} is at least min_auc={min_auc:g}{compared}")
-
