@@ -91,3 +91,26 @@ def test_a_refusal_names_both_aucs_and_the_tolerance():
     assert deploy_verdict(0.625, 0.75, min_auc=0.5, max_auc_drop=0.125).deploy  # the boundary, exact in binary
     assert not deploy_verdict(0.625, 0.75, min_auc=0.5, max_auc_drop=0.124).deploy
     assert not deploy_verdict(0.75, 0.7, min_auc=0.8, max_auc_drop=1).deploy  # min_auc holds anyway
+
+
+def test_the_deploy_dag_gates_the_newest_model_event_on_the_verdict():
+    from types import SimpleNamespace
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    namespace = runpy.run_path(str(DAGS / "deploy_on_new_model.py"))
+    dag, model = namespace["deploy_on_new_model"](), namespace["MODEL"]
+    assert dag.params["max_auc_drop"] == MAX_AUC_DROP and dag.params["min_auc"] == 0.5
+    gate = dag.task_dict["gate"].python_callable
+    params = {"min_auc": 0.5, "max_auc_drop": 0.001}
+
+    def events(*extras):
+        return {model: [SimpleNamespace(extra=extra) for extra in extras]}
+
+    older = {"uri": "/m/1", "auc": 0.9, "previous_auc": None}
+    newest = {"uri": "/m/2", "auc": 0.7051, "previous_uri": "/m/1", "previous_auc": 0.7050, "dag_run": "r"}
+    assert gate(triggering_asset_events=events(older, newest), params=params) == newest
+    with pytest.raises(AirflowFailException, match=r"AUC 0.7000 is 0.0050 below the previous model's AUC 0.7050 .* "
+                                                   r"max_auc_drop=0.001"):
+        gate(triggering_asset_events=events({**newest, "auc": 0.7}), params=params)
+    assert gate(triggering_asset_events=events({**newest, "auc": 0.7}), params={**params, "max_auc_drop": 0.01})

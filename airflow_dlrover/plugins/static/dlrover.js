@@ -156,9 +156,11 @@
     const metric = (name, label) => {
       const [today, before, change] = [c[name], c[`previous_${name}`], c[`${name}_change`]];
       const fixed = (v) => (v == null ? "—" : Number(v).toFixed(4));
-      return `${label} ${fixed(today)} vs ${fixed(before)}` + (change == null ? "" : ` (${change >= 0 ? "+" : "−"}${Math.abs(change).toFixed(4)})`);
+      const signed = change == null ? "" : ` (${change >= 0 ? "+" : "−"}${Math.abs(change).toFixed(4)})`;
+      return `${label} ${fixed(today)} vs ${fixed(before)}${signed}`;
     };
-    return el("data", { id: "model-comparison", value: c.previous_uri || "", title: `previous model: ${c.previous_uri}` },
+    const uri = c.previous_uri || "";
+    return el("data", { id: "model-comparison", value: uri, title: `previous model: ${uri}` },
       `${metric("auc", "AUC")} · ${metric("log_loss", "log loss")}`);
   }
 
