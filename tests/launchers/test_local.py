@@ -319,3 +319,32 @@ def test_a_launcher_that_dies_before_it_hands_the_master_new_ps_leaves_a_job_tha
     adopter.stop("orphan")
     assert accounting["samples_lost"] == 0 and accounting["samples_trained"] >= 600_000
     assert accounting["samples_duplicated"] <= job.shard_size
+
+
+def test_a_full_disk_ends_the_run_with_its_error_and_leaves_no_process_running(tmp_path, monkeypatch):
+    """The disk fills mid-run: the relaunch of a killed worker cannot record its process, so it is
+    not left running; the supervisor stops the job and raises ENOSPC, and no process of the job
+    remains (none whose command line names its folder)."""
+    import errno
+
+    import psutil
+
+    full, write = {"now": False}, LocalLauncher._write
+
+    def writing(self, job_id, record):
+        if full["now"]:
+            raise OSError(errno.ENOSPC, "No space left on device", "job.json")
+        return write(self, job_id, record)
+
+    def disk_fills(launcher, job_id):
+        full["now"] = True
+        return {"disk": "full"}
+
+    monkeypatch.setattr(LocalLauncher, "_write", writing)
+    with pytest.raises(OSError) as err:
+        run_job(LocalLauncher(tmp_path / "jobs"), spec("full", samples=2_000_000), CONFIG, tmp_path,
+                parse_faults("kill-worker@3s"), interventions=[(2.5, disk_fills)], timeout_s=60.0)
+    assert err.value.errno == errno.ENOSPC
+    time.sleep(0.5)
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if any(str(tmp_path) in a for a in p.info["cmdline"] or [])]
+    assert left == []
