@@ -290,7 +290,13 @@ def test_a_launcher_that_dies_before_it_hands_the_master_new_ps_leaves_a_job_tha
     job = spec("orphan", samples=600_000)
     launcher = LocalLauncher(tmp_path / "jobs")
     launcher.launch(job, CONFIG)
+    try:
+        _die_and_adopt(launcher, job, monkeypatch, tmp_path)
+    finally:
+        LocalLauncher(tmp_path / "jobs").stop("orphan")
 
+
+def _die_and_adopt(launcher, job, monkeypatch, tmp_path):
     def progress(done: float = 0.0, timeout_s: float = 120.0) -> dict:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -316,7 +322,6 @@ def test_a_launcher_that_dies_before_it_hands_the_master_new_ps_leaves_a_job_tha
     assert len(adopter.master_call("orphan", "/status")["ps"]) == 2
     assert progress(float("inf"), timeout_s=180.0)["state"] == "done"
     accounting = adopter.master_call("orphan", "/accounting")
-    adopter.stop("orphan")
     assert accounting["samples_lost"] == 0 and accounting["samples_trained"] >= 600_000
     assert accounting["samples_duplicated"] <= job.shard_size
 
