@@ -60,11 +60,15 @@ def _digest(key: bytes, method: str, path: str, stamp: str, nonce: str, length: 
 
 def sign(key: bytes, method: str, path: str, body: bytes = b"", now: float | None = None) -> str:
     """The header value that proves ``key`` for this request."""
+    return sign_hashed(key, method, path, len(body), hashlib.sha256(body).hexdigest(), now)
+
+
+def sign_hashed(key: bytes, method: str, path: str, length: int, body_hash: str, now: float | None = None) -> str:
+    """:func:`sign` for a body known by its length and SHA-256 (hex) only (a streamed one)."""
     stamp = f"{time.time() if now is None else now:.3f}"
     nonce = secrets.token_hex(12)
-    body_hash = hashlib.sha256(body).hexdigest()
-    signature = _digest(key, method, path, stamp, nonce, len(body), body_hash)
-    return f"t={stamp},n={nonce},l={len(body)},h={body_hash},s={signature}"
+    signature = _digest(key, method, path, stamp, nonce, length, body_hash)
+    return f"t={stamp},n={nonce},l={length},h={body_hash},s={signature}"
 
 
 class Signed(NamedTuple):
