@@ -9,11 +9,11 @@ file per incarnation) one line per event, written where the event happens:
     {"e": "refused", "g": g, "b": ..., "n": ..., "w": ...}    the same batch again: not applied
     {"e": "save",    "g": g, "path": file}              state written to a checkpoint file
 
-each with its time ``t`` and sealed with its CRC-32 (``runtime.integrity``). The job's master persists the shards it requeued and why
-(``requeues.jsonl``). :func:`reconcile` replays the journals in time order and follows the
-model's lineage: a PS's state is its last restore's files plus the batches it applied since; a
-checkpoint file holds the state of the PS that saved it. For every batch b of the job it counts,
-over the PS that serve the final generation,
+each with its time ``t``, and sealed with its CRC-32 (``runtime.integrity``). The job's master
+persists the shards it requeued and why (``requeues.jsonl``). :func:`reconcile` replays the journals
+in time order and follows the model's lineage: a PS's state is its last restore's files plus the
+batches it applied since; a checkpoint file holds the state of the PS that saved it. For every batch
+b of the job it counts, over the PS that serve the final generation,
 
     lo(b) = min over those PS of the applications of b in the state they hold
     hi(b) = max over the same

@@ -159,7 +159,8 @@ class Verifier:
             if set(fields) != set(_FIELDS) or not all(_FIELDS[k].fullmatch(v) for k, v in fields.items()):
                 raise ValueError
         except ValueError:
-            raise Refused(f"malformed {HEADER} header: allowed t=<time>,n=<nonce>,l=<length>,h=<sha256>,s=<hmac>") from None
+            raise Refused(f"malformed {HEADER} header: allowed t=<time>,n=<nonce>,l=<length>,h=<sha256>,"
+                          "s=<hmac>") from None
         stamp, nonce, signature = fields["t"], fields["n"], fields["s"]
         expected = _digest(self._key, method, path, stamp, nonce, int(fields["l"]), fields["h"])
         if not hmac.compare_digest(signature, expected):

@@ -27,11 +27,20 @@ What each state change survives (a node may die at any point of it):
 * every requeue is appended to ``requeues.jsonl`` with its reason (``runtime.accounting``
   attributes duplicates to it).
 
+What the master writes it can later verify (``runtime.integrity``): its state and each manifest
+carry a CRC-32, and a manifest the SHA-256 of each PS file. A restore takes the newest checkpoint
+that verifies, and falls back to an older one (down to the job's start) when a PS cannot read a
+file of it. A state file that does not verify is not served: the master restores from the newest
+checkpoint under a new generation (:meth:`Master._distrust`).
+
 HTTP API (JSON bodies). Every request but ``GET /metrics/prometheus`` and ``GET /healthz`` must
 carry a signature with the job's key (``runtime.auth``) and is refused with 401 otherwise. Those two
 stay open because a Prometheus scraper and a kubelet's readiness probe hold no job's key, and they
 only read throughput, shard counts and the generation, or "ok" — nothing that can change the job or
-reveal its data:
+reveal its data. A request's length is checked against its route's limit (413) and its signed
+header (401) before its body is read; connections, and the time a request may take to arrive, are
+bounded (``MAX_CONNECTIONS``, ``READ_TIMEOUT_S``, ``REQUEST_READ_S``). A key holder's fields are
+checked like a user's: 400 naming the field and what is allowed, and nothing persisted:
   GET  /status  /metrics  /metrics/prometheus  /healthz  /plan  /accounting
   POST /shard/next {worker, generation}        → {shard,start,stop,generation,ps} | {wait} | {exit} | {done}
                                                  | {finish, generation, ps}: evaluate and export (one worker)
@@ -611,13 +620,15 @@ class Master:
                 log.error("no checkpoint verifies: the job starts again from its first state")
             self.restoring = True
             self._persist()
+            journal = str(self.workdir / JOURNAL_DIR)
             try:
                 for peer in self.peers:
-                    peer.call("restore", paths=files, generation=self.generation, journal=str(self.workdir / JOURNAL_DIR))
+                    peer.call("restore", paths=files, generation=self.generation, journal=journal)
             except RemoteError as err:  # a file the PS cannot read whole: an older checkpoint, on every PS
                 if checkpoint is None or f"{DamagedCheckpoint.__name__}:" not in str(err):
                     raise
-                log.warning("checkpoint %s cannot be restored (%s): falling back to an older one", checkpoint["path"], err)
+                log.warning("checkpoint %s cannot be restored (%s): falling back to an older one",
+                            checkpoint["path"], err)
                 continue
             break
         self.restoring = False
@@ -930,7 +941,8 @@ def _checkpoints_on_disk(workdir: Path) -> list[dict[str, Any]]:
     for folder in (Path(workdir) / "checkpoints").glob("ckpt-*"):
         try:
             manifest = unseal((folder / "manifest.json").read_text(), required=False)
-            found.append(_entry(manifest, folder) | {"id": int(manifest["id"]), "generation": int(manifest["generation"])})
+            found.append(_entry(manifest, folder) | {"id": int(manifest["id"]),
+                                                     "generation": int(manifest["generation"])})
         except (OSError, Damaged, KeyError, TypeError, ValueError):
             log.warning("checkpoint %s has no readable manifest", folder)
     return sorted(found, key=lambda c: c["id"])

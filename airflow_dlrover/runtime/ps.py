@@ -250,7 +250,8 @@ class ParameterServer:
         at = np.searchsorted(self._batches, batch) if isinstance(batch, (int, np.integer)) else -1
         if isinstance(batch, bool) or not 0 <= at < len(self._batches) or self._batches[at] != batch:
             raise InvalidInputError("batch", batch, "the first sample of one of the job's batches")
-        if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or not 1 <= samples <= self.spec.batch_size:
+        if (isinstance(samples, bool) or not isinstance(samples, (int, np.integer))
+                or not 1 <= samples <= self.spec.batch_size):
             raise InvalidInputError("samples", samples, f"an integer in [1, {self.spec.batch_size}]")
         if not isinstance(worker, str):
             raise InvalidInputError("worker", worker, "a node name")
