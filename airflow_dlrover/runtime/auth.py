@@ -114,6 +114,7 @@ class Verifier:
     def _rewrite(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
+            self._fd = None
         tmp = self._file.with_name(f".{self._file.name}.tmp")
         tmp.unlink(missing_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

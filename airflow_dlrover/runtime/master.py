@@ -859,6 +859,10 @@ class _Server(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("connection from %s ended with an error", client_address, exc_info=True)
 
+    def server_close(self) -> None:
+        super().server_close()
+        self.RequestHandlerClass.verifier.close()
+
 
 def http_server(master: Master, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
     """The master's HTTP API (see the module docstring), not yet serving: nonces kept in
@@ -899,6 +903,7 @@ def serve(spec: JobSpec, workdir: Path, port: int = 0, ready_file: Path | None =
                 log.exception("periodic checkpoint failed")
             last_checkpoint = time.monotonic()
     server.shutdown()
+    server.server_close()
 
 
 def write_durably(path: Path, text: str, keep_previous: bool = False) -> None:
