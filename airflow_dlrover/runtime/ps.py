@@ -247,7 +247,8 @@ class ParameterServer:
                 raise InvalidInputError(f"grads[{t}]", np.shape(g), f"shape {shape} (one row per id)")
         if self._batches is None:
             self._batches = batch_starts(self.spec)
-        at = np.searchsorted(self._batches, batch) if isinstance(batch, (int, np.integer)) else -1
+        numeric = isinstance(batch, (int, np.integer)) and 0 <= batch < 2**62
+        at = np.searchsorted(self._batches, batch) if numeric else -1
         if isinstance(batch, bool) or not 0 <= at < len(self._batches) or self._batches[at] != batch:
             raise InvalidInputError("batch", batch, "the first sample of one of the job's batches")
         if (isinstance(samples, bool) or not isinstance(samples, (int, np.integer))

@@ -242,6 +242,30 @@ def test_a_signed_request_is_refused_after_a_master_restart(tmp_path):
 
 
 @pytest.mark.unit
+def test_the_nonce_file_keeps_the_window_and_stays_small(tmp_path, monkeypatch):
+    """Rewritten with only the live nonces once it grows past them by ``NONCE_COMPACT_LINES``;
+    a nonce older than twice the clock window is forgotten at the next start."""
+    from airflow_dlrover.runtime import auth
+    from airflow_dlrover.runtime.auth import Refused, Verifier
+
+    monkeypatch.setattr(auth, "NONCE_COMPACT_LINES", 5)
+    path, now = tmp_path / "nonces.txt", time.time()
+    verifier = Verifier(SPEC.key, nonce_file=path)
+    old = sign(SPEC.key, "GET", "/status", now=now - 200)
+    verifier.check("GET", "/status", b"", old, now=now - 200)
+    headers = [sign(SPEC.key, "GET", "/status") for _ in range(20)]
+    for header in headers:
+        verifier.check("GET", "/status", b"", header)
+    assert len(path.read_text().splitlines()) <= 21 + 5
+    verifier.close()
+    again = Verifier(SPEC.key, nonce_file=path)
+    for header in headers:
+        with pytest.raises(Refused, match="replayed"):
+            again.check("GET", "/status", b"", header)
+    assert old.split(",")[1][2:] not in path.read_text()  # past the window: forgotten
+
+
+@pytest.mark.unit
 def test_a_refusal_never_tells_the_masters_clock(api):
     _, _, base = api
     body = json.dumps({"node": "worker-0", "command": "kill"}).encode()
