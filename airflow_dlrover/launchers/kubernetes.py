@@ -44,7 +44,7 @@ from airflow_dlrover.launchers.base import (
 from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError
-from airflow_dlrover.runtime.spec import JobSpec
+from airflow_dlrover.runtime.spec import JobSpec, check_job_id
 
 log = logging.getLogger(__name__)
 
@@ -192,8 +192,8 @@ class KubernetesLauncher(Launcher):
     # -- the job's record ----------------------------------------------------------------------
     def job_dir(self, job_id: str) -> Path:
         """This Airflow worker's folder for the job's reports (the job's own dir is on the volume)."""
-        folder = self.jobs_dir / job_id
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = self.jobs_dir / check_job_id(job_id)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         return folder
 
     def _config_map(self, job_id: str) -> Any:

@@ -5,7 +5,8 @@ Everything about a job lives in ``<base_dir>/<job_id>/``: ``spec.json``, ``job.j
 their resources, pids and restarts), ``logs/``, ``run/`` (the address each node listens on),
 ``exit/`` (each node's exit status, written by a ``sh`` wrapper so that it survives the launcher)
 and the master's state and checkpoints. A second launcher process adopts the job from there: an
-Airflow retry never starts a second copy.
+Airflow retry never starts a second copy. The folder is its user's alone (mode 0700, its files
+0600: the nodes run under umask 077): it holds the job's key, data and trained model.
 
 Recovery of a failed node keeps the data consistent through the master: a lost worker's shards are
 requeued; a restarted PS makes the master roll the whole job back to its last checkpoint; a
@@ -36,9 +37,16 @@ from airflow_dlrover.launchers.cgroups import CgroupManager, Limits
 from airflow_dlrover.launchers.contract import new_report, scrape
 from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer import constants as C
-from airflow_dlrover.runtime.spec import JobSpec
+from airflow_dlrover.runtime.spec import JobSpec, check_job_id
 
 log = logging.getLogger(__name__)
+
+
+def _private_dir(folder: Path) -> Path:
+    """``folder`` (created) readable by its owner only, whatever umask created it before."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    return folder
 
 
 def _free_port() -> int:
@@ -84,7 +92,7 @@ class LocalLauncher(Launcher):
 
     # -- the record ----------------------------------------------------------------------------
     def job_dir(self, job_id: str) -> Path:
-        return self.base_dir / job_id
+        return self.base_dir / check_job_id(job_id)
 
     def _record(self, job_id: str) -> dict[str, Any]:
         path = self.job_dir(job_id) / "job.json"
@@ -95,7 +103,9 @@ class LocalLauncher(Launcher):
     def _write(self, job_id: str, job: dict[str, Any]) -> None:
         path = self.job_dir(job_id) / "job.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(job, indent=1))
+        tmp.unlink(missing_ok=True)
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(json.dumps(job, indent=1))
         os.replace(tmp, path)
 
     def spec(self, job_id: str) -> JobSpec:
@@ -105,8 +115,7 @@ class LocalLauncher(Launcher):
         """``flock`` on ``<job dir>/job.lock``: the kernel releases it when its holder dies."""
         import fcntl
 
-        folder = self.job_dir(job_id)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = _private_dir(self.job_dir(job_id))
         fd = os.open(folder / "job.lock", os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
         return fd
@@ -158,8 +167,7 @@ class LocalLauncher(Launcher):
 
     def _save_job(self, spec: JobSpec, record: dict[str, Any]) -> None:
         """The job's folder with its spec and record."""
-        folder = self.job_dir(spec.job_id)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = _private_dir(self.job_dir(spec.job_id))
         spec.save(folder / "spec.json")
         self._write(spec.job_id, record)
 
@@ -234,7 +242,7 @@ class LocalLauncher(Launcher):
         name = node["name"]
         folder = self.job_dir(job_id)
         for sub in ("logs", "run", "exit"):
-            (folder / sub).mkdir(exist_ok=True)
+            (folder / sub).mkdir(mode=0o700, exist_ok=True)
         (folder / "run" / f"{name}.addr").unlink(missing_ok=True)
         exit_file = folder / "exit" / f"{name}.code"
         exit_file.unlink(missing_ok=True)
@@ -243,8 +251,9 @@ class LocalLauncher(Launcher):
         # The wrapper records the exit status; every argument is quoted (no templated shell text).
         # stdin is /dev/null: a node outlives the task that starts it, and an Airflow task's fd 0 is
         # its supervisor's request socket, which the supervisor then waits for (60 s) after the task.
-        script = f"{shlex.join(argv)}; echo $? > {shlex.quote(str(exit_file))}"
-        with open(folder / "logs" / f"{name}.log", "ab") as logfile:
+        script = f"umask 077; {shlex.join(argv)}; echo $? > {shlex.quote(str(exit_file))}"
+        log_fd = os.open(folder / "logs" / f"{name}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(log_fd, "ab") as logfile:
             process = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=logfile,
                                        stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                        preexec_fn=group.preexec_fn(), cwd=workdir)

@@ -57,7 +57,9 @@ def launcher_job_id(job: JobIdentity, run_id: str) -> str:
         slug = f"{slug}-{_digest(job.dag_id, job.task_group)[:6]}"
     if len(slug) > 52:
         slug = f"{slug[:43].rstrip('-')}-{_digest(job.dag_id, job.task_group, job.name, run_id)[:8]}"
-    return slug
+    from airflow_dlrover.runtime.spec import check_job_id
+
+    return check_job_id(slug)
 
 
 def _digest(*parts: str) -> str:

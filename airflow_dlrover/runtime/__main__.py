@@ -19,6 +19,9 @@ AUTHKEY_FILE_ENV = "DLROVER_AUTHKEY_FILE"
 #: ``<job dir>/exit/<node>.message`` (the launcher reads it as the node's exit reason)
 TERMINATION_FILE_ENV = "DLROVER_TERMINATION_FILE"
 TERMINATION_MESSAGE_CHARS = 4000  # a pod's termination message is cut at 4096 bytes
+#: What a node writes (checkpoints, journals, the master's state, metrics) its user alone reads:
+#: the trained model and the job's data are not the machine's. (ours)
+UMASK = 0o077
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (worker role)")
     parser.add_argument("--name", default=None)
     args = parser.parse_args(argv)
+    os.umask(UMASK)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.role}-{args.index} %(levelname)s %(message)s")
     spec = JobSpec.load(args.job_dir / "spec.json")
     if os.environ.get(AUTHKEY_FILE_ENV):  # in a pod the key comes from a Secret, not the ConfigMap's spec.json

@@ -9,11 +9,11 @@ file per incarnation) one line per event, written where the event happens:
     {"e": "refused", "g": g, "b": ..., "n": ..., "w": ...}    the same batch again: not applied
     {"e": "save",    "g": g, "path": file}              state written to a checkpoint file
 
-each with its time ``t``. The job's master persists the shards it requeued and why
-(``requeues.jsonl``). :func:`reconcile` replays the journals in time order and follows the
-model's lineage: a PS's state is its last restore's files plus the batches it applied since; a
-checkpoint file holds the state of the PS that saved it. For every batch b of the job it counts,
-over the PS that serve the final generation,
+each with its time ``t``, and sealed with its CRC-32 (``runtime.integrity``). The job's master
+persists the shards it requeued and why (``requeues.jsonl``). :func:`reconcile` replays the journals
+in time order and follows the model's lineage: a PS's state is its last restore's files plus the
+batches it applied since; a checkpoint file holds the state of the PS that saved it. For every batch
+b of the job it counts, over the PS that serve the final generation,
 
     lo(b) = min over those PS of the applications of b in the state they hold
     hi(b) = max over the same
@@ -27,19 +27,29 @@ over the PS that serve the final generation,
 per batch, so a duplicate never nets out a loss, and an update applied twice on *any* PS counts;
 the same per epoch (a batch of epoch e starts in ``[e·samples, (e+1)·samples)``: ``JobSpec``).
 Each duplicate (applied or refused) is attributed to the last requeue of its shard before it.
+
+A journal's last line without its newline is the tail of a process killed mid-write: skipped. Any
+other line whose checksum does not match is *damaged* (``journal_lines_damaged``: file and line):
+its event is unknown, so a batch that no intact line shows on a PS whose state depends on a damaged
+journal (its own, or one that wrote a checkpoint it restored) is counted ``samples_unverified``,
+not lost: ``samples_lost`` counts only what intact journals prove missing. Lines of an older
+writer without checksums are read as they are.
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from airflow_dlrover.runtime.integrity import Damaged, is_sealed, unseal
+
 JOURNAL_DIR = "journal"
 REQUEUES_FILE = "requeues.jsonl"
+#: a source of a PS's state that no journal shows (a checkpoint file whose save line is missing)
+_UNKNOWN = "?"
 
 
 def batch_starts(spec) -> np.ndarray:
@@ -50,23 +60,34 @@ def batch_starts(spec) -> np.ndarray:
     return np.concatenate(starts) if starts else np.empty(0, np.int64)
 
 
-def _read_lines(path: Path) -> list[dict[str, Any]]:
-    events = []
-    for line in path.read_text().splitlines():
+def read_journal(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """The intact events of a journal (or of ``requeues.jsonl``) and the numbers (from 1) of its
+    damaged lines: see the module docstring. A file with one sealed line is a sealed file: every
+    line of it must carry a matching checksum."""
+    lines = path.read_text(errors="replace").split("\n")
+    lines.pop()  # "" after the last newline, or the torn tail of a killed writer
+    sealed = any(is_sealed(line) for line in lines)
+    events, damaged = [], []
+    for number, line in enumerate(lines, 1):
         try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:  # the tail of a process killed mid-line
-            continue
-    return events
+            events.append(unseal(line, required=sealed))
+        except Damaged:
+            damaged.append(number)
+    return events, damaged
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    return read_journal(path)[0]
 
 
 class _Stream:
     """One PS incarnation's state as the journal describes it."""
 
-    def __init__(self, batches: int):
+    def __init__(self, batches: int, name: str):
         self.generation, self.ps, self.started = -1, None, None
         self.base_lo = self.base_hi = np.zeros(batches, np.int64)
         self.applied = np.zeros(batches, np.int64)
+        self.sources = {name}  # the journals whose lines this state depends on
 
     def state(self) -> tuple[np.ndarray, np.ndarray]:
         return self.base_lo + self.applied, self.base_hi + self.applied
@@ -81,17 +102,19 @@ def reconcile(workdir: Path, spec, generation: int) -> dict[str, Any]:
     shard_of = np.searchsorted(bounds, starts, side="right") - 1  # the shard each batch is in
     sizes = np.minimum(starts + spec.batch_size, bounds[shard_of + 1]) - starts
     index = {int(b): i for i, b in enumerate(starts)}
-    events = []
+    events, damaged = [], []
     for path in sorted((workdir / JOURNAL_DIR).glob("*.jsonl")):
-        events += [(e["t"], path.name, e) for e in _read_lines(path)]
+        intact, bad = read_journal(path)
+        events += [(e["t"], path.name, e) for e in intact]
+        damaged += [{"file": path.name, "line": n} for n in bad]
     events.sort(key=lambda item: item[0])
     streams: dict[str, _Stream] = {}
-    saved: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    saved: dict[str, tuple[np.ndarray, np.ndarray, set[str]]] = {}
     unknown_files: set[str] = set()
     last_apply = np.zeros(len(starts))
     refusals: list[tuple[float, int, int]] = []  # (time, batch, samples)
     for t, name, event in events:
-        stream = streams.setdefault(name, _Stream(len(starts)))
+        stream = streams.setdefault(name, _Stream(len(starts), name))
         kind = event["e"]
         if stream.started is None:
             stream.started = t
@@ -99,11 +122,15 @@ def reconcile(workdir: Path, spec, generation: int) -> dict[str, Any]:
             stream.generation, stream.ps = event["g"], event["ps"]
         if kind == "restore":
             states = [saved[f] for f in event["from"] if f in saved]
-            unknown_files.update(f for f in event["from"] if f not in saved)
+            unknown = [f for f in event["from"] if f not in saved]
+            unknown_files.update(unknown)
             zero = np.zeros(len(starts), np.int64)
             stream.base_lo = np.min([s[0] for s in states], axis=0) if states else zero
             stream.base_hi = np.max([s[1] for s in states], axis=0) if states else zero
             stream.applied = np.zeros(len(starts), np.int64)
+            stream.sources = {name}.union(*(s[2] for s in states))
+            if unknown:
+                stream.sources.add(_UNKNOWN)
         elif kind == "apply":
             i = index[event["b"]]
             stream.applied[i] += 1
@@ -111,17 +138,26 @@ def reconcile(workdir: Path, spec, generation: int) -> dict[str, Any]:
         elif kind == "refused":
             refusals.append((t, index[event["b"]], event["n"]))
         elif kind == "save":
-            saved[event["path"]] = stream.state()
+            saved[event["path"]] = (*stream.state(), set(stream.sources))
     finals: dict[int, _Stream] = {}
     for stream in streams.values():
         if stream.generation == generation and stream.ps is not None:
             if stream.ps not in finals or stream.started > finals[stream.ps].started:
                 finals[stream.ps] = stream
+    none = np.zeros(len(starts), bool)
+    lost, unverified = none.copy(), none.copy()  # on some PS: missing as intact journals prove / as they show
+    suspect = {d["file"] for d in damaged} | ({_UNKNOWN} if damaged else set())
+    for s in finals.values():
+        if s.sources & suspect:
+            unverified |= s.state()[0] == 0
+        else:
+            lost |= s.state()[0] == 0
+    unverified &= ~lost
     if finals:
-        lo = np.min([s.state()[0] for s in finals.values()], axis=0)
         hi = np.max([s.state()[1] for s in finals.values()], axis=0)
     else:
-        lo = hi = np.zeros(len(starts), np.int64)
+        hi = np.zeros(len(starts), np.int64)
+        lost = ~none
     requeues = _requeues(workdir)
     duplicated = np.maximum(hi - 1, 0)
     refused_by_cause: Counter[str] = Counter()
@@ -129,7 +165,7 @@ def reconcile(workdir: Path, spec, generation: int) -> dict[str, Any]:
         refused_by_cause[_cause(requeues, int(shard_of[i]), t)] += n
     epoch = starts // spec.samples
     by_epoch = [{"epoch": e, "samples_expected": int(sizes[epoch == e].sum()),
-                 "samples_lost": int((sizes * (lo == 0))[epoch == e].sum()),
+                 "samples_lost": int((sizes * lost)[epoch == e].sum()),
                  "samples_duplicated": int((sizes * duplicated)[epoch == e].sum())} for e in range(spec.epochs)]
     in_model: Counter[str] = Counter()
     for i in np.flatnonzero(duplicated):
@@ -137,7 +173,8 @@ def reconcile(workdir: Path, spec, generation: int) -> dict[str, Any]:
     return {
         "samples_expected": int(sizes.sum()),
         "samples_trained": int((sizes * hi).sum()),
-        "samples_lost": int((sizes * (lo == 0)).sum()),
+        "samples_lost": int((sizes * lost).sum()),
+        "samples_unverified": int((sizes * unverified).sum()),
         "samples_duplicated": int((sizes * duplicated).sum()),
         "duplicated_by": dict(in_model),
         "samples_by_epoch": by_epoch,
@@ -146,6 +183,7 @@ def reconcile(workdir: Path, spec, generation: int) -> dict[str, Any]:
         "ps_in_final_model": len(finals),
         "checkpoint_files_without_journal": sorted(unknown_files),
         "journals": len(streams),
+        "journal_lines_damaged": damaged,
     }
 
 

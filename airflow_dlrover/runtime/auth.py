@@ -1,14 +1,20 @@
 """Proof of the job's key on every request to the master's HTTP API.
 
-A request carries ``X-DLRover-Signature: t=<unix time>,n=<nonce>,s=<hex>`` where
+A request carries ``X-DLRover-Signature: t=<unix time>,n=<nonce>,l=<length>,h=<sha256>,s=<hex>`` where
+``l`` and ``h`` are the body's length and SHA-256 (hex) and
 
-    s = HMAC-SHA256(key, method ‖ "\\n" ‖ path ‖ "\\n" ‖ t ‖ "\\n" ‖ n ‖ "\\n" ‖ body)
+    s = HMAC-SHA256(key, method ‖ "\\n" ‖ path ‖ "\\n" ‖ t ‖ "\\n" ‖ n ‖ "\\n" ‖ l ‖ "\\n" ‖ h)
 
-(the scheme of AWS SigV4 and Stripe webhooks, reduced to what one job needs). The master checks
-it in constant time (``hmac.compare_digest``), refuses a time more than ``CLOCK_SKEW_S`` away
-from its own, and remembers every nonce for that long so that a captured request cannot be
-replayed. The PS connections prove the same key by ``multiprocessing``'s HMAC challenge (see
-``transport``).
+(the scheme of AWS SigV4 and Stripe webhooks, reduced to what one job needs). The header alone
+proves the key, so the master checks it *before* it reads a byte of the body
+(:meth:`Verifier.check_header`), then reads exactly ``l`` bytes and compares their hash
+(:meth:`Verifier.check_body`): a caller without the key never makes the master read or hold its
+body. The master compares in constant time (``hmac.compare_digest``), refuses a time more than
+``CLOCK_SKEW_S`` away from its own, and remembers every nonce for twice that long so that a
+captured request cannot be replayed; with a ``nonce_file`` the nonces also outlive a restart of
+the master (one line per nonce, appended and synced before the request is served, loaded at
+start). A refusal tells the caller what failed, never the master's clock. The PS connections
+prove the same key by ``multiprocessing``'s HMAC challenge (see ``transport``).
 """
 
 from __future__ import annotations
@@ -16,67 +22,175 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
+import re
 import secrets
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections import deque
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 HEADER = "X-DLRover-Signature"
 #: How far a request's time may be from the master's clock (nodes of one cluster run NTP; a
 #: replay must come within this window, where the nonce cache refuses it). (ours)
 CLOCK_SKEW_S = 60.0
+#: The nonce file is rewritten with only the nonces still in the window once it holds this many
+#: lines more than that (~40 bytes a line: a few hundred KB at most). (ours)
+NONCE_COMPACT_LINES = 10_000
+_FIELDS = {"t": re.compile(r"[0-9]{1,12}(\.[0-9]{1,6})?"), "n": re.compile(r"[0-9a-f]{16,64}"),
+           "l": re.compile(r"[0-9]{1,15}"), "h": re.compile(r"[0-9a-f]{64}"), "s": re.compile(r"[0-9a-f]{64}")}
 
 
 class Refused(PermissionError):
-    """The request does not prove that its sender knows the job's key."""
+    """The request does not prove that its sender knows the job's key. ``str()`` is what the
+    caller is told; ``detail`` adds what only the master's log may say."""
+
+    def __init__(self, message: str, detail: str = ""):
+        super().__init__(message)
+        self.detail = detail
 
 
-def _digest(key: bytes, method: str, path: str, stamp: str, nonce: str, body: bytes) -> str:
-    message = f"{method}\n{path}\n{stamp}\n{nonce}\n".encode() + body
+def _digest(key: bytes, method: str, path: str, stamp: str, nonce: str, length: int, body_hash: str) -> str:
+    message = f"{method}\n{path}\n{stamp}\n{nonce}\n{length}\n{body_hash}".encode()
     return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
 def sign(key: bytes, method: str, path: str, body: bytes = b"", now: float | None = None) -> str:
     """The header value that proves ``key`` for this request."""
+    return sign_hashed(key, method, path, len(body), hashlib.sha256(body).hexdigest(), now)
+
+
+def sign_hashed(key: bytes, method: str, path: str, length: int, body_hash: str, now: float | None = None) -> str:
+    """:func:`sign` for a body known by its length and SHA-256 (hex) only (a streamed one)."""
     stamp = f"{time.time() if now is None else now:.3f}"
     nonce = secrets.token_hex(12)
-    return f"t={stamp},n={nonce},s={_digest(key, method, path, stamp, nonce, body)}"
+    signature = _digest(key, method, path, stamp, nonce, length, body_hash)
+    return f"t={stamp},n={nonce},l={length},h={body_hash},s={signature}"
+
+
+class Signed(NamedTuple):
+    """What a request's header signed, for :meth:`Verifier.check_body`."""
+
+    nonce: str
+    body_hash: str
+    now: float
 
 
 class Verifier:
-    """Checks signatures for one key; thread-safe."""
+    """Checks signatures for one key; thread-safe. ``nonce_file``: where the nonces seen are kept
+    across restarts (see the module docstring); None keeps them in memory only."""
 
-    def __init__(self, key: bytes, skew_s: float = CLOCK_SKEW_S):
+    def __init__(self, key: bytes, skew_s: float = CLOCK_SKEW_S, nonce_file: str | Path | None = None):
         self._key, self._skew_s = key, skew_s
         self._seen: set[str] = set()
         self._arrivals: deque[tuple[float, str]] = deque()  # (arrival, nonce), oldest first
         self._lock = threading.Lock()
+        self._file = None if nonce_file is None else Path(nonce_file)
+        self._fd: int | None = None
+        self._lines = 0
+        if self._file is not None:
+            self._load()
 
-    def check(self, method: str, path: str, body: bytes, header: str | None, now: float | None = None) -> None:
-        """Return when the request is signed with the key, fresh and new; raise ``Refused`` else."""
+    # -- the nonces ----------------------------------------------------------------------------
+    def _load(self) -> None:
+        """The nonces of the file still in the window; the file is rewritten with only those (a
+        torn last line of a master killed mid-write is dropped)."""
+        now = time.time()
+        if self._file.exists():
+            for line in self._file.read_text(errors="replace").splitlines():
+                arrival, _, nonce = line.partition(" ")
+                try:
+                    moment = float(arrival)
+                except ValueError:
+                    continue
+                if now - moment <= 2 * self._skew_s and _FIELDS["n"].fullmatch(nonce) and nonce not in self._seen:
+                    self._seen.add(nonce)
+                    self._arrivals.append((moment, nonce))
+        self._rewrite()
+
+    def _rewrite(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        tmp = self._file.with_name(f".{self._file.name}.tmp")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.writelines(f"{moment:.3f} {nonce}\n" for moment, nonce in self._arrivals)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._file)
+        self._fd = os.open(self._file, os.O_WRONLY | os.O_APPEND)
+        self._lines = len(self._arrivals)
+
+    def _remember(self, now: float, nonce: str) -> None:
+        """Record ``nonce`` (the caller holds the lock): in memory, and synced to the file before
+        the request is served."""
+        self._seen.add(nonce)
+        self._arrivals.append((now, nonce))
+        if self._fd is None:
+            return
+        if self._lines > len(self._arrivals) + NONCE_COMPACT_LINES:
+            self._rewrite()
+            return
+        os.write(self._fd, f"{now:.3f} {nonce}\n".encode())
+        os.fsync(self._fd)
+        self._lines += 1
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    # -- the checks ----------------------------------------------------------------------------
+    def check_header(self, method: str, path: str, header: str | None, length: int,
+                     now: float | None = None) -> "Signed":
+        """Check what the header alone proves: the key, the body's ``length`` (the request's
+        Content-Length), the time and a nonce not seen yet; returns what :meth:`check_body`
+        checks the body against. Raises ``Refused``."""
         now = time.time() if now is None else now
         if not header:
             raise Refused(f"no {HEADER} header")
         try:
             fields = dict(part.split("=", 1) for part in header.split(","))
-            stamp, nonce, signature = fields["t"], fields["n"], fields["s"]
-            moment = float(stamp)
-        except (ValueError, KeyError):
-            raise Refused(f"malformed {HEADER} header") from None
-        if not hmac.compare_digest(signature, _digest(self._key, method, path, stamp, nonce, body)):
+            if set(fields) != set(_FIELDS) or not all(_FIELDS[k].fullmatch(v) for k, v in fields.items()):
+                raise ValueError
+        except ValueError:
+            raise Refused(f"malformed {HEADER} header: allowed t=<time>,n=<nonce>,l=<length>,h=<sha256>,"
+                          "s=<hmac>") from None
+        stamp, nonce, signature = fields["t"], fields["n"], fields["s"]
+        expected = _digest(self._key, method, path, stamp, nonce, int(fields["l"]), fields["h"])
+        if not hmac.compare_digest(signature, expected):
             raise Refused("signature does not match the job's key")
-        if abs(now - moment) > self._skew_s:
-            raise Refused(f"signed {now - moment:+.0f} s from the master's clock (allowed ±{self._skew_s:g} s)")
+        if int(fields["l"]) != length:
+            raise Refused("the body's length is not the signed one")
+        if abs(now - float(stamp)) > self._skew_s:
+            raise Refused(f"signed too far from the master's clock (allowed ±{self._skew_s:g} s)",
+                          f"{now - float(stamp):+.0f} s")
         with self._lock:
-            while self._arrivals and now - self._arrivals[0][0] > 2 * self._skew_s:
-                self._seen.discard(self._arrivals.popleft()[1])
             if nonce in self._seen:
                 raise Refused("replayed request (nonce already used)")
-            self._seen.add(nonce)
-            self._arrivals.append((now, nonce))
+        return Signed(nonce, fields["h"], now)
+
+    def check_body(self, body: bytes, signed: "Signed") -> None:
+        """Raise ``Refused`` unless ``body`` is the one the header signed; then spend the nonce
+        (once: of two copies of a request read at the same time, the second is refused)."""
+        if not hmac.compare_digest(hashlib.sha256(body).hexdigest(), signed.body_hash):
+            raise Refused("the body is not the signed one")
+        with self._lock:
+            while self._arrivals and signed.now - self._arrivals[0][0] > 2 * self._skew_s:
+                self._seen.discard(self._arrivals.popleft()[1])
+            if signed.nonce in self._seen:
+                raise Refused("replayed request (nonce already used)")
+            self._remember(signed.now, signed.nonce)
+
+    def check(self, method: str, path: str, body: bytes, header: str | None, now: float | None = None) -> None:
+        """Return when the request is signed with the key, fresh and new; raise ``Refused`` else."""
+        self.check_body(body, self.check_header(method, path, header, len(body), now))
 
 
 def call_master(base_url: str, path: str, body: dict[str, Any] | None = None, *, timeout: float, key: bytes) -> Any:

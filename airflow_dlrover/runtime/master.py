@@ -27,11 +27,20 @@ What each state change survives (a node may die at any point of it):
 * every requeue is appended to ``requeues.jsonl`` with its reason (``runtime.accounting``
   attributes duplicates to it).
 
+What the master writes it can later verify (``runtime.integrity``): its state and each manifest
+carry a CRC-32, and a manifest the SHA-256 of each PS file. A restore takes the newest checkpoint
+that verifies, and falls back to an older one (down to the job's start) when a PS cannot read a
+file of it. A state file that does not verify is not served: the master restores from the newest
+checkpoint under a new generation (:meth:`Master._distrust`).
+
 HTTP API (JSON bodies). Every request but ``GET /metrics/prometheus`` and ``GET /healthz`` must
 carry a signature with the job's key (``runtime.auth``) and is refused with 401 otherwise. Those two
 stay open because a Prometheus scraper and a kubelet's readiness probe hold no job's key, and they
 only read throughput, shard counts and the generation, or "ok" — nothing that can change the job or
-reveal its data:
+reveal its data. A request's length is checked against its route's limit (413) and its signed
+header (401) before its body is read; connections, and the time a request may take to arrive, are
+bounded (``MAX_CONNECTIONS``, ``READ_TIMEOUT_S``, ``REQUEST_READ_S``). A key holder's fields are
+checked like a user's: 400 naming the field and what is allowed, and nothing persisted:
   GET  /status  /metrics  /metrics/prometheus  /healthz  /plan  /accounting
   POST /shard/next {worker, generation}        → {shard,start,stop,generation,ps} | {wait} | {exit} | {done}
                                                  | {finish, generation, ps}: evaluate and export (one worker)
@@ -51,9 +60,12 @@ from __future__ import annotations
 import bisect
 import json
 import logging
+import math
 import os
+import re
 import shutil
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -61,10 +73,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from airflow_dlrover.runtime.accounting import JOURNAL_DIR, REQUEUES_FILE, reconcile
+from airflow_dlrover.optimizer.types import InvalidInputError
+from airflow_dlrover.runtime.accounting import JOURNAL_DIR, REQUEUES_FILE, read_journal, reconcile
 from airflow_dlrover.runtime.auth import HEADER, Refused, Verifier
+from airflow_dlrover.runtime.integrity import Damaged, seal, sha256_file, unseal
+from airflow_dlrover.runtime.ps import DamagedCheckpoint
 from airflow_dlrover.runtime.spec import JobSpec
-from airflow_dlrover.runtime.transport import Peer, announce, parse_address
+from airflow_dlrover.runtime.transport import Peer, RemoteError, announce, parse_address
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +100,40 @@ UNSERVED_PS_S = 10.0
 PS_CHECK_S = 2.0  # how often the master asks its PS which generation they serve
 #: faults the job injects into itself (POST /faults), as the command the worker receives
 FAULT_COMMANDS = {"kill-worker": "kill", "oom-worker": "oom"}
+#: what a worker does on a command (POST /command, ``runtime.worker``): die as a lost node does,
+#: allocate until its memory limit's OOM killer ends it, exit 0
+WORKER_COMMANDS = ("kill", "oom", "exit")
+#: The longest node name a request may carry: a DNS-1123 subdomain (a pod's name). (Kubernetes)
+NAME_MAX_CHARS = 253
+#: The master's nonces (``runtime.auth``): replay protection that outlives a restart.
+NONCES_FILE = "nonces.txt"
+#: The state file before the last write (``write_durably(keep_previous=True)``): the master's
+#: metadata (PS set, checkpoints, plan) when the state file itself is damaged.
+PREVIOUS_SUFFIX = ".prev"
+
+
+def _name(field: str, value: Any) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= NAME_MAX_CHARS or not value.isprintable():
+        raise InvalidInputError(field, value, f"a name of 1 to {NAME_MAX_CHARS} printable characters")
+    return value
+
+
+def _integer(field: str, value: Any, low: int, high: int | None = None) -> int:
+    """``value`` when it is an integer in ``[low, high)``; raises ``InvalidInputError`` else."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value >= high):
+        raise InvalidInputError(field, value, f"an integer ≥ {low}" if high is None else
+                                f"an integer in [{low}, {high - 1}]")
+    return value
+
+
+def _number(field: str, value: Any) -> float:
+    """``value`` when it is a finite number ≥ 0; raises ``InvalidInputError`` else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise InvalidInputError(field, value, "a finite number ≥ 0")
+    return value
+
+
+_ADDRESS = re.compile(r"[A-Za-z0-9._-]{1,253}:[0-9]{1,5}")
 
 
 @dataclass
@@ -116,36 +165,82 @@ class Master:
         self._load()
 
     # -- persistence ---------------------------------------------------------------------------
+    def _fresh(self) -> None:
+        """The state of a new job."""
+        self.done: set[int] = set()
+        self.generation, self.ps_addresses, self.checkpoints = 0, [], []
+        self.counters: dict[str, int] = {"shards_requeued": 0, "checkpoints": 0, "restores": 0, "master_restarts": 0}
+        self.plan: dict[str, Any] = {}
+        self.faults: list[dict[str, Any]] = []
+        self.restoring, self.held_until = False, None
+        self.bad_rows: dict[int, tuple[int, str]] = {}
+        self.failure: str | None = None
+        self.result: dict[str, Any] | None = None
+        self.leases.clear()
+        self.heard.clear()
+
+    def _apply(self, state: dict[str, Any]) -> None:
+        """Take the persisted ``state`` (raises KeyError, TypeError or ValueError where it is not one)."""
+        self.done = {int(s) for s in state["done"]}
+        self.generation = int(state["generation"])
+        self.ps_addresses = [str(a) for a in state["ps"]]
+        self.checkpoints = list(state["checkpoints"])
+        self.counters = dict(state["counters"])
+        self.plan = dict(state.get("plan", {}))
+        self.faults = list(state.get("faults", []))
+        self.restoring = bool(state.get("restoring", False))
+        self.held_until = state.get("held_until")
+        self.bad_rows = {int(k): tuple(v) for k, v in state.get("bad_rows", {}).items()}
+        self.failure = state.get("failure")
+        self.result = state.get("result")
+        now = time.monotonic()
+        for shard, (worker, generation) in state.get("leases", {}).items():  # kept, with a fresh deadline
+            self.leases[int(shard)] = Lease(worker, now + self.spec.shard_timeout_s, generation)
+            self.heard[worker] = now
+
     def _load(self) -> None:
-        if self.state_path.exists():
-            state = json.loads(self.state_path.read_text())
-            self.done: set[int] = set(state["done"])
-            self.generation = state["generation"]
-            self.ps_addresses: list[str] = state["ps"]
-            self.checkpoints: list[dict[str, Any]] = state["checkpoints"]
-            self.counters: dict[str, int] = state["counters"]
-            self.plan: dict[str, Any] = state.get("plan", {})
-            self.faults: list[dict[str, Any]] = state.get("faults", [])
-            self.restoring: bool = state.get("restoring", False)
-            self.held_until: float | None = state.get("held_until")
-            self.bad_rows: dict[int, tuple[int, str]] = {int(k): tuple(v) for k, v in state.get("bad_rows", {}).items()}
-            self.failure: str | None = state.get("failure")
-            self.result: dict[str, Any] | None = state.get("result")
+        """The persisted state, when the state file can be trusted (its checksum matches);
+        otherwise :meth:`_distrust` it."""
+        self._fresh()
+        previous = self.state_path.with_name(self.state_path.name + PREVIOUS_SUFFIX)
+        if self.state_path.exists() or previous.exists():
+            trusted = False
+            for path in (self.state_path, previous):
+                try:
+                    self._apply(unseal(path.read_text(), required=False))
+                except (OSError, Damaged, KeyError, TypeError, ValueError) as err:
+                    log.error("master state %s cannot be read: %s", path, err)
+                    self._fresh()
+                    continue
+                trusted = path == self.state_path
+                break
+            if not trusted:
+                self._distrust()
             self.counters["master_restarts"] = self.counters.get("master_restarts", 0) + 1
-            now = time.monotonic()
-            for shard, (worker, generation) in state.get("leases", {}).items():  # kept, with a fresh deadline
-                self.leases[int(shard)] = Lease(worker, now + self.spec.shard_timeout_s, generation)
-                self.heard[worker] = now
-            log.info("master restored: %d/%d shards done, generation %d", len(self.done), self.spec.num_shards, self.generation)
-        else:
-            self.done, self.generation, self.ps_addresses, self.checkpoints = set(), 0, [], []
-            self.counters = {"shards_requeued": 0, "checkpoints": 0, "restores": 0, "master_restarts": 0}
-            self.plan = {}
-            self.faults = []
-            self.restoring, self.held_until = False, None
-            self.bad_rows, self.failure, self.result = {}, None, None
+            log.info("master restored: %d/%d shards done, generation %d", len(self.done), self.spec.num_shards,
+                     self.generation)
         self._connect_ps()
         self._persist()
+
+    def _distrust(self) -> None:
+        """The state file is damaged: the done set, the leases and the generation it held are
+        lost, while the PS hold the rows those shards trained, so neither an empty done set nor the
+        previous state file (one change behind) may be served over them. The master restores from
+        the newest checkpoint that verifies (its done set and its PS files agree), under a
+        generation above every one handed out before (from the checkpoints and the PS journals: a
+        worker of an older one is refused), onto the PS set of the previous state file or of the
+        launcher's next ``/cluster``. The previous state file gives the rest: plan, faults,
+        counters, the result."""
+        log.error("master state is damaged: restoring from the newest checkpoint that verifies")
+        self.checkpoints = _checkpoints_on_disk(self.workdir)
+        generations = [self.generation, *(c["generation"] for c in self.checkpoints)]
+        for path in (self.workdir / JOURNAL_DIR).glob("*.jsonl"):
+            generations += [e["g"] for e in read_journal(path)[0] if isinstance(e.get("g"), int)]
+        self.generation = max(generations)
+        self.counters["checkpoints"] = max([self.counters.get("checkpoints", 0), *(c["id"] for c in self.checkpoints)])
+        self.counters["state_damaged"] = self.counters.get("state_damaged", 0) + 1
+        self.done, self.restoring = set(), True
+        self.leases.clear()
 
     def _persist(self) -> None:
         state = {
@@ -156,7 +251,7 @@ class Master:
             "result": self.result,
             "leases": {str(s): [lease.worker, lease.generation] for s, lease in self.leases.items()},
         }
-        write_durably(self.state_path, json.dumps(state))
+        write_durably(self.state_path, seal(state), keep_previous=True)
 
     def _connect_ps(self) -> None:
         for peer in self.peers:
@@ -173,6 +268,9 @@ class Master:
         return DONE if shard in self.done else DOING if shard in self.leases else TODO
 
     def next_shard(self, worker: str, generation: int | None = None) -> dict[str, Any]:
+        _name("worker", worker)
+        if generation is not None:
+            _integer("generation", generation, -1)
         with self.lock:
             self.heard[worker] = time.monotonic()  # a worker asking for a shard is alive
             self._expire_leases()
@@ -236,6 +334,8 @@ class Master:
 
     def finish(self, worker: str, generation: int, **result: Any) -> dict[str, Any]:
         """The held-out metrics (and the export) of the finishing worker: the job is done."""
+        _name("worker", worker)
+        _integer("generation", generation, -1)
         with self.lock:
             self.heard[worker] = time.monotonic()
             lease = self.leases.get(FINISH)
@@ -250,6 +350,12 @@ class Master:
         """A shard is trained; its unreadable rows are counted once per shard's rows (not per
         epoch), and past
         ``max_bad_rows`` the job fails, naming the first offending row."""
+        _name("worker", worker)
+        _integer("shard", shard, 0, self.spec.num_shards)
+        _integer("generation", generation, -1)
+        _integer("bad_rows", bad_rows, 0)
+        if not isinstance(first_bad, str):
+            raise InvalidInputError("first_bad", first_bad, "a string naming the first unreadable row")
         with self.lock:
             self.heard[worker] = time.monotonic()
             if generation != self.generation:
@@ -270,6 +376,8 @@ class Master:
             return {"accepted": True}
 
     def abandon(self, worker: str, shard: int) -> dict[str, Any]:
+        _name("worker", worker)
+        _integer("shard", shard, FINISH, self.spec.num_shards)
         with self.lock:
             self.heard[worker] = time.monotonic()
             lease = self.leases.get(shard)
@@ -282,10 +390,11 @@ class Master:
         del self.leases[shard]
         self.counters["shards_requeued"] += 1
         with open(self.workdir / REQUEUES_FILE, "a") as f:
-            f.write(json.dumps({"t": time.time(), "shard": shard, "reason": reason}) + "\n")
+            f.write(seal({"t": time.time(), "shard": shard, "reason": reason}) + "\n")
 
     def node_lost(self, node: str) -> dict[str, Any]:
         """The launcher saw ``node`` die: its shards go back to todo now, not at lease expiry."""
+        _name("node", node)
         with self.lock:
             self.latest.pop(node, None)
             lost = [s for s, lease in self.leases.items() if lease.worker == node]
@@ -305,6 +414,16 @@ class Master:
 
     # -- metrics -------------------------------------------------------------------------------
     def report(self, node: str, **metrics: Any) -> dict[str, Any]:
+        """A node's metrics (``runtime.worker``): the ones the master sums or the observer reads
+        must be numbers; the rest is kept as it comes."""
+        _name("node", node)
+        for field in ("samples", "samples_per_s", "window_s", "cpu_seconds", "rss_mb"):
+            if field in metrics:
+                _number(field, metrics[field])
+        if "role" in metrics:
+            _name("role", metrics["role"])
+        if not isinstance(metrics.get("loss", 0.0), (int, float)) or isinstance(metrics.get("loss"), bool):
+            raise InvalidInputError("loss", metrics["loss"], "a number")
         with self.lock:
             metrics["_seen"] = self.heard[node] = time.monotonic()
             metrics["reported_at"] = time.time()
@@ -369,6 +488,8 @@ class Master:
     def set_cluster(self, ps: list[str]) -> dict[str, Any]:
         """A new PS set: a new job's serves generation 0; any other is restored to the latest
         checkpoint in the same step (see the module docstring)."""
+        if not isinstance(ps, list) or not all(isinstance(a, str) and _ADDRESS.fullmatch(a) for a in ps):
+            raise InvalidInputError("ps", ps, "a list of host:port addresses")
         with self.lock:
             fresh = not self.done and not self.checkpoints and self.generation == 0 and not self.restoring
             self.ps_addresses = list(ps)
@@ -388,11 +509,15 @@ class Master:
             return plan
 
     def drain(self, node: str) -> dict[str, Any]:
+        _name("node", node)
         with self.lock:
             self.draining.add(node)
             return {"draining": node}
 
     def command(self, node: str, command: str) -> dict[str, Any]:
+        _name("node", node)
+        if command not in WORKER_COMMANDS:
+            raise InvalidInputError("command", command, ", ".join(WORKER_COMMANDS))
         with self.lock:
             self.commands[node] = command
             return {"node": node, "command": command}
@@ -400,9 +525,15 @@ class Master:
     def schedule_faults(self, faults: list[dict[str, Any]]) -> dict[str, Any]:
         """Fault injection: ``{kind, at_s, node}`` fires ``at_s`` after this call (persisted, so
         a master restart neither forgets nor repeats one); kinds: FAULT_COMMANDS."""
-        unknown = [f["kind"] for f in faults if f["kind"] not in FAULT_COMMANDS]
-        if unknown:
-            raise ValueError(f"fault kind {unknown[0]!r} is invalid: allowed {', '.join(FAULT_COMMANDS)}")
+        if not isinstance(faults, list):
+            raise InvalidInputError("faults", faults, "a list of {kind, at_s, node}")
+        for i, fault in enumerate(faults):
+            if not isinstance(fault, dict) or set(fault) != {"kind", "at_s", "node"}:
+                raise InvalidInputError(f"faults[{i}]", fault, "a mapping of kind, at_s and node")
+            if fault["kind"] not in FAULT_COMMANDS:
+                raise InvalidInputError(f"faults[{i}].kind", fault["kind"], ", ".join(FAULT_COMMANDS))
+            _number(f"faults[{i}].at_s", fault["at_s"])
+            _name(f"faults[{i}].node", fault["node"])
         with self.lock:
             now = time.time()
             self.faults = [{"kind": f["kind"], "node": f["node"], "due": now + float(f["at_s"]), "fired": None}
@@ -440,6 +571,8 @@ class Master:
     def checkpoint(self, hold: bool = False) -> dict[str, Any]:
         """A consistent checkpoint (see the module docstring); returns its manifest. ``hold``: a PS
         change follows, so the master stays paused until the new set arrives."""
+        if not isinstance(hold, bool):
+            raise InvalidInputError("hold", hold, "true or false")
         started = time.monotonic()
         self._quiesce(self.spec.shard_timeout_s)
         try:
@@ -447,16 +580,16 @@ class Master:
                 number = self.counters["checkpoints"] + 1
                 folder = self.workdir / "checkpoints" / f"ckpt-{number:05d}"
                 folder.mkdir(parents=True, exist_ok=True)
-                files = []
+                files, digests = [], []
                 for index, peer in enumerate(self.peers):
                     path = folder / f"ps-{index}.npz"
-                    peer.call("save", generation=self.generation, path=str(path))
+                    digests.append(peer.call("save", generation=self.generation, path=str(path))["sha256"])
                     files.append(str(path))
                 manifest = {"id": number, "done": sorted(self.done), "generation": self.generation,
-                            "ps_count": len(files), "files": files, "time": time.time(),
+                            "ps_count": len(files), "files": files, "sha256": digests, "time": time.time(),
                             "stall_s": time.monotonic() - started}
-                write_durably(folder / "manifest.json", json.dumps(manifest))
-                self.checkpoints.append({k: v for k, v in manifest.items() if k != "done"} | {"path": str(folder)})
+                write_durably(folder / "manifest.json", seal(manifest))
+                self.checkpoints.append(_entry(manifest, folder))
                 self.counters["checkpoints"] = number
                 if hold:
                     self.held_until = time.time() + HOLD_S
@@ -480,17 +613,29 @@ class Master:
         self.generation += 1
         for shard in list(self.leases):
             self._requeue(shard, f"rolled back to generation {self.generation}")
-        files, self.done, restored_from = [], set(), None
-        for checkpoint in reversed(self.checkpoints):  # the newest that can be read whole
-            manifest = _readable_manifest(Path(checkpoint["path"]))
-            if manifest is not None:
+        for checkpoint in [*reversed(self.checkpoints), None]:  # the newest that verifies; None: the start
+            files, self.done, restored_from = [], set(), None
+            if checkpoint is not None:
+                manifest = _verified_manifest(Path(checkpoint["path"]))
+                if manifest is None:
+                    log.warning("checkpoint %s does not verify: falling back to an older one", checkpoint["path"])
+                    continue
                 files, self.done, restored_from = manifest["files"], set(manifest["done"]), manifest["id"]
-                break
-            log.warning("checkpoint %s cannot be read: falling back to an older one", checkpoint["path"])
-        self.restoring = True
-        self._persist()
-        for peer in self.peers:
-            peer.call("restore", paths=files, generation=self.generation, journal=str(self.workdir / JOURNAL_DIR))
+            elif self.checkpoints:
+                log.error("no checkpoint verifies: the job starts again from its first state")
+            self.restoring = True
+            self._persist()
+            journal = str(self.workdir / JOURNAL_DIR)
+            try:
+                for peer in self.peers:
+                    peer.call("restore", paths=files, generation=self.generation, journal=journal)
+            except RemoteError as err:  # a file the PS cannot read whole: an older checkpoint, on every PS
+                if checkpoint is None or f"{DamagedCheckpoint.__name__}:" not in str(err):
+                    raise
+                log.warning("checkpoint %s cannot be restored (%s): falling back to an older one",
+                            checkpoint["path"], err)
+                continue
+            break
         self.restoring = False
         self.counters["restores"] += 1
         self._persist()
@@ -535,28 +680,56 @@ class Master:
 
 #: The one request anyone may make (see the module docstring).
 OPEN_ROUTES = {("GET", "/metrics/prometheus"), ("GET", "/healthz")}
+#: A connection that sends nothing for this long while its request is read is closed (a request
+#: of a few KB arrives in milliseconds, in a cluster or over loopback). (ours)
+READ_TIMEOUT_S = 10.0
+#: The whole request (line, headers, body) must arrive within this long: a client that trickles a
+#: byte at a time never hits ``READ_TIMEOUT_S``. Handling it (a checkpoint waits on the PS) is not
+#: limited. (ours)
+REQUEST_READ_S = 30.0
+#: Connections served at once; one more is answered 503 and closed (``call_master`` retries). A
+#: node holds one only while its request is served: 128 serves a job of a hundred workers while
+#: bounding the threads (and memory) that idle connections can take. (ours)
+MAX_CONNECTIONS = 128
+#: The largest body of a request, by route, checked on its Content-Length before a byte is read
+#: (413 beyond). Measured on the example DAG's jobs: a report ~450 B, the plan ~530 B, the result
+#: ~120 B, a fault list ~110 B, a PS set ~30 B. Every route takes 16 KiB; the plan (free text), the
+#: fault list and the PS set (they grow with the job) take 1 MiB. (ours)
+BODY_LIMIT_BYTES = 16 << 10
+BODY_LIMITS = {"/plan": 1 << 20, "/faults": 1 << 20, "/cluster": 1 << 20}
+_LENGTH = re.compile(r"[0-9]{1,15}")
+_BUSY = b"HTTP/1.0 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n"
 
 
 class _Handler(BaseHTTPRequestHandler):
+    """One connection's request: length, signature (header first), body, route (see
+    :func:`http_server`)."""
+
     master: Master  # set on the subclass
     verifier: Verifier
+    timeout = READ_TIMEOUT_S  # set on the subclass: every read of the socket gives up after it
 
-    def _refused(self, body: bytes) -> bool:
-        """Reply 401 and return True unless the request proves the job's key."""
-        if (self.command, self.path) in OPEN_ROUTES:
-            return False
+    def setup(self) -> None:
+        super().setup()
+        self.server.reading(self.connection, True)
+
+    def finish(self) -> None:
+        self.server.reading(self.connection, False)
         try:
-            self.verifier.check(self.command, self.path, body, self.headers.get(HEADER))
-            return False
-        except Refused as err:
-            with self.master.lock:
-                self.master.counters["requests_refused"] = self.master.counters.get("requests_refused", 0) + 1
-            log.warning("refused %s %s from %s: %s", self.command, self.path, self.client_address[0], err)
-            self._reply({"error": f"refused: {err}"}, 401)
-            return True
+            super().finish()
+        except OSError:  # the client went away
+            pass
 
     def log_message(self, *args: Any) -> None:  # quiet
         pass
+
+    def _refuse(self, err: Refused) -> None:
+        """Reply 401 saying what failed; the log adds what only the master may know."""
+        with self.master.lock:
+            self.master.counters["requests_refused"] = self.master.counters.get("requests_refused", 0) + 1
+        detail = f" ({err.detail})" if err.detail else ""
+        log.warning("refused %s %s from %s: %s%s", self.command, self.path, self.client_address[0], err, detail)
+        self._reply({"error": f"refused: {err}"}, 401)
 
     def _reply(self, body: Any, status: int = 200, text: bool = False) -> None:
         data = body.encode() if text else json.dumps(body).encode()
@@ -566,10 +739,40 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _length(self) -> int | None:
+        """The body's length from Content-Length (absent: 0); None after answering 400 when it
+        is not a whole number of bytes, or the body is chunked."""
+        text = self.headers.get("Content-Length")
+        if self.headers.get("Transfer-Encoding") is not None:
+            error = "Transfer-Encoding is invalid: allowed none (send a Content-Length)"
+        elif text is None or _LENGTH.fullmatch(text.strip()):
+            return int(text or 0)
+        else:
+            error = f"Content-Length={text!r} is invalid: allowed a whole number of bytes"
+        self.close_connection = True
+        self._reply({"error": error}, 400)
+        return None
+
+    def _read(self, length: int) -> bytes | None:
+        """Exactly ``length`` bytes of body; None (the connection closes) when the client stops
+        sending first."""
+        try:
+            raw = self.rfile.read(length)
+        except OSError:  # READ_TIMEOUT_S passed, or the server cut a request past REQUEST_READ_S
+            raw = b""
+        if len(raw) == length:
+            return raw
+        self.close_connection = True
+        return None
+
     def do_GET(self) -> None:
         m = self.master
-        if self._refused(b""):
-            return
+        self.server.reading(self.connection, False)
+        if (self.command, self.path) not in OPEN_ROUTES:
+            try:
+                self.verifier.check(self.command, self.path, b"", self.headers.get(HEADER))
+            except Refused as err:
+                return self._refuse(err)
         routes = {"/status": m.status, "/metrics": m.metrics, "/plan": lambda: m.plan, "/accounting": m.accounting}
         if self.path == "/metrics/prometheus":
             return self._reply(m.prometheus(), text=True)
@@ -580,15 +783,36 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(routes[self.path]())
 
     def do_POST(self) -> None:
+        """Length (400), its limit (413) and the signed header (401) are checked before a byte of
+        the body is read; then exactly that many bytes are, and their hash checked (401)."""
         m = self.master
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length)
-        if self._refused(raw):
+        length = self._length()
+        if length is None:
             return
+        limit = BODY_LIMITS.get(self.path, BODY_LIMIT_BYTES)
+        if length > limit:
+            self.close_connection = True
+            return self._reply({"error": f"Content-Length={length} is invalid: allowed at most {limit} bytes "
+                                         f"for {self.path}"}, 413)
+        try:
+            signed = self.verifier.check_header(self.command, self.path, self.headers.get(HEADER), length)
+        except Refused as err:
+            self._read(length)  # within the route's limit: read so that the caller gets the 401
+            return self._refuse(err)
+        raw = self._read(length)
+        if raw is None:
+            return
+        self.server.reading(self.connection, False)
+        try:
+            self.verifier.check_body(raw, signed)
+        except Refused as err:
+            return self._refuse(err)
         try:
             body = json.loads(raw or b"{}")
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
             return self._reply({"error": f"body is not JSON: {err}"}, 400)
+        if not isinstance(body, dict):
+            return self._reply({"error": "body is invalid: allowed a JSON object"}, 400)
         routes = {
             "/shard/next": m.next_shard, "/shard/done": m.shard_done, "/shard/abandon": m.abandon,
             "/report": m.report, "/cluster": m.set_cluster, "/plan": m.set_plan, "/node_lost": m.node_lost,
@@ -599,6 +823,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._reply({"error": f"no route {self.path}"}, 404)
         try:
             self._reply(routes[self.path](**body))
+        except InvalidInputError as err:
+            self._reply({"error": str(err)}, 400)
         except TypeError as err:
             self._reply({"error": f"bad request to {self.path}: {err}"}, 400)
         except Exception as err:  # noqa: BLE001 - reported to the caller
@@ -606,12 +832,78 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply({"error": f"{type(err).__name__}: {err}"}, 500)
 
 
+class _Server(ThreadingHTTPServer):
+    """A thread per connection, at most ``max_connections`` at once (one more is answered 503 and
+    closed without a thread); a request not read within ``request_read_s`` has its connection
+    shut down (checked between the accept loop's polls)."""
+
+    daemon_threads = True
+    request_queue_size = MAX_CONNECTIONS  # the listen backlog
+
+    def __init__(self, address: tuple[str, int], handler: type, max_connections: int, request_read_s: float):
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._reading: dict[socket.socket, float] = {}  # connection → when its request must be read
+        self._reading_lock = threading.Lock()
+        self._request_read_s = request_read_s
+        self.turned_away = 0
+        super().__init__(address, handler)
+
+    def process_request(self, request: socket.socket, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.turned_away += 1
+            try:
+                request.setblocking(False)
+                request.send(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: socket.socket, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def reading(self, connection: socket.socket, started: bool) -> None:
+        """The handler starts (or is done) reading ``connection``'s request."""
+        with self._reading_lock:
+            if started:
+                self._reading[connection] = time.monotonic() + self._request_read_s
+            else:
+                self._reading.pop(connection, None)
+
+    def service_actions(self) -> None:
+        now = time.monotonic()
+        with self._reading_lock:
+            late = [c for c, deadline in self._reading.items() if deadline < now]
+            for connection in late:
+                del self._reading[connection]
+        for connection in late:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)  # its handler's read returns, and it ends
+            except OSError:
+                pass
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("connection from %s ended with an error", client_address, exc_info=True)
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.RequestHandlerClass.verifier.close()
+
+
 def http_server(master: Master, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
-    """The master's HTTP API (see the module docstring), not yet serving."""
-    handler = type("Handler", (_Handler,), {"master": master, "verifier": Verifier(master.spec.key)})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server
+    """The master's HTTP API (see the module docstring), not yet serving: nonces kept in
+    ``NONCES_FILE`` of the master's folder, the limits of this module."""
+    verifier = Verifier(master.spec.key, nonce_file=master.workdir / NONCES_FILE)
+    handler = type("Handler", (_Handler,), {"master": master, "verifier": verifier, "timeout": READ_TIMEOUT_S})
+    return _Server((host, port), handler, MAX_CONNECTIONS, REQUEST_READ_S)
 
 
 def serve(spec: JobSpec, workdir: Path, port: int = 0, ready_file: Path | None = None, host: str = "127.0.0.1") -> None:
@@ -654,14 +946,25 @@ def serve(spec: JobSpec, workdir: Path, port: int = 0, ready_file: Path | None =
                 log.exception("periodic checkpoint failed")
             last_checkpoint = time.monotonic()
     server.shutdown()
+    server.server_close()
 
 
-def write_durably(path: Path, text: str) -> None:
-    """Write ``path`` so that a crash leaves the old file or the new one, whole: a temporary file,
-    fsync, rename, fsync of the folder."""
+def write_durably(path: Path, text: str, keep_previous: bool = False) -> None:
+    """Write ``path`` so that a crash leaves the old file or the new one, whole: a temporary file
+    (mode 0600), fsync, rename, fsync of the folder. ``keep_previous``: the old file stays as
+    ``<path>.prev`` (a hard link, renamed into place before the new file is)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
+    if keep_previous and path.exists():
+        link = path.with_name(f".{path.name}{PREVIOUS_SUFFIX}.tmp")
+        link.unlink(missing_ok=True)
+        try:
+            os.link(path, link)
+        except OSError:  # a filesystem without hard links
+            shutil.copyfile(path, link)
+        os.replace(link, path.with_name(path.name + PREVIOUS_SUFFIX))
+    tmp.unlink(missing_ok=True)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
@@ -673,18 +976,45 @@ def write_durably(path: Path, text: str) -> None:
         os.close(folder)
 
 
-def _readable_manifest(folder: Path) -> dict[str, Any] | None:
-    """A checkpoint's manifest when it and every file it names can be read; None otherwise."""
+def _entry(manifest: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """A checkpoint as the master's state lists it: its manifest without the done set and the
+    checksums (they stay in the manifest), and its folder."""
+    return {k: v for k, v in manifest.items() if k not in ("done", "sha256")} | {"path": str(folder)}
+
+
+def _checkpoints_on_disk(workdir: Path) -> list[dict[str, Any]]:
+    """The checkpoints whose manifest can be read, oldest first (their files are verified when
+    a restore takes one)."""
+    found = []
+    for folder in (Path(workdir) / "checkpoints").glob("ckpt-*"):
+        try:
+            manifest = unseal((folder / "manifest.json").read_text(), required=False)
+            found.append(_entry(manifest, folder) | {"id": int(manifest["id"]),
+                                                     "generation": int(manifest["generation"])})
+        except (OSError, Damaged, KeyError, TypeError, ValueError):
+            log.warning("checkpoint %s has no readable manifest", folder)
+    return sorted(found, key=lambda c: c["id"])
+
+
+def _verified_manifest(folder: Path) -> dict[str, Any] | None:
+    """A checkpoint's manifest when it and every file it names are the bytes that were written
+    (the manifest's own checksum, then each file's SHA-256); None otherwise. A manifest of an
+    older writer, without checksums: when each file's archive directory can be read."""
     import zipfile
 
     import numpy as np
 
     try:
-        manifest = json.loads((folder / "manifest.json").read_text())
-        for name in manifest["files"]:
+        manifest = unseal((folder / "manifest.json").read_text(), required=False)
+        files, digests = manifest["files"], manifest.get("sha256")
+        if digests is not None:
+            if len(digests) != len(files) or any(sha256_file(f) != d for f, d in zip(files, digests)):
+                return None
+            return manifest
+        for name in files:
             with np.load(name) as data:  # an .npz: opening it reads the archive's directory
                 if not data.files:
                     return None
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):
         return None
     return manifest

@@ -16,22 +16,32 @@ accumulators. numpy only: a PS starts in well under a second, which is what a PS
 Every request carries the job's *generation*: a restore from a checkpoint bumps it, and a push
 from an older generation is refused, so a worker that trained against the old model drops its
 shard instead of polluting the restored one.
+
+A request's arrays are checked before they touch a row (``InvalidInputError`` naming the field): an
+id outside its table, or one another PS owns, would index another id's row (``id // p``); a
+gradient must have the shape of its rows; a batch must be one of the job's. A checkpoint file that
+cannot be read whole fails its restore with :class:`DamagedCheckpoint` and leaves this PS serving
+nothing until the master restores it from an older one.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 import signal
 import threading
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from airflow_dlrover.optimizer.types import InvalidInputError
+from airflow_dlrover.runtime.accounting import batch_starts
+from airflow_dlrover.runtime.integrity import seal, sha256_file
 from airflow_dlrover.runtime.spec import JobSpec
 from airflow_dlrover.runtime.transport import Server, announce
 
@@ -43,6 +53,10 @@ ADAM_EPS = 1e-8
 
 class StaleGeneration(RuntimeError):
     """The request belongs to a model state that was rolled back."""
+
+
+class DamagedCheckpoint(RuntimeError):
+    """A checkpoint file cannot be read whole (its bytes changed, or it was cut short)."""
 
 
 def initial_rows(seed: int, table: int, ids: np.ndarray, dim: int) -> np.ndarray:
@@ -63,7 +77,7 @@ class EmbeddingShard:
     """The rows of one table that this PS owns (ids ≡ index mod p), created on first touch."""
 
     def __init__(self, table: int, size: int, dim: int, index: int, count: int, seed: int, initial_accumulator: float):
-        self.table, self.dim, self.index, self.count, self.seed = table, dim, index, count, seed
+        self.table, self.size, self.dim, self.index, self.count, self.seed = table, size, dim, index, count, seed
         self.initial_accumulator = initial_accumulator
         self.slot = np.full(size // count + 1, -1, dtype=np.int64)  # local id (id // p) → row slot
         self.ids = np.empty(0, dtype=np.int64)
@@ -158,6 +172,7 @@ class ParameterServer:
         self.batches: set[int] = set()  # the batches (first samples) whose update this state holds
         self.requests = 0
         self._journal = None
+        self._batches: np.ndarray | None = None  # the job's batch starts, sorted (``batch_starts``)
 
     def _empty_tables(self) -> list[EmbeddingShard]:
         return [EmbeddingShard(t, column.rows, column.dim, self.index, self.count, self.spec.seed,
@@ -180,7 +195,7 @@ class ParameterServer:
     def _log(self, event: str, **fields: Any) -> None:
         """Append one event to this process's journal (see ``runtime.accounting``)."""
         if self._journal is not None:
-            self._journal.write(json.dumps({"e": event, "t": time.time(), "g": self.generation, **fields}) + "\n")
+            self._journal.write(seal({"e": event, "t": time.time(), "g": self.generation, **fields}) + "\n")
 
     def _open_journal(self, folder: str | None) -> None:
         if self._journal is None and folder:
@@ -202,7 +217,50 @@ class ParameterServer:
                 raise StaleGeneration(f"generation {generation} is stale: the job was restored to {self.generation}")
             return getattr(self, method)(**kwargs)
 
+    def _check_ids(self, ids: Any) -> list[np.ndarray]:
+        """One 1-D integer array per table, each id in its table and owned by this PS."""
+        if not isinstance(ids, (list, tuple)) or len(ids) != len(self.tables):
+            raise InvalidInputError("ids", type(ids).__name__, f"a list of {len(self.tables)} id arrays, one per table")
+        checked = []
+        for t, values in enumerate(ids):
+            values = np.asarray(values)
+            if values.ndim != 1 or (len(values) and values.dtype.kind not in "iu"):
+                raise InvalidInputError(f"ids[{t}]", f"{values.dtype} {values.shape}", "a 1-D array of integer ids")
+            checked.append(values.astype(np.int64, copy=False))
+        every = np.concatenate(checked)  # one pass over all tables: < 0.1 ms for 26 tables × 512 ids
+        if len(every) and (every.min() < 0 or (self.count > 1 and (every % self.count != self.index).any())
+                           or any(len(v) and v.max() >= table.size for v, table in zip(checked, self.tables))):
+            for t, (values, table) in enumerate(zip(checked, self.tables)):
+                bad = values[(values < 0) | (values >= table.size) | (values % self.count != self.index)]
+                if len(bad):
+                    raise InvalidInputError(f"ids[{t}]", int(bad[0]), f"an id in [0, {table.size}) with "
+                                            f"id % {self.count} = {self.index} (the ids this PS owns)")
+        return checked
+
+    def _check_push(self, ids: list[np.ndarray], grads: Any, batch: Any, samples: Any, worker: Any,
+                    dense_grad: Any) -> None:
+        if not isinstance(grads, (list, tuple)) or len(grads) != len(ids):
+            raise InvalidInputError("grads", type(grads).__name__, f"a list of {len(ids)} gradient arrays")
+        for t, (i, g) in enumerate(zip(ids, grads)):
+            shape = (len(i), self.tables[t].dim)
+            if np.shape(g) != shape:
+                raise InvalidInputError(f"grads[{t}]", np.shape(g), f"shape {shape} (one row per id)")
+        if self._batches is None:
+            self._batches = batch_starts(self.spec)
+        numeric = isinstance(batch, (int, np.integer)) and 0 <= batch < 2**62
+        at = np.searchsorted(self._batches, batch) if numeric else -1
+        if isinstance(batch, bool) or not 0 <= at < len(self._batches) or self._batches[at] != batch:
+            raise InvalidInputError("batch", batch, "the first sample of one of the job's batches")
+        if (isinstance(samples, bool) or not isinstance(samples, (int, np.integer))
+                or not 1 <= samples <= self.spec.batch_size):
+            raise InvalidInputError("samples", samples, f"an integer in [1, {self.spec.batch_size}]")
+        if not isinstance(worker, str):
+            raise InvalidInputError("worker", worker, "a node name")
+        if dense_grad is not None and self.dense is not None and np.shape(dense_grad) != self.dense.params.shape:
+            raise InvalidInputError("dense_grad", np.shape(dense_grad), f"shape {self.dense.params.shape}")
+
     def lookup(self, ids: list[np.ndarray], dense: bool = False) -> dict[str, Any]:
+        ids = self._check_ids(ids)
         with self.lock:
             self.requests += 1
             rows = [table.lookup(i) if len(i) else np.empty((0, table.dim), np.float32)
@@ -214,6 +272,9 @@ class ParameterServer:
              dense_grad: np.ndarray | None = None) -> bool:
         """Apply the sparse gradients of ``batch`` (its first sample) and, on PS 0, its dense
         gradient — unless this state already holds the batch. Returns whether it was applied."""
+        ids = self._check_ids(ids)
+        self._check_push(ids, grads, batch, samples, worker, dense_grad)
+        batch = int(batch)
         with self.lock:
             if batch in self.batches:
                 self._log("refused", b=batch, n=samples, w=worker)
@@ -273,27 +334,34 @@ class ParameterServer:
             self._log("save", path=str(path))
             if self._journal is not None:
                 os.fsync(self._journal.fileno())  # what the checkpoint holds is on disk with it
-            return {"rows": int(sum(t.used for t in self.tables)), "batches": len(self.batches)}
+            return {"rows": int(sum(t.used for t in self.tables)), "batches": len(self.batches),
+                    "sha256": sha256_file(path)}
 
     def restore(self, paths: list[str], generation: int, journal: str | None = None) -> dict[str, Any]:
         """Replace the state by the rows this PS owns in the checkpoint files of *all* PS of the
         checkpoint (any count: this is the re-partition), dense from PS 0's file; the applied
-        batches are those every file holds (a batch pushed to some PS only is pushed again)."""
+        batches are those every file holds (a batch pushed to some PS only is pushed again). A file
+        that cannot be read whole raises :class:`DamagedCheckpoint`: the PS serves no generation
+        then, and holds no part of the file."""
         self._open_journal(journal)
         with self.lock:
             self.tables = self._empty_tables() if paths else self._start_tables()
             self.dense = None
             batches = None
             for path in paths:
-                with np.load(path) as data:
-                    for t, table in enumerate(self.tables):
-                        table.absorb(data[f"t{t}_ids"], data[f"t{t}_rows"], data[f"t{t}_acc"])
-                    held = set(data["batches"].tolist())
-                    batches = held if batches is None else batches & held
-                    if int(data["ps_index"]) == 0 and self.index == 0:  # the dense parameters live on PS 0
-                        if "dense" in data:
-                            self.dense = DenseState(data["dense"].copy(), data["dense_m"].copy(),
-                                                    data["dense_v"].copy(), int(data["dense_step"]))
+                try:
+                    with np.load(path) as data:
+                        for t, table in enumerate(self.tables):
+                            table.absorb(data[f"t{t}_ids"], data[f"t{t}_rows"], data[f"t{t}_acc"])
+                        held = set(data["batches"].tolist())
+                        batches = held if batches is None else batches & held
+                        if int(data["ps_index"]) == 0 and self.index == 0:  # the dense parameters live on PS 0
+                            if "dense" in data:
+                                self.dense = DenseState(data["dense"].copy(), data["dense_m"].copy(),
+                                                        data["dense_v"].copy(), int(data["dense_step"]))
+                except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as err:
+                    self.generation, self.tables, self.dense, self.batches = -1, self._empty_tables(), None, set()
+                    raise DamagedCheckpoint(f"{path}: {type(err).__name__}: {err}") from None
             self.batches = batches or set()
             self.generation = generation
             self._log("restore", ps=self.index, of=self.count, **{"from": list(paths)})

@@ -19,6 +19,17 @@ from airflow_dlrover.runtime.datasets import DatasetIndex
 from airflow_dlrover.runtime.layout import FeatureLayout
 
 _IMPORT_PATH = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*")
+#: A job id names the job's folder (and, on Kubernetes, its objects): a safe charset, no path.
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def check_job_id(job_id: object, field_name: str = "job_id") -> str:
+    """``job_id`` when it is a safe folder name (:data:`JOB_ID`: 1–63 letters, digits, '.', '_',
+    '-', a letter or digit first, so never ``..`` nor a path); raises ``InvalidInputError`` else."""
+    if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
+        raise InvalidInputError(field_name, job_id, "1 to 63 letters, digits, '.', '_' or '-', starting with a "
+                                "letter or digit")
+    return job_id
 
 
 @dataclass(frozen=True)
@@ -72,6 +83,7 @@ class JobSpec:
     authkey: str = field(default_factory=lambda: secrets.token_hex(16))
 
     def __post_init__(self) -> None:
+        check_job_id(self.job_id)
         set_ = object.__setattr__
         set_(self, "bottom_mlp", tuple(int(t) for t in self.bottom_mlp))
         set_(self, "top_mlp", tuple(int(t) for t in self.top_mlp))
@@ -100,6 +112,8 @@ class JobSpec:
             "adagrad_initial_accumulator": _positive(self.adagrad_initial_accumulator),
             "adam_betas": len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas),
             "dense_weight_decay": math.isfinite(self.dense_weight_decay) and self.dense_weight_decay >= 0,
+            "shard_timeout_s": _positive(self.shard_timeout_s),
+            "checkpoint_interval_s": _positive(self.checkpoint_interval_s),
         }
         allowed = {"bottom_mlp": "a last layer equal to the tables' embedding dim", "eval_fraction": "0 ≤ x < 1",
                    "zipf_skew": "a finite number ≥ 0 (0 = uniform ids)",

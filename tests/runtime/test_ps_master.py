@@ -301,6 +301,119 @@ def counts(accounting):
     return accounting["samples_trained"], accounting["samples_lost"], accounting["samples_duplicated"]
 
 
+def flip_middle_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def two_checkpoints(cluster, count=2):
+    """A job with shards 0–1 in its first checkpoint and 0–3 in its second, shard 4 trained after."""
+    master, ps, peers = cluster(count)
+    rng = np.random.default_rng(11)
+    folders = []
+    for _ in range(2):
+        for _ in range(2):
+            train_shard(master, peers, "w", rng)
+        folders.append(Path(master.checkpoint()["path"]))
+    train_shard(master, peers, "w", rng)
+    return master, ps, peers, rng, folders
+
+
+def test_a_bit_flipped_newest_checkpoint_falls_back_to_the_previous_one(cluster):
+    """Each checkpoint file's SHA-256 is in its manifest and checked before a restore takes it: a
+    byte flipped in the middle of the newest one's ps-0.npz (its zip directory intact) makes the
+    restore take the one before, and the job trains every sample once."""
+    master, ps, peers, rng, folders = two_checkpoints(cluster)
+    flip_middle_byte(folders[-1] / "ps-0.npz")
+    result = master.restore()
+    assert result["checkpoint"] == master.checkpoints[0]["id"] and result["done"] == 2
+    assert all(p.generation == master.generation and len(p.batches) == 8 for p in ps)
+    while not trained(master):
+        train_shard(master, peers, "w", rng)
+    assert counts(master.accounting()) == (1000, 0, 0)
+
+
+def test_a_ps_that_cannot_read_a_checkpoint_file_makes_the_restore_fall_back_not_wedge(cluster):
+    """A manifest without checksums (an older writer's) names a damaged file: the PS raises on it,
+    and the master restores every PS from the checkpoint before instead of failing forever."""
+    import json
+
+    master, ps, peers, rng, folders = two_checkpoints(cluster)
+    manifest = json.loads((folders[-1] / "manifest.json").read_text())
+    manifest.pop("crc", None), manifest.pop("sha256", None)
+    (folders[-1] / "manifest.json").write_text(json.dumps(manifest))
+    flip_middle_byte(folders[-1] / "ps-0.npz")
+    result = master.restore()
+    assert result["checkpoint"] == master.checkpoints[0]["id"] and result["done"] == 2
+    assert all(p.generation == master.generation and len(p.batches) == 8 for p in ps)
+    while not trained(master):
+        train_shard(master, peers, "w", rng)
+    assert counts(master.accounting()) == (1000, 0, 0)
+
+
+@pytest.mark.parametrize("damage", ["not JSON", "a done shard changed", "state and previous"])
+def test_a_damaged_master_state_restores_from_the_newest_checkpoint_and_loses_nothing(cluster, tmp_path, damage):
+    """A master whose state file does not verify restores from the newest checkpoint that does,
+    under a generation above every earlier one, onto the PS of the previous state file (or of the
+    next ``/cluster``): no sample lost, none applied twice."""
+    master, ps, peers, rng, _ = two_checkpoints(cluster)
+    leased = master.next_shard("w")  # a lease out when the state is lost
+    state = tmp_path / "master_state.json"
+    text = state.read_text()
+    if damage == "a done shard changed":  # still JSON: only its checksum tells
+        state.write_text(text.replace('"done": [0, 1, 2, 3, 4]', '"done": [0, 1, 2, 3, 6]'))
+    else:
+        state.write_text(text[: len(text) // 2] + "\x00" + text[len(text) // 2 + 1:])
+    if damage == "state and previous":
+        flip_middle_byte(tmp_path / "master_state.json.prev")
+    reborn = Master(SPEC, tmp_path)
+    assert reborn.restoring and reborn.next_shard("w") == {"wait": 0.2}
+    if damage == "state and previous":
+        assert reborn.ps_addresses == []
+        reborn.set_cluster(master.ps_addresses)  # the launcher's next /cluster
+    else:
+        assert reborn.ps_addresses == master.ps_addresses
+        reborn.restore()  # what its serve loop does while ``restoring`` is set
+    assert reborn.generation > master.generation and len(reborn.done) == 4
+    assert reborn.counters["state_damaged"] == 1
+    with pytest.raises(RemoteError, match="StaleGeneration"):  # the old lease's holder is refused
+        push(peers, leased["generation"], leased["start"], "w", rng)
+    while not trained(reborn):
+        train_shard(reborn, peers, "w", rng)
+    assert counts(reborn.accounting()) == (1000, 0, 0)
+
+
+@pytest.mark.parametrize("damage", ["not JSON", "a batch changed"])
+def test_a_damaged_journal_line_is_reported_not_counted_lost_and_a_torn_tail_is_skipped(cluster, tmp_path, damage):
+    """Every journal line carries its CRC-32: a damaged line in the middle is reported with its
+    file and line, and the batch it held is unverified, not lost (nor another one duplicated)."""
+    import re
+
+    master, _, peers = cluster(1)
+    rng = np.random.default_rng(12)
+    while not trained(master):
+        train_shard(master, peers, "w", rng)
+    assert counts(master.accounting()) == (1000, 0, 0)
+    journal = next((tmp_path / "journal").glob("*.jsonl"))
+    lines = journal.read_text().split("\n")
+    applies = [i for i, line in enumerate(lines) if '"e": "apply"' in line]
+    middle = applies[len(applies) // 2]
+    batch = int(re.search(r'"b": (\d+)', lines[middle])[1])
+    if damage == "not JSON":
+        lines[middle] = lines[middle].replace('"b": ', '"b"= ')
+    else:  # still JSON, naming the batch after it: only its checksum tells
+        lines[middle] = lines[middle].replace(f'"b": {batch},', f'"b": {batch + 25},')
+    journal.write_text("\n".join(lines))
+    accounting = master.accounting()
+    assert (accounting["samples_lost"], accounting["samples_duplicated"]) == (0, 0)
+    assert accounting["samples_unverified"] == 25
+    assert accounting["journal_lines_damaged"] == [{"file": journal.name, "line": middle + 1}]
+    with open(journal, "a") as f:  # the tail of a PS killed mid-line
+        f.write('{"e": "apply", "t": 17')
+    assert master.accounting()["journal_lines_damaged"] == [{"file": journal.name, "line": middle + 1}]
+
+
 def test_a_resent_push_is_applied_once_on_every_ps(cluster):
     """A push whose reply was lost is resent (``Peer.call``): each PS applies a batch once."""
     master, ps, peers = cluster(2)
