@@ -54,7 +54,7 @@ def test_a_bad_quota_is_a_user_error_naming_the_field(airflow_db, quota, field):
 
 @pytest.mark.parametrize("args, field", [
     ({"data": "/no/such.tsv"}, "job_args.data"), ({"samples": "many"}, "job_args.samples"),
-    ({"table_size": 1}, "job_args.table_size"), ({"epochs": 2}, "job_args.epochs"), ({"samples": 1.5}, "job_args.samples"),
+    ({"table_size": 1}, "job_args.table_size"), ({"epoch": 2}, "job_args.epoch"), ({"samples": 1.5}, "job_args.samples"),
     ({"tables": 0}, "job_args.tables"), ({"zipf_skew": -1}, "job_args.zipf_skew"), ({"seed": -1}, "job_args.seed"),
     ({"checkpoint_interval_s": 0}, "job_args.checkpoint_interval_s"),
     ({"checkpoint_interval_s": float("nan")}, "job_args.checkpoint_interval_s"),
