@@ -231,13 +231,33 @@ def cmd_train(args: argparse.Namespace) -> None:
                    shard_size=args.shard_size, checkpoint_interval_s=args.checkpoint_interval, seed=args.seed,
                    table_sizes=(args.table_size,) * 26, embedding_dim=dim, bottom_mlp=(64, dim), layout=layout,
                    model=args.model or "", export=args.export or "", eval_fraction=args.eval_fraction,
-                   eval_files=args.eval_files, max_bad_rows=args.max_bad_rows)
+                   eval_files=args.eval_files, max_bad_rows=args.max_bad_rows, **_training_args(args))
     summary = run_job(LocalLauncher(out / "jobs"), spec, config, out, faults)
     keys = ("samples_expected", "samples_trained", "samples_lost", "samples_duplicated", "duplicated_by",
             "duplicates_refused", "restarts", "resizes", "bad_rows",
-            "eval_auc", "eval_loss", "export", "median_throughput", "wall_s")
+            "eval_auc", "eval_loss", "previous_model", "export", "median_throughput", "wall_s")
     print(json.dumps({k: summary[k] for k in keys}, indent=2))
     print(f"wrote {out / 'summary.json'} and {out / 'samples.csv'}")
+
+
+#: ``train`` flags of the schedule and the optimisers, each the ``JobSpec`` field of its name (unset: its default)
+TRAINING_FIELDS = ("epochs", "learning_rate", "dense_learning_rate", "adagrad_initial_accumulator", "adam_betas",
+                   "dense_weight_decay", "init_from")
+
+
+def _add_training(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("training (default: the job spec's; runtime.spec.JobSpec)")
+    g.add_argument("--epochs", type=int, help="passes over the training rows, each in its own shuffled order (1)")
+    g.add_argument("--learning-rate", type=float, help="sparse Adagrad's, on the embedding tables")
+    g.add_argument("--dense-learning-rate", type=float, help="Adam's, on the dense model")
+    g.add_argument("--adagrad-initial-accumulator", type=float, help="Adagrad's initial accumulator")
+    g.add_argument("--adam-betas", type=lambda text: tuple(float(b) for b in text.split(",")), metavar="B1,B2")
+    g.add_argument("--dense-weight-decay", type=float, help="decoupled weight decay on the dense model (AdamW)")
+    g.add_argument("--init-from", metavar="EXPORT", help="start from this export's model (a previous --export)")
+
+
+def _training_args(args: argparse.Namespace) -> dict:
+    return {field: getattr(args, field) for field in TRAINING_FIELDS if getattr(args, field) is not None}
 
 
 def _trainer_spec(args: argparse.Namespace, job_id: str, samples: int | None, batch_size: int):
@@ -466,6 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--zipf-skew", type=float, default=1.05)
     p.add_argument("--checkpoint-interval", type=float, default=30.0, help="seconds between checkpoints")
     p.add_argument("--seed", type=int, default=0)
+    _add_training(p)
     p.add_argument("--inject", action="append", default=[], help="fault, e.g. kill-worker@20s (repeatable)")
     p.add_argument("--job-id", default=None)
     p.add_argument("--out", required=True)

@@ -31,11 +31,11 @@ def observe(launcher: Any, job_id: str, *, before_launch: bool = False, spec: An
             windows: Iterable[dict] = (), usage: Iterable[dict] = ()) -> Observation:
     """The controller's observation of job ``job_id`` now (see the module docstring).
     ``before_launch``: the job may not run yet (the tasks before training), then only its size is
-    known (``spec.samples``, where given); ``record``: the launcher's record with live states,
+    known (``spec.total_samples``, where given); ``record``: the launcher's record with live states,
     when the caller has just read it; ``status``: the job's progress, when the caller has just
     asked for it."""
     if before_launch and record is None and not launcher.exists(job_id):
-        return Observation(time.time(), samples_total=spec.samples if spec else None, windows=tuple(windows))
+        return Observation(time.time(), samples_total=spec.total_samples if spec else None, windows=tuple(windows))
     record = launcher.read_job(job_id) if record is None else record
     nodes = tuple(statuses(record))
     if status is None:

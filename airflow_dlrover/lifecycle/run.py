@@ -163,7 +163,8 @@ def trainer_summary(launcher: LocalLauncher, job_id: str) -> dict[str, Any]:
 def job_summary(launcher: LocalLauncher, job_id: str, spec: JobSpec) -> dict[str, Any]:
     """What the finished job did, from its master and PS: the exactly-once accounting from the PS
     journals, restarts, resizes, checkpoints, unreadable rows, and the held-out loss and AUC and the
-    export, which the job computed and wrote itself (its finishing worker)."""
+    export, which the job computed and wrote itself (its finishing worker); ``previous_model``: the
+    held-out loss and AUC, on the same rows, of the export the job started from (None: none)."""
     status = launcher.master_call(job_id, "/status")
     accounting = launcher.master_call(job_id, "/accounting")
     job = launcher.read_job(job_id)
@@ -183,6 +184,7 @@ def job_summary(launcher: LocalLauncher, job_id: str, spec: JobSpec) -> dict[str
         "eval_auc": evaluation["auc"],
         "eval_samples": evaluation["samples"],
         "export": evaluation.get("export"),
+        "previous_model": evaluation.get("previous"),
         "bad_rows": status.get("bad_rows", 0),
         "config": job["config"],
     }

@@ -23,7 +23,8 @@ JOB_ARGS = {
     "samples": int, "data": str, "table_size": int, "tables": int, "embedding_dim": int, "batch_size": int,
     "shard_size": int, "eval_samples": int, "zipf_skew": float, "seed": int, "checkpoint_interval_s": float,
     "layout": dict, "model": str, "export": str, "eval_files": int, "eval_fraction": float, "max_bad_rows": int,
-    "trainer": dict,
+    "trainer": dict, "epochs": int, "learning_rate": float, "dense_learning_rate": float,
+    "adagrad_initial_accumulator": float, "adam_betas": tuple, "dense_weight_decay": float, "init_from": str,
 }
 #: ``job_args`` a trainer of the user's takes (``launchers.contract``): the rest are our runtime's.
 TRAINER_JOB_ARGS = ("trainer", "samples", "batch_size")
@@ -104,6 +105,11 @@ def _coerce(field: str, value: Any, kind: type) -> Any:
         if not isinstance(value, str):
             raise InvalidInputError(field, value, "a string")
         return value
+    if kind is tuple:  # numbers: a list, or its text
+        value = rendered(field, value, "a list of numbers")
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, (int, float)) for v in value):
+            raise InvalidInputError(field, value, "a list of numbers, e.g. [0.9, 0.999]")
+        return tuple(float(v) for v in value)
     if kind is dict:  # a layout, a trainer: a mapping, or its text (a templated field renders to a string)
         value = rendered(field, value)
         if not isinstance(value, dict):

@@ -152,6 +152,11 @@ class Batch:
         return Batch(self.dense[start:stop], tuple(s[start:stop] for s in self.sparse), self.label[start:stop],
                      None if self.valid is None else self.valid[start:stop])
 
+    def take(self, order: np.ndarray) -> "Batch":
+        """The samples at positions ``order``, in that order (copies)."""
+        return Batch(self.dense[order], tuple(s[order] for s in self.sparse), self.label[order],
+                     None if self.valid is None else self.valid[order])
+
     @staticmethod
     def concat(batches: Iterable["Batch"]) -> "Batch":
         batches = list(batches)

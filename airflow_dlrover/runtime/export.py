@@ -21,15 +21,16 @@ import io
 import json
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from airflow_dlrover.optimizer.types import InvalidInputError
 from airflow_dlrover.runtime.datasets import filesystem, is_local
 from airflow_dlrover.runtime.layout import FeatureLayout
-from airflow_dlrover.runtime.lookup import embed, route
+
+if TYPE_CHECKING:
+    import torch
 
 FORMAT = "airflow-dlrover-export/1"
 MANIFEST = "manifest.json"
@@ -49,6 +50,8 @@ def export_model(spec, model: torch.nn.Module, checkpoint_files: list[str], metr
 def _export(spec, model, checkpoint_files, metrics, heartbeat) -> str:
     fs, path = filesystem(spec.export)
     path = path.rstrip("/")
+    import torch
+
     staging = f"{path}.staging-{uuid.uuid4().hex[:8]}"
     fs.makedirs(f"{staging}/tables", exist_ok=True)
     buffer = io.BytesIO()
@@ -72,7 +75,8 @@ def _export(spec, model, checkpoint_files, metrics, heartbeat) -> str:
     manifest = {
         "format": FORMAT, "job_id": spec.job_id, "created": time.time(), "layout": spec.layout.to_dict(),
         "model": spec.model, "bottom_mlp": list(spec.bottom_mlp), "top_mlp": list(spec.top_mlp), "seed": spec.seed,
-        "samples_trained": spec.samples, "data": spec.data, "held_out": list(spec.held_out),
+        "samples_trained": spec.total_samples, "epochs": spec.epochs, "data": spec.data,
+        "held_out": list(spec.held_out), "init_from": spec.init_from or None,
         "metrics": {k: metrics[k] for k in ("loss", "auc", "samples") if k in metrics}, "tables": tables,
     }
     with fs.open(f"{staging}/{MANIFEST}", "w") as f:
@@ -110,6 +114,67 @@ def _move(fs, source: str, destination: str) -> None:
         fs.rm(source, recursive=True)
 
 
+def read_manifest(url: str, field: str = "export") -> dict[str, Any]:
+    """The manifest of the complete export at ``url``; ``InvalidInputError`` on ``field`` when
+    there is none (a folder without its manifest is incomplete) or it is of another format."""
+    fs, path = filesystem(url)
+    path = path.rstrip("/")
+    if not fs.exists(f"{path}/{MANIFEST}"):
+        raise InvalidInputError(field, url, f"a complete export (a folder with {MANIFEST})")
+    with fs.open(f"{path}/{MANIFEST}", "r") as f:
+        manifest = json.loads(f.read())
+    if manifest.get("format") != FORMAT:
+        raise InvalidInputError(field, url, f"an export of format {FORMAT}", f"found {manifest.get('format')}")
+    return manifest
+
+
+def read_table(url: str, entry: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """A table of the export at ``url`` (its manifest's ``entry``): its ids (sorted) and rows."""
+    fs, path = filesystem(url)
+    with fs.open(f"{path.rstrip('/')}/{entry['file']}", "rb") as f, np.load(io.BytesIO(f.read())) as data:
+        return data["ids"].copy(), data["rows"].copy()
+
+
+def read_dense(url: str) -> dict[str, Any]:
+    """The dense model's state dict of the export at ``url``."""
+    import torch
+
+    fs, path = filesystem(url)
+    with fs.open(f"{path.rstrip('/')}/dense.pt", "rb") as f:
+        return torch.load(io.BytesIO(f.read()), weights_only=True)
+
+
+def check_continues(spec, manifest: dict[str, Any]) -> None:
+    """Raise ``InvalidInputError`` on ``init_from`` unless the job ``spec`` can start from the
+    export of ``manifest``: the same dense model (import path, MLPs, dense features) and the same
+    tables, in order — name, dim, bag, and the same rows for the same values: a hashed table of
+    the same size (another size re-hashes every value), a vocabulary that extends the export's."""
+    layout = FeatureLayout.from_dict(manifest["layout"])
+    problems = []
+    dense = [c.name for c in layout.dense], [c.name for c in spec.layout.dense]
+    if dense[0] != dense[1]:
+        problems.append(f"dense features {dense[0]} ≠ {dense[1]}")
+    model = manifest["model"], manifest["bottom_mlp"], manifest["top_mlp"]
+    if model != (spec.model, list(spec.bottom_mlp), list(spec.top_mlp)):
+        problems.append(f"model {model[0] or 'DenseDLRM'} {model[1]}/{model[2]} ≠ "
+                        f"{spec.model or 'DenseDLRM'} {list(spec.bottom_mlp)}/{list(spec.top_mlp)}")
+    if len(layout.sparse) != len(spec.layout.sparse):
+        problems.append(f"{len(layout.sparse)} tables ≠ {len(spec.layout.sparse)}")
+    for old, new in zip(layout.sparse, spec.layout.sparse):
+        same = (old.name, old.dim, old.multi_hot, old.pooling) == (new.name, new.dim, new.multi_hot, new.pooling)
+        if old.vocabulary is not None:
+            same = same and new.vocabulary is not None and new.vocabulary[:len(old.vocabulary)] == old.vocabulary
+        else:
+            same = same and new.vocabulary is None and new.table_size == old.table_size
+        if not same:
+            problems.append(f"table {old.name} (dim {old.dim}, {old.rows} rows) ≠ {new.name} (dim {new.dim}, "
+                            f"{new.rows} rows)")
+    if problems:
+        more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
+        raise InvalidInputError("init_from", spec.init_from, "an export of this job's model and layout (the same "
+                                "tables; a vocabulary may grow at its end)", "; ".join(problems[:3]) + more)
+
+
 class ExportedModel:
     """A loaded export: ``logits(batch)`` scores a :class:`~airflow_dlrover.runtime.data.Batch`
     read through the manifest's layout."""
@@ -118,26 +183,15 @@ class ExportedModel:
         from airflow_dlrover.runtime.dlrm import build_model
         from airflow_dlrover.runtime.spec import JobSpec
 
-        fs, path = filesystem(url)
-        path = path.rstrip("/")
-        if not fs.exists(f"{path}/{MANIFEST}"):
-            raise InvalidInputError("export", url, f"a complete export (a folder with {MANIFEST})")
-        with fs.open(f"{path}/{MANIFEST}", "r") as f:
-            self.manifest = json.loads(f.read())
-        if self.manifest.get("format") != FORMAT:
-            raise InvalidInputError("export", url, f"an export of format {FORMAT}", f"found {self.manifest.get('format')}")
+        self.manifest = read_manifest(url)
         self.layout = FeatureLayout.from_dict(self.manifest["layout"])
-        spec = JobSpec(job_id=self.manifest["job_id"], samples=1, data=self.manifest["data"], layout=self.layout, model=self.manifest["model"],
-                       bottom_mlp=tuple(self.manifest["bottom_mlp"]), top_mlp=tuple(self.manifest["top_mlp"]),
-                       seed=self.manifest["seed"])
+        spec = JobSpec(job_id=self.manifest["job_id"], samples=1, data=self.manifest["data"], layout=self.layout,
+                       model=self.manifest["model"], bottom_mlp=tuple(self.manifest["bottom_mlp"]),
+                       top_mlp=tuple(self.manifest["top_mlp"]), seed=self.manifest["seed"])
         self.model = build_model(spec)
-        with fs.open(f"{path}/dense.pt", "rb") as f:
-            self.model.load_state_dict(torch.load(io.BytesIO(f.read()), weights_only=True))
+        self.model.load_state_dict(read_dense(url))
         self.model.eval()
-        self.tables = []
-        for entry in self.manifest["tables"]:
-            with fs.open(f"{path}/{entry['file']}", "rb") as f, np.load(io.BytesIO(f.read())) as data:
-                self.tables.append((data["ids"].copy(), data["rows"].copy()))
+        self.tables = [read_table(url, entry) for entry in self.manifest["tables"]]
 
     def _rows(self, t: int, ids: np.ndarray) -> np.ndarray:
         from airflow_dlrover.runtime.ps import initial_rows
@@ -151,6 +205,10 @@ class ExportedModel:
         return rows
 
     def logits(self, batch) -> np.ndarray:
+        import torch
+
+        from airflow_dlrover.runtime.lookup import embed, route
+
         uniques, inverses, _ = route(batch.sparse, 1)
         rows = [torch.from_numpy(self._rows(t, u)) for t, u in enumerate(uniques)]
         with torch.no_grad():

@@ -106,6 +106,7 @@ class Master:
         self.last_shard: dict[str, int] = {}  # worker → the shard it was last handed
         if spec.dataset is not None:
             self._fragment_starts = spec.dataset.fragment_starts
+            self._ranks = (-1, None)  # an epoch's fragment order, cached
         self.started = time.time()
         self._load()
 
@@ -198,12 +199,20 @@ class Master:
         self._persist()  # a restarted master keeps the lease
 
     def _next_todo(self, worker: str) -> int | None:
-        """The shard after the worker's last one when it is free (a worker reads on through the
-        fragment it has decoded), else the first free shard of a fragment no other worker reads
-        (holds a lease in, or was last handed a shard of), else the first free one."""
-        free = [s for s in range(self.spec.num_shards) if s not in self.done and s not in self.leases]
+        """From the earliest epoch with a free shard: the shard after the worker's last one when
+        it is free (a worker reads on through the fragment it has decoded), else the first free
+        shard, in the epoch's fragment order (``JobSpec.fragment_order``), of a fragment no other
+        worker reads (holds a lease in, or was last handed a shard of), else the first free one."""
+        per_epoch = self.spec.shards_per_epoch
+        free = []
+        for first in range(0, self.spec.num_shards, per_epoch):  # the earliest epoch with a free shard
+            free = [s for s in range(first, first + per_epoch) if s not in self.done and s not in self.leases]
+            if free:
+                break
         if not free or self.spec.dataset is None:  # synthetic samples cost the same anywhere
             return free[0] if free else None
+        rank = self._fragment_rank(self.spec.epoch_of(free[0]))
+        free.sort(key=lambda s: (rank[self._fragment(s)], s))
         after = self.last_shard.get(worker, -2) + 1
         if after in free and self._fragment(after) == self._fragment(after - 1):
             return after
@@ -211,9 +220,14 @@ class Master:
         busy |= {self._fragment(s) for w, s in self.last_shard.items() if w != worker and s != FINISH}
         return next((s for s in free if self._fragment(s) not in busy), free[0])
 
+    def _fragment_rank(self, epoch: int):
+        if self._ranks[0] != epoch:
+            self._ranks = (epoch, self.spec.fragment_order(epoch, len(self._fragment_starts) - 1))
+        return self._ranks[1]
+
     def _fragment(self, shard: int) -> int:
         """The fragment (row group, run of lines) a shard lies in; shards never cross one."""
-        return bisect.bisect_right(self._fragment_starts, self.spec.shard_range(shard)[0]) - 1
+        return bisect.bisect_right(self._fragment_starts, self.spec.rows_of(shard)[0]) - 1
 
     def finish(self, worker: str, generation: int, **result: Any) -> dict[str, Any]:
         """The held-out metrics (and the export) of the finishing worker: the job is done."""
@@ -228,14 +242,15 @@ class Master:
             return {"accepted": True}
 
     def shard_done(self, worker: str, shard: int, generation: int, bad_rows: int = 0, first_bad: str = "") -> dict[str, Any]:
-        """A shard is trained; its unreadable rows are counted once per shard, and past
+        """A shard is trained; its unreadable rows are counted once per shard's rows (not per
+        epoch), and past
         ``max_bad_rows`` the job fails, naming the first offending row."""
         with self.lock:
             self.heard[worker] = time.monotonic()
             if generation != self.generation:
                 return {"accepted": False, "reason": "stale generation"}
             if bad_rows:
-                self.bad_rows[shard] = (int(bad_rows), first_bad)
+                self.bad_rows[shard % self.spec.shards_per_epoch] = (int(bad_rows), first_bad)
                 total = sum(n for n, _ in self.bad_rows.values())
                 if total > self.spec.max_bad_rows and not self.failure:
                     first = self.bad_rows[min(self.bad_rows)][1]
@@ -317,7 +332,7 @@ class Master:
             return {
                 "job_id": self.spec.job_id, "state": state, "generation": self.generation, "shards": counts,
                 "samples_done": sum(self.spec.shard_range(s)[1] - self.spec.shard_range(s)[0] for s in self.done),
-                "samples_total": self.spec.samples, "ps": self.ps_addresses,
+                "samples_total": self.spec.total_samples, "epochs": self.spec.epochs, "ps": self.ps_addresses,
                 "workers": sorted(n for n, m in self.latest.items() if m.get("role") == "worker"),
                 "throughput": self.job_throughput(), "checkpoint": self.checkpoints[-1] if self.checkpoints else None,
                 "counters": dict(self.counters), "uptime_s": time.time() - self.started, "pid": os.getpid(),

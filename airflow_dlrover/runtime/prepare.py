@@ -1,5 +1,6 @@
-"""What a launch checks and fills in before any node starts (``Launcher.launch``): the dataset
-indexed and its files checked against the layout, the ``standardize`` columns measured, the
+"""What a launch checks and fills in before any node starts (``Launcher.launch``): the export the
+job starts from checked against its model and layout, the dataset indexed and its files checked
+against the layout, the ``standardize`` columns measured, the
 export's destination writable, and the user's model imported, built and run on a small batch
 where the launcher runs the job's code (and torch, the ``runtime`` extra, installed there)."""
 
@@ -24,6 +25,8 @@ def prepare(spec: JobSpec, *, runs_here: bool) -> JobSpec:
     Kubernetes they are the image's and the volume's, and the workers check them."""
     if runs_here:
         require_torch()
+    if spec.init_from:
+        spec = continued(spec)
     if spec.data != "synthetic" and spec.dataset is None:
         from airflow_dlrover.runtime.datasets import TabularSource, scan, standardize_statistics
 
@@ -38,6 +41,19 @@ def prepare(spec: JobSpec, *, runs_here: bool) -> JobSpec:
 
         build_model(spec)
     return spec
+
+
+def continued(spec: JobSpec) -> JobSpec:
+    """``spec`` checked against the export it starts from (``export.check_continues``), with that
+    export's ``standardize`` statistics: a continued model keeps the inputs it was trained on."""
+    from airflow_dlrover.runtime.export import check_continues, read_manifest
+    from airflow_dlrover.runtime.layout import FeatureLayout
+
+    manifest = read_manifest(spec.init_from, "init_from")
+    check_continues(spec, manifest)
+    stats = {c.name: (c.mean, c.std) for c in FeatureLayout.from_dict(manifest["layout"]).dense
+             if c.transform == "standardize" and c.mean is not None}
+    return replace(spec, layout=spec.layout.with_statistics(stats)) if stats else spec
 
 
 def require_torch() -> None:

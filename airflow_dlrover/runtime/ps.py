@@ -37,8 +37,6 @@ from airflow_dlrover.runtime.transport import Server, announce
 log = logging.getLogger(__name__)
 
 INIT_SCALE = 0.05  # embedding rows start uniform in ±INIT_SCALE (DLRM uses ~1/sqrt(rows))
-ADAGRAD_INITIAL = 0.1  # initial accumulator, as TensorFlow's Adagrad
-ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 
 
@@ -63,8 +61,9 @@ def initial_rows(seed: int, table: int, ids: np.ndarray, dim: int) -> np.ndarray
 class EmbeddingShard:
     """The rows of one table that this PS owns (ids ≡ index mod p), created on first touch."""
 
-    def __init__(self, table: int, size: int, dim: int, index: int, count: int, seed: int):
+    def __init__(self, table: int, size: int, dim: int, index: int, count: int, seed: int, initial_accumulator: float):
         self.table, self.dim, self.index, self.count, self.seed = table, dim, index, count, seed
+        self.initial_accumulator = initial_accumulator
         self.slot = np.full(size // count + 1, -1, dtype=np.int64)  # local id (id // p) → row slot
         self.ids = np.empty(0, dtype=np.int64)
         self.rows = np.empty((0, dim), dtype=np.float32)
@@ -86,7 +85,7 @@ class EmbeddingShard:
             self.ids[start:self.used] = fresh_ids
             if initialise:
                 self.rows[start:self.used] = initial_rows(self.seed, self.table, fresh_ids, self.dim)
-                self.accumulator[start:self.used] = ADAGRAD_INITIAL
+                self.accumulator[start:self.used] = self.initial_accumulator
             slots = self.slot[local]
         return slots
 
@@ -160,8 +159,22 @@ class ParameterServer:
         self._journal = None
 
     def _empty_tables(self) -> list[EmbeddingShard]:
-        return [EmbeddingShard(t, column.rows, column.dim, self.index, self.count, self.spec.seed)
+        return [EmbeddingShard(t, column.rows, column.dim, self.index, self.count, self.spec.seed,
+                               self.spec.adagrad_initial_accumulator)
                 for t, column in enumerate(self.spec.layout.sparse)]
+
+    def _start_tables(self) -> list[EmbeddingShard]:
+        """The job's first state of the tables: empty, or the rows this PS owns of the export the
+        job starts from (``init_from``), with fresh Adagrad accumulators."""
+        tables = self._empty_tables()
+        if self.spec.init_from:
+            from airflow_dlrover.runtime.export import read_manifest, read_table
+
+            manifest = read_manifest(self.spec.init_from, "init_from")
+            for table, entry in zip(tables, manifest["tables"]):
+                ids, rows = read_table(self.spec.init_from, entry)
+                table.absorb(ids, rows, np.full(rows.shape, self.spec.adagrad_initial_accumulator, np.float32))
+        return tables
 
     def _log(self, event: str, **fields: Any) -> None:
         """Append one event to this process's journal (see ``runtime.accounting``)."""
@@ -225,14 +238,18 @@ class ParameterServer:
             return False
 
     def _adam(self, grad: np.ndarray) -> None:
+        """Adam (Kingma & Ba 2015) with decoupled weight decay λ (AdamW): θ −= lr·(m̂/(√v̂ + ε) + λ·θ)."""
         d = self.dense
         d.step += 1
-        b1, b2 = ADAM_BETAS
+        b1, b2 = self.spec.adam_betas
         d.m = b1 * d.m + (1 - b1) * grad
         d.v = b2 * d.v + (1 - b2) * grad * grad
         m_hat = d.m / (1 - b1**d.step)
         v_hat = d.v / (1 - b2**d.step)
-        d.params -= self.spec.dense_learning_rate * m_hat / (np.sqrt(v_hat) + ADAM_EPS)
+        step = m_hat / (np.sqrt(v_hat) + ADAM_EPS)
+        if self.spec.dense_weight_decay:
+            step += self.spec.dense_weight_decay * d.params
+        d.params -= self.spec.dense_learning_rate * step
 
     def save(self, path: str) -> dict[str, Any]:
         """Write this PS's state (rows, accumulators, applied batches; dense on PS 0) to ``path``."""
@@ -263,7 +280,7 @@ class ParameterServer:
         batches are those every file holds (a batch pushed to some PS only is pushed again)."""
         self._open_journal(journal)
         with self.lock:
-            self.tables = self._empty_tables()
+            self.tables = self._empty_tables() if paths else self._start_tables()
             self.dense = None
             batches = None
             for path in paths:
@@ -282,9 +299,11 @@ class ParameterServer:
             return {"rows": int(sum(t.used for t in self.tables)), "generation": generation}
 
     def set_generation(self, generation: int, journal: str | None = None) -> None:
-        """Serve ``generation`` with the state as it is (a new job's empty PS)."""
+        """Serve ``generation``: a new job's PS, from the job's first state (``_start_tables``)."""
         self._open_journal(journal)
         with self.lock:
+            if self.generation < 0 and self.spec.init_from:
+                self.tables = self._start_tables()
             self.generation = generation
             self._log("start", ps=self.index, of=self.count)
 

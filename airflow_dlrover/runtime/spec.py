@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
+
 from airflow_dlrover.optimizer.types import InvalidInputError
 from airflow_dlrover.runtime.datasets import DatasetIndex
 from airflow_dlrover.runtime.layout import FeatureLayout
@@ -26,8 +28,8 @@ class JobSpec:
     ``data``: ``"synthetic"``, or a Parquet/CSV/TSV file, folder, glob or fsspec URL, read through
     ``layout`` (a :class:`FeatureLayout`; default the Criteo one of ``table_sizes`` ×
     ``embedding_dim``). ``dataset`` is that data's index (``runtime.datasets.scan``), filled in at
-    launch (``runtime.prepare``) before anything starts. Samples ``[0, samples)`` are trained once
-    each (one epoch; ``None``: every training row of the dataset, 200,000 synthetic ones); the
+    launch (``runtime.prepare``) before anything starts. Rows ``[0, samples)`` are trained
+    ``epochs`` times each (``None``: every training row of the dataset, 200,000 synthetic ones); the
     held-out split (:attr:`held_out`) is the ``eval_samples`` after them (synthetic), or the last
     ``eval_files`` files, else the last ``eval_fraction`` of the rows. A shard is the unit the master
     hands out: ``shard_size`` samples, never crossing a fragment of the dataset. ``model``:
@@ -48,8 +50,13 @@ class JobSpec:
     top_mlp: tuple[int, ...] = (64, 32)
     batch_size: int = 512
     shard_size: int = 8192
+    epochs: int = 1
     learning_rate: float = 0.05  # sparse Adagrad on the PS
     dense_learning_rate: float = 0.002  # Adam on the dense parameters (held by PS 0)
+    adagrad_initial_accumulator: float = 0.1  # as TensorFlow's Adagrad
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    dense_weight_decay: float = 0.0
+    init_from: str = ""
     eval_samples: int = 20_000
     eval_fraction: float = 0.2
     eval_files: int = 0
@@ -68,6 +75,7 @@ class JobSpec:
         set_ = object.__setattr__
         set_(self, "bottom_mlp", tuple(int(t) for t in self.bottom_mlp))
         set_(self, "top_mlp", tuple(int(t) for t in self.top_mlp))
+        set_(self, "adam_betas", tuple(float(b) for b in self.adam_betas))
         layout = self.layout
         if layout is None:
             layout = FeatureLayout.criteo(tuple(int(t) for t in self.table_sizes), int(self.embedding_dim))
@@ -86,13 +94,20 @@ class JobSpec:
             "zipf_skew": math.isfinite(self.zipf_skew) and self.zipf_skew >= 0,
             "bottom_mlp": len(self.bottom_mlp) >= 1 and (bool(self.model) or len(dims) > 1 or self.bottom_mlp[-1] in dims),
             "model": not self.model or _IMPORT_PATH.fullmatch(self.model) is not None,
+            "epochs": isinstance(self.epochs, int) and self.epochs >= 1,
+            "learning_rate": _positive(self.learning_rate),
+            "dense_learning_rate": _positive(self.dense_learning_rate),
+            "adagrad_initial_accumulator": _positive(self.adagrad_initial_accumulator),
+            "adam_betas": len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas),
+            "dense_weight_decay": math.isfinite(self.dense_weight_decay) and self.dense_weight_decay >= 0,
         }
         allowed = {"bottom_mlp": "a last layer equal to the tables' embedding dim", "eval_fraction": "0 ≤ x < 1",
                    "zipf_skew": "a finite number ≥ 0 (0 = uniform ids)",
-                   "model": "an import path pkg.module:function"}
+                   "model": "an import path pkg.module:function", "epochs": "an integer ≥ 1",
+                   "adam_betas": "two numbers in [0, 1)", "dense_weight_decay": "a finite number ≥ 0"}
         for name, ok in checks.items():
             if not ok:
-                raise InvalidInputError(name, getattr(self, name), allowed.get(name, "positive values"))
+                raise InvalidInputError(name, getattr(self, name), allowed.get(name, "a finite number > 0"))
         if self.data == "synthetic" and any(c.multi_hot or c.vocabulary for c in self.layout.sparse):
             raise InvalidInputError("layout.sparse", "multi_hot/vocabulary", "hashed single-id tables with "
                                     "data=synthetic (the generator draws one id per table): declare them for a dataset")
@@ -126,10 +141,16 @@ class JobSpec:
             return starts[next(i for i, f in enumerate(files) if f >= first)], rows
         return rows - math.ceil(self.eval_fraction * rows), rows
 
+    @property
+    def total_samples(self) -> int | None:
+        """The samples the job trains: every row of ``[0, samples)``, ``epochs`` times (None: the
+        dataset is not indexed yet)."""
+        return None if self.samples is None else self.samples * self.epochs
+
     @cached_property
-    def shard_bounds(self) -> tuple[int, ...]:
-        """Shard ``i`` is samples ``[bounds[i], bounds[i+1])``: ``shard_size`` at most, and inside one
-        fragment (a Parquet row group, a run of text lines) of the dataset."""
+    def epoch_bounds(self) -> tuple[int, ...]:
+        """One epoch's shards: shard ``s`` is rows ``[bounds[s], bounds[s+1])``, ``shard_size`` at
+        most, and inside one fragment (a Parquet row group, a run of text lines) of the dataset."""
         if self.samples is None:
             raise ValueError(f"job {self.job_id}: the dataset {self.data} is not indexed yet (runtime.prepare)")
         edges = self.dataset.fragment_starts if self.dataset is not None else [0, self.samples]
@@ -142,6 +163,17 @@ class JobSpec:
             bounds.append(b)
         return tuple(bounds)
 
+    @cached_property
+    def shard_bounds(self) -> tuple[int, ...]:
+        """Shard ``i`` is the job's samples ``[bounds[i], bounds[i+1])``: the epoch's shards, one
+        epoch after the other (see the class docstring)."""
+        one = self.epoch_bounds
+        return one + tuple(e * self.samples + b for e in range(1, self.epochs) for b in one[1:])
+
+    @property
+    def shards_per_epoch(self) -> int:
+        return len(self.epoch_bounds) - 1
+
     @property
     def num_shards(self) -> int:
         return len(self.shard_bounds) - 1
@@ -151,6 +183,28 @@ class JobSpec:
 
     def shard_of(self, sample: int) -> int:
         return bisect.bisect_right(self.shard_bounds, sample) - 1
+
+    def epoch_of(self, shard: int) -> int:
+        return shard // self.shards_per_epoch
+
+    def rows_of(self, shard: int) -> tuple[int, int]:
+        """The rows ``[start, stop)`` of the dataset that a shard trains (in any epoch)."""
+        return self.epoch_bounds[shard % self.shards_per_epoch], self.epoch_bounds[shard % self.shards_per_epoch + 1]
+
+    def fragment_order(self, epoch: int, fragments: int) -> np.ndarray:
+        """The rank of each fragment in ``epoch``'s visiting order: the data's order with one
+        epoch, else a permutation seeded by (``seed``, epoch)."""
+        if self.epochs == 1:
+            return np.arange(fragments)
+        return np.argsort(np.random.default_rng((self.seed, epoch, 0)).permutation(fragments))
+
+    def row_order(self, shard: int) -> np.ndarray | None:
+        """The order a shard's rows are trained in (positions in ``rows_of(shard)``): None (as
+        read) with one epoch, else a permutation seeded by (``seed``, epoch, the shard's rows)."""
+        if self.epochs == 1:
+            return None
+        start, stop = self.rows_of(shard)
+        return np.random.default_rng((self.seed, self.epoch_of(shard), 1, start)).permutation(stop - start)
 
     @property
     def key(self) -> bytes:
@@ -179,3 +233,7 @@ class JobSpec:
     @classmethod
     def load(cls, path: Path) -> "JobSpec":
         return cls.from_json(Path(path).read_text())
+
+
+def _positive(value: float) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0

@@ -64,7 +64,12 @@ class Worker:
         torch.set_num_threads(max(1, threads))
         self.device = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("DLROVER_WORKER_GPU", "0") != "0" else "cpu")
         self.master = MasterClient(master, spec.key)
-        self.model = build_model(spec).to(self.device)
+        self.model = build_model(spec)
+        if spec.init_from:  # the dense model the job starts from (PS 0 takes it as the initial one)
+            from airflow_dlrover.runtime.export import read_dense
+
+            self.model.load_state_dict(read_dense(spec.init_from))
+        self.model = self.model.to(self.device)
         self.source = source_for(spec)
         self.ps_addresses: list[str] = []
         self.peers: list[Peer] = []
@@ -118,17 +123,22 @@ class Worker:
             self.master.post("/shard/done", worker=self.name, shard=reply["shard"], generation=self.generation, **bad)
 
     def _train_shard(self, shard: int, start: int, stop: int) -> dict[str, Any]:
-        """Train samples ``[start, stop)``; returns its bad rows (count, and the first named)."""
+        """Train the job's samples ``[start, stop)``: the shard's rows in its epoch's order
+        (``JobSpec.row_order``); returns its bad rows (count, and the first named)."""
         t = time.perf_counter()
-        data = self.source.samples(start, stop)
+        first, last = self.spec.rows_of(shard)
+        data = self.source.samples(first, last)
+        order = self.spec.row_order(shard)
+        if order is not None:
+            data = data.take(order)
         self.window["data"] += time.perf_counter() - t
         for offset in range(0, len(data), self.spec.batch_size):
             self._step(start + offset, data.slice(offset, min(offset + self.spec.batch_size, len(data))))
             self._report()
         if not data.bad_rows:
             return {}
-        errors = self.source.errors(start, stop)
-        return {"bad_rows": data.bad_rows, "first_bad": str(errors[0]) if errors else f"a row in [{start}, {stop})"}
+        errors = self.source.errors(first, last)
+        return {"bad_rows": data.bad_rows, "first_bad": str(errors[0]) if errors else f"a row in [{first}, {last})"}
 
     def _lookup(self, owner: list[list[np.ndarray]]) -> list[dict[str, Any]]:
         """Each PS's rows for its share of the ids, PS 0's reply with the dense parameters. A PS 0
@@ -191,12 +201,13 @@ class Worker:
         w["compute"] += t3 - t2
         w["push"] += t4 - t3
 
-    def evaluate(self, start: int, stop: int, batch_size: int = 4096) -> dict[str, float]:
+    def evaluate(self, start: int, stop: int, batch_size: int = 4096, previous=None) -> dict[str, Any]:
         """Held-out metrics (``evaluate.StreamingMetrics``) of the readable rows of ``[start, stop)``,
-        with the PS's current model, in memory that does not grow with the rows."""
+        with the PS's current model, in memory that does not grow with the rows; with ``previous``
+        (an ``export.ExportedModel``) that model's too, on the same rows, as ``result["previous"]``."""
         from airflow_dlrover.runtime.evaluate import StreamingMetrics
 
-        streaming = StreamingMetrics()
+        streaming, theirs = StreamingMetrics(), StreamingMetrics()
         with torch.no_grad():
             for offset in range(start, stop, batch_size):
                 batch = self.source.samples(offset, min(offset + batch_size, stop))
@@ -204,12 +215,24 @@ class Worker:
                 logits, _ = self._forward(batch, uniques, inverses, self._lookup(owner), grad=False)
                 keep = batch.valid_mask
                 streaming.update(batch.label[keep], logits.cpu().numpy()[keep])
+                if previous is not None:
+                    theirs.update(batch.label[keep], previous.logits(batch)[keep])
                 self._report()  # keeps the finish's lease
-        return streaming.result()
+        result = streaming.result()
+        if previous is not None:
+            result["previous"] = {"uri": self.spec.init_from, **theirs.result()}
+        return result
 
     def _finish(self) -> dict[str, Any]:
-        """The job's last task: held-out loss and AUC, and the export."""
-        result = self.evaluate(*self.spec.held_out)
+        """The job's last task: held-out loss and AUC (and those of the model it started from,
+        on the same rows), and the export."""
+        previous = None
+        if self.spec.init_from:
+            from airflow_dlrover.runtime.export import load_export
+
+            previous = load_export(self.spec.init_from)
+        result = self.evaluate(*self.spec.held_out, previous=previous)
+        del previous
         if self.spec.export:
             from airflow_dlrover.runtime.export import export_model
 
