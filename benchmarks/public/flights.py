@@ -17,8 +17,8 @@ The recipe (:func:`features`), every feature known before the scheduled departur
   flights included), and the origin's weather of the hour *before* the scheduled departure hour (an
   observation stamped hour H is taken during H) with its precipitation and lowest visibility over
   the three hours up to it.
-* order: by scheduled departure hour (UTC), then the flight's keys: ties are broken by value, so the
-  output does not depend on the input's row order.
+* order: by scheduled departure hour (UTC), then the flight's schedule and keys (carrier, number
+  and hour identify a flight), so the output does not depend on the input's row order.
 
 :func:`write` stores the rows as one Parquet file per month (row groups of :data:`ROW_GROUP`) in two
 windows, ``A`` (January–June) and ``B`` (July–December), and the runtime's feature layout
@@ -46,7 +46,7 @@ LABEL = "delayed"
 DELAY_MINUTES = 15
 #: sparse column → hashed table size (about 4× the distinct values of 2013, a power of two)
 SPARSE = {"carrier": 64, "tailnum": 16_384, "flight": 32_768, "origin": 8, "dest": 512, "route": 1024,
-          "dep_hour": 64, "arr_hour": 64, "dow": 16, "plane_model": 1024}
+          "sched_dep_hour": 64, "sched_arr_hour": 64, "dow": 16, "plane_model": 1024}
 #: dense column → transform: log1p for counts and heavy tails (precipitation, wind), else standardize
 DENSE = {"distance": "standardize", "sched_dep_min": "standardize", "sched_arr_min": "standardize",
          "plane_year": "standardize", "seats": "log1p", "origin_hour_departures": "log1p",
@@ -104,14 +104,15 @@ def features(flights: pd.DataFrame, weather: pd.DataFrame, planes: pd.DataFrame)
     p = pd.DataFrame({"tailnum": p["tailnum"], "plane_year": p["year"], "seats": p["seats"],
                       "plane_model": p["manufacturer"].astype(str) + " " + p["model"].astype(str)})
     f = f.merge(p, on="tailnum", how="left")
-    f = f.sort_values(["time_hour", "sched_dep_time", "carrier", "flight", "origin", "dest", "tailnum", "arr_delay"],
-                      kind="mergesort", na_position="last").reset_index(drop=True)
+    f = f.sort_values(["time_hour", "sched_dep_time", "carrier", "flight", "origin", "dest"], kind="mergesort")
+    f = f.reset_index(drop=True)
     date = pd.to_datetime(pd.DataFrame({"year": f["year"], "month": f["month"], "day": f["day"]}))
     out = pd.DataFrame({LABEL: (f["arr_delay"] > DELAY_MINUTES).astype(np.int8)})
     sparse = {
         "carrier": f["carrier"], "tailnum": f["tailnum"], "flight": f["carrier"] + f["flight"].astype(str),
         "origin": f["origin"], "dest": f["dest"], "route": f["origin"] + "-" + f["dest"],
-        "dep_hour": (f["sched_dep_time"] // 100).astype(str), "arr_hour": (f["sched_arr_time"] // 100 % 24).astype(str),
+        "sched_dep_hour": (f["sched_dep_time"] // 100).astype(str),
+        "sched_arr_hour": (f["sched_arr_time"] // 100 % 24).astype(str),
         "dow": date.dt.dayofweek.astype(str), "plane_model": f["plane_model"],
     }
     minutes = lambda hhmm: (hhmm // 100 * 60 + hhmm % 100).astype(float)  # noqa: E731
