@@ -73,6 +73,7 @@ def controller_state(history: Any, job: Any, run: int, quota: Quota | None,
         window_s=layout.get("window_s") or C.PROBE_WINDOW_S,
         table_mb=layout.get("table_capacity_mb"),
         largest_table_mb=layout.get("largest_table_mb"),
+        table_start_mb=layout.get("table_start_mb"),
     )
     return ControllerState(**{**values, **fields})
 

@@ -174,7 +174,8 @@ def job_summary(launcher: LocalLauncher, job_id: str, spec: JobSpec) -> dict[str
     return {
         "job_id": job_id,
         **{k: accounting[k] for k in ("samples_expected", "samples_trained", "samples_lost", "samples_duplicated",
-                                      "duplicated_by", "duplicates_refused", "duplicates_refused_by")},
+                                      "duplicated_by", "duplicates_refused", "duplicates_refused_by",
+                                      "samples_by_epoch")},
         "restarts": int(sum(n.get("restarts", 0) for n in job["nodes"].values())),
         "resizes": int(job.get("resizes", 0)),
         "checkpoints": status["counters"]["checkpoints"],

@@ -45,6 +45,7 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
         from airflow_dlrover.optimizer import constants as C
         from airflow_dlrover.optimizer.controller import begin
         from airflow_dlrover.optimizer.types import EventKind
+        from airflow_dlrover.runtime.export import starting_tables_mb
 
         run, job_id = self.run_ids(context)
         with user_errors():
@@ -55,7 +56,8 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
             window_s = duration_s("probe_window", self.probe_window) if self.probe_window else default_window
             prior = self.history.prior_model(self.job, before_run=run)
             layout = {"table_mb": None, "largest_table_mb": None} if trainer else {
-                "table_mb": spec.layout.table_mb(), "largest_table_mb": spec.layout.largest_table_mb()}
+                "table_mb": spec.layout.table_mb(), "largest_table_mb": spec.layout.largest_table_mb(),
+                "table_start_mb": starting_tables_mb(spec)}
             state = begin(quota, prior=prior, batch_size=spec.batch_size, window_s=window_s,
                           allreduce=bool(trainer) and trainer["kind"] == "allreduce", **layout)
         designed = len(state.probes)
@@ -71,6 +73,7 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
         self.history.add(run, "event", {"event": EventKind.PROFILED.value, "probes": designed, "measured": len(table),
                                         "table_capacity_mb": layout["table_mb"],
                                         "largest_table_mb": layout["largest_table_mb"],
+                                        "table_start_mb": layout.get("table_start_mb"),
                                         "warm_start": prior is not None, "profile_s": profile_s,
                                         "samples_trained": float(table["samples_seen"].max()) if len(table) else 0.0,
                                         "trainer": bool(trainer), "window_s": window_s, "time": time.time()})

@@ -192,7 +192,9 @@ class ControllerState:
     Before training (see :func:`begin`): ``phase``; ``probes``: the profile's probes in their
     visiting order, of which ``probes_issued`` were asked for, each measured for ``window_s``;
     ``batch_size`` and the layout's tables (``table_mb``, ``largest_table_mb``; None: unknown) the
-    probes and the fit are sized by; ``plan``: the plan chosen last, measured ``plan_checks``
+    probes and the fit are sized by; ``table_start_mb``: the tables as the job starts (the export it
+    continues: ``init_from``; None: empty), the least the memory model's T₀ may be — a prior or a
+    profile of a job that started empty says less; ``plan``: the plan chosen last, measured ``plan_checks``
     times before launch. ``failure_log``: each report of failed nodes (``time_s``, ``samples_done``
     and the nodes' ``exit_codes``); ``restart_budget``: (failures, seconds) a trainer of the
     user's may have before it stops (None: no budget)."""
@@ -217,6 +219,7 @@ class ControllerState:
     batch_size: int = 512
     table_mb: float | None = None
     largest_table_mb: float | None = None
+    table_start_mb: float | None = None
     plan: Plan | None = None
     plan_checks: int = 0
     failure_log: tuple[dict, ...] = ()
@@ -287,7 +290,7 @@ def step(state: ControllerState, observation: Observation) -> tuple[ControllerSt
 def begin(quota: Quota, objective: Objective | str = Objective.THROUGHPUT, *, prior: JobModel | None = None,
           deadline_at_s: float | None = None, batch_size: int = 512, worker_gpu: int = 0,
           table_mb: float | None = None, largest_table_mb: float | None = None, allreduce: bool | None = None,
-          window_s: float = C.PROBE_WINDOW_S) -> ControllerState:
+          window_s: float = C.PROBE_WINDOW_S, table_start_mb: float | None = None) -> ControllerState:
     """A job's state before its first step: profiling the probes ``probes.design_probes`` chooses
     under ``quota`` (none for a warm start: a ``prior`` with a memory model), in
     ``probes.visiting_order``."""
@@ -296,7 +299,8 @@ def begin(quota: Quota, objective: Objective | str = Objective.THROUGHPUT, *, pr
                            table_mb=table_mb, largest_table_mb=largest_table_mb, allreduce=allreduce)
     return ControllerState(quota, objective, deadline_at_s, prior=prior, phase=Phase.PROFILING,
                            probes=tuple(visiting_order(design)) if len(design) else (), window_s=window_s,
-                           batch_size=batch_size, table_mb=table_mb, largest_table_mb=largest_table_mb)
+                           batch_size=batch_size, table_mb=table_mb, largest_table_mb=largest_table_mb,
+                           table_start_mb=table_start_mb)
 
 
 def initial_plan(model: JobModel, quota: Quota, objective: Objective | str, *, samples: float | None,
@@ -349,7 +353,7 @@ def _fit(state: ControllerState, obs: Observation) -> tuple[ControllerState, lis
     if not state.profile:
         if state.prior is None:
             return state, [Fail(Reason.NOT_PROFILED, retryable=True)]
-        return replace(state, model=state.prior, phase=Phase.PLANNING), [
+        return replace(state, model=_with_start(state.prior, state), phase=Phase.PLANNING), [
             Keep(Reason.FITTED, {"samples": 0, "warm": ": a warm start plans on its prior"})]
     model = _fit_profile(state)
     warm = " (warm-started from the prior)" if state.prior is not None else ""
@@ -358,8 +362,16 @@ def _fit(state: ControllerState, obs: Observation) -> tuple[ControllerState, lis
 
 
 def _fit_profile(state: ControllerState) -> JobModel:
-    return fit_job_model(pd.DataFrame(list(state.profile)), state.prior, table_capacity_mb=state.table_mb,
-                         largest_table_mb=state.largest_table_mb)
+    return _with_start(fit_job_model(pd.DataFrame(list(state.profile)), state.prior, table_capacity_mb=state.table_mb,
+                                     largest_table_mb=state.largest_table_mb), state)
+
+
+def _with_start(model: JobModel, state: ControllerState) -> JobModel:
+    """``model`` with its tables at least as large as the job's are at its start (``table_start_mb``)."""
+    memory = model.memory
+    if state.table_start_mb is None or memory is None or memory.table_mb is None:
+        return model
+    return replace(model, memory=replace(memory, table_mb=max(memory.table_mb, state.table_start_mb)))
 
 
 def _plan(state: ControllerState, obs: Observation) -> tuple[ControllerState, list[Action]]:

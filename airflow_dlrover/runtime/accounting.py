@@ -24,7 +24,8 @@ over the PS that serve the final generation,
     samples_lost       = Σ_b n(b)·[lo(b) = 0]          (a part of b is on no PS of the model)
     samples_duplicated = Σ_b n(b)·max(hi(b) − 1, 0)    (b's update is in the model twice on some PS)
 
-per batch, so a duplicate never nets out a loss, and an update applied twice on *any* PS counts.
+per batch, so a duplicate never nets out a loss, and an update applied twice on *any* PS counts;
+the same per epoch (a batch of epoch e starts in ``[e·samples, (e+1)·samples)``: ``JobSpec``).
 Each duplicate (applied or refused) is attributed to the last requeue of its shard before it.
 """
 
@@ -126,6 +127,10 @@ def reconcile(workdir: Path, spec, generation: int) -> dict[str, Any]:
     refused_by_cause: Counter[str] = Counter()
     for t, i, n in refusals:
         refused_by_cause[_cause(requeues, int(shard_of[i]), t)] += n
+    epoch = starts // spec.samples
+    by_epoch = [{"epoch": e, "samples_expected": int(sizes[epoch == e].sum()),
+                 "samples_lost": int((sizes * (lo == 0))[epoch == e].sum()),
+                 "samples_duplicated": int((sizes * duplicated)[epoch == e].sum())} for e in range(spec.epochs)]
     in_model: Counter[str] = Counter()
     for i in np.flatnonzero(duplicated):
         in_model[_cause(requeues, int(shard_of[i]), last_apply[i])] += int(sizes[i] * duplicated[i])
@@ -135,6 +140,7 @@ def reconcile(workdir: Path, spec, generation: int) -> dict[str, Any]:
         "samples_lost": int((sizes * (lo == 0)).sum()),
         "samples_duplicated": int((sizes * duplicated).sum()),
         "duplicated_by": dict(in_model),
+        "samples_by_epoch": by_epoch,
         "duplicates_refused": int(sum(refused_by_cause.values())),
         "duplicates_refused_by": dict(refused_by_cause),
         "ps_in_final_model": len(finals),

@@ -684,8 +684,10 @@ def standardize_statistics(source: TabularSource, train_rows: int) -> dict[str, 
 
 
 def write_synthetic(url: str, rows: int, *, files: int = 1, row_group_rows: int | list[int] = 65_536,
-                    table_sizes: tuple[int, ...] = (20_000,) * 26, seed: int = 0, zipf_skew: float = 1.05) -> list[str]:
-    """Write ``rows`` synthetic samples (``runtime.data.SyntheticSource``) as a Parquet dataset in the
+                    table_sizes: tuple[int, ...] = (20_000,) * 26, seed: int = 0, zipf_skew: float = 1.05,
+                    first: int = 0) -> list[str]:
+    """Write ``rows`` synthetic samples (``runtime.data.SyntheticSource``'s from sample ``first``:
+    another day's rows of the same generator) as a Parquet dataset in the
     Criteo columns — ``label``, ``I1..I13`` the raw counts (the default layout's ``log1p`` gives the
     synthetic dense features back exactly), ``C1..C26`` the int64 ids — over ``files`` files of row
     groups of ``row_group_rows`` (a list: cycled, for groups of varied size). Written a row group at a
@@ -711,7 +713,7 @@ def write_synthetic(url: str, rows: int, *, files: int = 1, row_group_rows: int 
             while start < stop:
                 end = min(start + groups[g % len(groups)], stop)
                 g += 1
-                b = source.samples(start, end)
+                b = source.samples(first + start, first + end)
                 columns = [pa.array(b.label.astype(np.int8))]
                 columns += [pa.array(np.rint(np.expm1(b.dense[:, j].astype(np.float64))).astype(np.int64)) for j in range(13)]
                 columns += [pa.array(ids) for ids in b.sparse]

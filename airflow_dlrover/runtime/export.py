@@ -144,6 +144,15 @@ def read_dense(url: str) -> dict[str, Any]:
         return torch.load(io.BytesIO(f.read()), weights_only=True)
 
 
+def starting_tables_mb(spec) -> float | None:
+    """PS memory of the job's tables as it starts (``FeatureLayout.table_mb`` of the rows the export
+    it continues holds); None: it starts empty."""
+    if not spec.init_from:
+        return None
+    manifest = read_manifest(spec.init_from, "init_from")
+    return spec.layout.table_mb(tuple(entry["stored_rows"] for entry in manifest["tables"]))
+
+
 def check_continues(spec, manifest: dict[str, Any]) -> None:
     """Raise ``InvalidInputError`` on ``init_from`` unless the job ``spec`` can start from the
     export of ``manifest``: the same dense model (import path, MLPs, dense features) and the same

@@ -9,8 +9,9 @@ journal, which ``runtime.accounting`` reconciles after the run.
 
 Rows are created on first touch (their initial value is a deterministic function of
 (seed, table, id), so re-partitioning or restoring never changes a row that was not trained), so
-PS memory grows as new ids arrive — the growth the memory model forecasts. numpy only: a PS
-starts in well under a second, which is what a PS restart costs.
+PS memory grows as new ids arrive — the growth the memory model forecasts. A job that continues an
+export (``init_from``) starts from its rows instead: each PS loads the rows it owns, with fresh
+accumulators. numpy only: a PS starts in well under a second, which is what a PS restart costs.
 
 Every request carries the job's *generation*: a restore from a checkpoint bumps it, and a push
 from an older generation is refused, so a worker that trained against the old model drops its

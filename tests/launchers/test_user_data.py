@@ -55,6 +55,43 @@ def test_a_parquet_job_recovers_loses_nothing_and_exports_what_it_scored(tmp_pat
     assert not list(tmp_path.glob("model.*"))  # no staging or replaced folder is left behind
 
 
+def test_epochs_under_a_killed_worker_and_a_ps_change_apply_every_sample_once_per_epoch(tmp_path, day):
+    job = JobSpec(job_id="epochs", data=str(day), samples=60_000, epochs=3, table_sizes=(5000,) * 26,
+                  checkpoint_interval_s=2.0)
+    ps_change = [(5.0, Configuration(2, 3, 1.0, 0.5, 2048, 1024))]
+    summary = run_job(LocalLauncher(tmp_path / "jobs"), job, CONFIG, tmp_path, parse_faults("kill-worker@3s"), ps_change)
+    assert summary["restarts"] >= 1 and any("re-partition" in " ".join(e.get("actions", [])) for e in summary["events"])
+    assert summary["samples_expected"] == 180_000 and summary["samples_lost"] == 0
+    assert summary["samples_duplicated"] <= job.shard_size  # a batch half pushed when its worker was killed
+    assert [e["samples_expected"] for e in summary["samples_by_epoch"]] == [60_000] * 3
+    assert all(e["samples_lost"] == 0 for e in summary["samples_by_epoch"])
+
+
+def test_day_b_continued_from_day_a_beats_day_b_from_scratch_on_its_held_out_rows(tmp_path):
+    sizes = (5000,) * 26
+    write_synthetic(str(tmp_path / "a"), 50_000, row_group_rows=10_000, table_sizes=sizes)
+    write_synthetic(str(tmp_path / "b"), 50_000, row_group_rows=10_000, table_sizes=sizes, first=50_000)
+    launcher, config = LocalLauncher(tmp_path / "jobs"), Configuration(2, 1, 1.0, 0.5, 2048, 1024)
+
+    def day(name: str, data: str, **more) -> dict:
+        job = JobSpec(job_id=name, data=str(tmp_path / data), table_sizes=sizes, export=str(tmp_path / name), **more)
+        return run_job(launcher, job, config, tmp_path / name)
+
+    a = day("a", "a")
+    scratch, continued = day("b-scratch", "b"), day("b-continued", "b", init_from=a["export"])
+    assert continued["eval_auc"] > scratch["eval_auc"] + 0.01, (continued["eval_auc"], scratch["eval_auc"])
+    assert scratch["previous_model"] is None and continued["previous_model"]["uri"] == a["export"]
+    spec = launcher.spec(continued["job_id"])  # day A's model on day B's held-out rows, scored independently
+    held_out = TabularSource(spec.dataset, spec.layout).samples(*spec.held_out)
+    again = metrics(held_out.label, load_export(a["export"]).logits(held_out))
+    assert again["auc"] == pytest.approx(continued["previous_model"]["auc"], abs=1e-5)
+    assert again["samples"] == continued["previous_model"]["samples"] == 10_000
+    assert load_export(continued["export"]).manifest["init_from"] == a["export"]
+    with pytest.raises(InvalidInputError, match="init_from"):  # another layout: refused at launch
+        run_job(launcher, JobSpec(job_id="b-other", data=str(tmp_path / "b"), table_sizes=(4000,) * 26,
+                                  init_from=a["export"]), config, tmp_path / "other")
+
+
 USER_MODEL = '''
 import torch
 from torch import nn

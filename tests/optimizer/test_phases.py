@@ -93,6 +93,17 @@ def test_a_warm_start_probes_nothing_and_plans_on_its_prior():
     assert launch.plan.config.cores <= QUOTA.cpu
 
 
+def test_a_job_that_starts_from_an_export_plans_its_ps_memory_for_the_tables_it_starts_with():
+    cold_state, *_ = drive(begin(QUOTA))
+    prior = choose_prior([cold_state.model])  # of a run that started empty
+    start = prior.memory.table_mb + 3000.0
+    state, *_, launch = drive(begin(QUOTA, prior=prior, table_start_mb=start))
+    assert state.model.memory.table_mb == start
+    assert launch.plan.config.ps_memory_mb >= state.model.memory.ps_base_mb + start / launch.plan.config.ps
+    fitted, *_ = drive(begin(QUOTA, table_start_mb=start))  # and a fit on probes of an empty start
+    assert fitted.model.memory.table_mb >= start
+
+
 def test_nothing_measured_and_no_prior_fails_retryably():
     state = replace(begin(QUOTA), probes=())
     _, (fail,) = step(state, Observation(0.0, samples_total=SAMPLES))

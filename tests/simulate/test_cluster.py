@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulate import main
+from sim.cli import main
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.controller import Probe, begin
 from airflow_dlrover.optimizer.types import Configuration, Phase
