@@ -4,7 +4,10 @@
 # TorchRec for examples/torchrec_dlrm (its extra, then torchrec itself without the CUDA fbgemm-gpu
 # its metadata asks for: see pyproject.toml).
 # `make demo` runs the daily retrain DAG with `airflow dags test` on the embedded defaults:
-# AIRFLOW_HOME=./airflow-home (SQLite metadata DB and history store), the local launcher.
+# AIRFLOW_HOME=./airflow-home (SQLite metadata DB and history store), the local launcher. It exports
+# each run's model under DEMO_EXPORT and runs the day after the newest export there (today, UTC, the
+# first time): a second `make demo` is the next day's retrain, which continues from the first's model
+# and reports today's against it on the same held-out rows.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -21,12 +24,18 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 DEMO_HOME ?= $(CURDIR)/airflow-home
 DEMO_ENV := AIRFLOW_HOME=$(DEMO_HOME) AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags
-DEMO_CONF ?= {}
+DEMO_EXPORT ?= $(DEMO_HOME)/models
+DEMO_CONF ?= {"export": "$(DEMO_EXPORT)"}
+DEMO_DATE = $$($(PY) -c 'import datetime as d, sys; from airflow_dlrover.daily import previous_export; \
+	e = previous_export(sys.argv[1]); \
+	print(d.date.fromisoformat(e[-10:]) + d.timedelta(days=1) if e else d.datetime.now(d.timezone.utc).date())' \
+	'$(DEMO_EXPORT)')
 
 demo: $(VENV)/.installed
 	mkdir -p $(DEMO_HOME)
 	$(DEMO_ENV) $(VENV)/bin/airflow db migrate > /dev/null
-	$(DEMO_ENV) $(VENV)/bin/airflow dags test dlrm_daily_retrain -c '$(DEMO_CONF)' > $(DEMO_HOME)/dags-test.log 2>&1 \
+	$(DEMO_ENV) $(VENV)/bin/airflow dags test dlrm_daily_retrain $(DEMO_DATE) -c '$(DEMO_CONF)' \
+		> $(DEMO_HOME)/dags-test.log 2>&1 \
 		|| { tail -50 $(DEMO_HOME)/dags-test.log; echo "the DAG run failed: see $(DEMO_HOME)/dags-test.log"; exit 1; }
 	$(DEMO_ENV) $(VENV)/bin/dlrover-rm report dlrm_daily_retrain
 	@echo "task logs: $(DEMO_HOME)/dags-test.log; browse it all: $(DEMO_ENV) $(VENV)/bin/airflow standalone"

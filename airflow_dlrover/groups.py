@@ -12,7 +12,7 @@ fine-tune a lost try, and the guard retries each node failure quickly — the re
 function (TaskFlow) and between other tasks: ``extract >> DLRoverRetrainGroup(...) >> deploy``.
 
 The report emits :func:`model_asset` with the exported model's URI, its held-out AUC and log loss
-and the run, so that a deploy DAG can be scheduled on it.
+(and those of the model it continued from) and the run, so that a deploy DAG can be scheduled on it.
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ def model_asset(job: str, *, dag_id: str, task_group: str = "") -> Asset:
     """The Asset a retrain group's report emits for ``job`` of ``dag_id`` (a deploy DAG schedules
     on it: ``schedule=[model_asset("dlrm_daily_retrain", dag_id="dlrm_daily_retrain")]``). Each
     event's ``extra``: ``uri`` (the export, None when the job exports nothing), ``auc``,
-    ``log_loss``, ``samples_trained``, ``dag_run``, ``run`` (the history store's run id)."""
+    ``log_loss`` (held-out), ``previous_uri``, ``previous_auc``, ``previous_log_loss`` (the model
+    the job continued from, ``job_args.init_from``, on the same held-out rows; None without one),
+    ``samples_trained``, ``dag_run``, ``run`` (the history store's run id)."""
     path = "/".join(part for part in (dag_id, task_group if task_group != job else "", job) if part)
     return Asset(name=f"dlrover.{path.replace('/', '.')}.model", uri=f"dlrover://{path}", group="model")
 

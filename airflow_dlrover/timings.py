@@ -24,10 +24,13 @@ PENDING_TIMEOUT_S = 300.0
 DRAIN_TIMEOUT_S = 120.0
 #: ``stop()`` waits this long for a job's pods to disappear.
 STOP_TIMEOUT_S = 120.0
-#: A Kubernetes launcher's lock on a job (a Lease) not released after this long is taken over:
-#: its holder died. The longest operation, a PS resize whose new pods wait for a node, takes at most
-#: a drain, a pod start and a pending time-out (120 + 600 + 300 s). (ours)
-JOB_LOCK_TTL_S = 1200.0
+#: A Kubernetes launcher's lock on a job (a Lease) not renewed for this long is taken over: its
+#: holder died. A holder renews it every ``JOB_LOCK_RENEW_S`` while it holds it, however long its
+#: operation (a PS resize whose new pods wait for a node: up to a drain, a pod start and a pending
+#: time-out, 120 + 600 + 300 s); four renewals may fail (an API server's brief outage) before it is
+#: lost. (ours; the Lease pattern of client-go's leader election, which renews every 2 s of 15)
+JOB_LOCK_TTL_S = 60.0
+JOB_LOCK_RENEW_S = 12.0
 #: A node being replaced gets this long between SIGTERM and SIGKILL (a relaunch: it is replaced
 #: from the checkpoint anyway) ...
 RELAUNCH_GRACE_S = 2.0

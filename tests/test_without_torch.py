@@ -20,7 +20,7 @@ pytestmark = pytest.mark.jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the runtime's modules that train, and so import torch at the top: only the job's workers import them
-TORCH_MODULES = {"airflow_dlrover.runtime.dlrm", "airflow_dlrover.runtime.export", "airflow_dlrover.runtime.lookup",
+TORCH_MODULES = {"airflow_dlrover.runtime.dlrm", "airflow_dlrover.runtime.lookup",
                  "airflow_dlrover.runtime.worker"}
 BLOCKER = '''
 import sys

@@ -64,6 +64,7 @@ def build_report(history: Any, run: int, job: dict[str, Any] | None, status: dic
         "adopted_on_launch": bool(launched and launched[-1]["adopted"]),
         "job": job,
         "samples_lost": job["samples_lost"] if job else None,
+        "model_comparison": model_comparison(job),
     }
     if job is None:
         report["error"] = f"the job ended in state {status['state']!r}"
@@ -80,6 +81,21 @@ def profiling_cost_s(stages: list[tuple[float, float | None]], plan_throughput: 
     if not plan_throughput or any(trained is None for _, trained in stages):
         return None
     return sum(max(seconds - trained / plan_throughput, 0.0) for seconds, trained in stages)
+
+
+def model_comparison(job: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Today's model against the one the job continued from (``job_args.init_from``), both
+    evaluated by the job on today's held-out rows: each model's AUC and log loss and today's
+    change (today − previous; None where either is missing or NaN). None without a previous model."""
+    previous = (job or {}).get("previous_model")
+    if not previous:
+        return None
+    today = {"auc": job.get("eval_auc"), "log_loss": job.get("eval_loss")}
+    before = {"auc": previous.get("auc"), "log_loss": previous.get("loss")}
+    known = {k: all(isinstance(v, (int, float)) and not math.isnan(v) for v in (today[k], before[k])) for k in today}
+    return {"previous_uri": previous.get("uri"), "samples": previous.get("samples"),
+            **today, **{f"previous_{k}": v for k, v in before.items()},
+            **{f"{k}_change": today[k] - before[k] if known[k] else None for k in today}}
 
 
 #: used column, allocated column of each utilisation figure (per node: means over a role's nodes)
@@ -152,8 +168,22 @@ def format_report(report: dict[str, Any]) -> list[str]:
                      + f", redone and refused {job.get('duplicates_refused', 0)}; restarts {job['restarts']}; "
                      f"held-out loss {fmt(job['eval_loss'], '', '.4f')}, AUC {fmt(job['eval_auc'], '', '.3f')} "
                      f"on {job.get('eval_samples', 0):,} rows")
+        if (compared := report.get("model_comparison")) is not None:
+            lines.append(comparison_line(compared))
         if job.get("bad_rows"):
             lines.append(f"rows that could not be read (trained as nothing): {job['bad_rows']:,}")
         if job.get("export"):
             lines.append(f"model exported to {job['export']}")
     return lines
+
+
+def comparison_line(compared: dict[str, Any]) -> str:
+    """The report's line comparing today's model with the previous one (:func:`model_comparison`)."""
+    def metric(name: str) -> str:
+        today, before, change = (compared[name], compared[f"previous_{name}"], compared[f"{name}_change"])
+        text = " vs ".join("—" if v is None or v != v else f"{v:.4f}" for v in (today, before))
+        return text + (f" ({change:+.4f})" if change is not None else "")
+
+    rows = f" {compared['samples']:,}" if compared.get("samples") else ""
+    return (f"today vs the previous model ({compared['previous_uri']}) on today's{rows} held-out rows: "
+            f"AUC {metric('auc')}, log loss {metric('log_loss')}")

@@ -291,13 +291,16 @@ class Launcher:
         """Start the job's nodes for ``config`` (its kind's: master, PS and workers, or the trainer's
         group) — or adopt the job when it already runs (an Airflow retry never starts a second copy).
         What is left of a launch whose master died, or that failed half-way, is removed first, and
-        the new job resumes from its checkpoint."""
+        the new job resumes from its checkpoint. An adopted job's kind finishes what a launcher that
+        died mid-operation began (``JobKind.adopted``)."""
         job_id = spec.job_id
         self._keys.pop(job_id, None)  # an adopted job keeps its own key; a new one gets spec's
         if self.exists(job_id):
             record = self.read_job(job_id)
-            if record.get("launched") and self.kind(job_id, record).adoptable(record):  # a half-launched job is redone
+            kind = self.kind(job_id, record)
+            if record.get("launched") and kind.adoptable(record):  # a half-launched job is redone
                 log.info("job %s already running: adopted", job_id)
+                kind.adopted(record)
                 return job_id
             self._discard(job_id, record)
         kind = self._kinds[job_id] = job_kind(self, job_id, spec.trainer)

@@ -68,6 +68,9 @@ class JobKind:
         """Whether the record of a job launched to the end describes a running job that a retry adopts."""
         raise NotImplementedError
 
+    def adopted(self, record: dict[str, Any]) -> None:
+        """Finish, on adoption, what a launcher that died mid-operation began (nothing by default)."""
+
     def ports(self, role: str) -> tuple[str, ...]:
         """The node fields naming the ports a node of ``role`` listens on (a backend whose nodes share
         one host gives each its own)."""
@@ -148,6 +151,21 @@ class RuntimeJob(JobKind):
 
     def adoptable(self, record: dict[str, Any]) -> bool:
         return self.launcher._adoptable(record)
+
+    def adopted(self, record: dict[str, Any]) -> None:
+        """A PS change whose launcher died after the new PS started, before ``/cluster`` (the master
+        holds, with the old set): hand the master the PS set the record holds, which restores it.
+        (A relaunched PS whose ``/restore`` never came, the master restores itself: ``master.serve``.)"""
+        launcher, job_id = self.launcher, self.job_id
+        names = sorted((n for n, node in record["nodes"].items() if node["role"] == "ps"),
+                       key=lambda n: record["nodes"][n]["index"])
+        if not names:
+            return
+        launcher._wait_ready(job_id, record, names)
+        addresses = launcher._ps_addresses(job_id, record, names)
+        if launcher.master_call(job_id, "/status")["ps"] != addresses:
+            log.warning("job %s: its master serves another PS set than its record's: handing it %s", job_id, addresses)
+            launcher.master_call(job_id, "/cluster", {"ps": addresses})
 
     def ports(self, role: str) -> tuple[str, ...]:
         return () if role == "worker" else ("port",)  # a worker only connects

@@ -28,6 +28,7 @@ import base64
 import json
 import logging
 import math
+import threading
 import time
 from datetime import datetime, timezone
 from functools import cached_property
@@ -129,6 +130,7 @@ class KubernetesLauncher(Launcher):
                  pending_timeout_s: float = T.PENDING_TIMEOUT_S, in_place_resize: bool = False,
                  poll_s: float = T.POD_POLL_S, hook: Any = None, async_hook: Any = None):
         super().__init__()
+        self._renewers: dict[str, threading.Event] = {}  # lock holder identity → stops its renewal
         if not isinstance(placement, km.Placement):
             raise InvalidInputError("placement", type(placement).__name__, "a kubernetes_manifests.Placement")
         if not placement.image:
@@ -264,7 +266,8 @@ class KubernetesLauncher(Launcher):
 
     def _acquire(self, job_id: str) -> str:
         """A Lease ``J-launcher`` held by this process (create is atomic: a second holder gets
-        409 and waits); one older than ``JOB_LOCK_TTL_S`` is taken over (its holder died)."""
+        409 and waits), renewed every ``JOB_LOCK_RENEW_S`` until released (``_renew``); one not
+        renewed for ``JOB_LOCK_TTL_S`` is taken over (its holder died)."""
         import os
         import socket
         import uuid
@@ -279,6 +282,10 @@ class KubernetesLauncher(Launcher):
                              "acquireTime": now, "renewTime": now}}
             try:
                 self.coordination.create_namespaced_lease(self.namespace, body)
+                stop = threading.Event()
+                self._renewers[identity] = stop
+                threading.Thread(target=self._renew, args=(name, identity, stop), daemon=True,
+                                 name=f"lease-{name}").start()
                 return identity
             except ApiException as err:
                 if err.status != 409:
@@ -296,9 +303,35 @@ class KubernetesLauncher(Launcher):
                 continue
             time.sleep(self.poll_s)
 
+    def _renew(self, name: str, identity: str, stop: threading.Event) -> None:
+        """Renew the Lease while this process holds it: its ``renewTime``, on the version read (a
+        lease another process took over is not written; this one then stops, with an error)."""
+        from kubernetes.client.exceptions import ApiException
+
+        while not stop.wait(T.JOB_LOCK_RENEW_S):
+            try:
+                lease = self.coordination.read_namespaced_lease(name, self.namespace)
+                if lease.spec.holder_identity != identity:
+                    log.error("lock %s was taken over by %s: this launcher no longer holds it", name,
+                              lease.spec.holder_identity)
+                    return
+                body: dict[str, Any] = {"spec": {"renewTime": datetime.now(timezone.utc)}}
+                if lease.metadata.resource_version:  # a precondition: a lease taken over meanwhile stays
+                    body["metadata"] = {"resourceVersion": lease.metadata.resource_version}
+                self.coordination.patch_namespaced_lease(name, self.namespace, body)
+            except ApiException as err:
+                if self._not_found(err) or stop.is_set():
+                    return
+                log.warning("lock %s not renewed: %s", name, err)
+            except Exception as err:  # noqa: BLE001 - the API server unreachable: try again at the next renewal
+                log.warning("lock %s not renewed: %s", name, err)
+
     def _release(self, job_id: str, identity: str) -> None:
         from kubernetes.client.exceptions import ApiException
 
+        stop = self._renewers.pop(identity, None)
+        if stop is not None:
+            stop.set()
         name = km.lock_lease_name(job_id)
         try:
             lease = self.coordination.read_namespaced_lease(name, self.namespace)
@@ -532,12 +565,14 @@ class KubernetesLauncher(Launcher):
         """Point every object of the job at the new master pod (after an ``Orphan`` deletion)."""
         owner = {"metadata": {"ownerReferences": km.owner_references(master_uid, job_id)}}
         selector = self._selector(job_id)
-        for api, kind in [(self.core, k) for k in ("pod", "service", "config_map", "secret")] + [
+        for api, kind in [(self.core, k) for k in ("pod", "service", "config_map")] + [
                 (self.networking, "network_policy")]:
             items = getattr(api, f"list_namespaced_{kind}")(self.namespace, label_selector=selector).items
             for item in items:
                 if item.metadata.name != km.master_name(job_id) or kind != "pod":
                     getattr(api, f"patch_namespaced_{kind}")(item.metadata.name, self.namespace, owner)
+        # by name: listing Secrets would read every Secret of the namespace (the Role allows no list)
+        self.core.patch_namespaced_secret(km.authkey_secret_name(job_id), self.namespace, owner)
 
     def _resize_in_place(self, node: dict[str, Any]) -> None:
         """New requests = limits through the ``resize`` subresource (the pod keeps running)."""
@@ -557,11 +592,14 @@ class KubernetesLauncher(Launcher):
 
         self._delete_pod(km.master_name(job_id), wait=False)
         selector = self._selector(job_id)
-        for api, kind in [(self.core, k) for k in ("pod", "service", "config_map", "secret")] + [
-                (self.networking, "network_policy")]:
+        deletions = [(getattr(api, f"delete_collection_namespaced_{kind}"), (), {"label_selector": selector})
+                     for api, kind in [(self.core, k) for k in ("pod", "service", "config_map")]
+                     + [(self.networking, "network_policy")]]
+        # the Secret by name: a collection's deletion returns what it deleted (the Role allows none)
+        deletions.append((self.core.delete_namespaced_secret, (km.authkey_secret_name(job_id),), {}))
+        for delete, args, kwargs in deletions:
             try:
-                getattr(api, f"delete_collection_namespaced_{kind}")(
-                    self.namespace, label_selector=selector, grace_period_seconds=0)
+                delete(*args, self.namespace, grace_period_seconds=0, **kwargs)
             except ApiException as err:
                 if not self._not_found(err):
                     raise

@@ -2,8 +2,9 @@
 
 ``render_job(spec, config, image=...)`` returns, for job ``J`` in namespace ``NS``:
 
-* Secret ``J-authkey``: the key of every PS connection (``JobSpec.authkey``), given to each pod as
-  ``DLROVER_AUTHKEY``; the ConfigMap's copy of the spec has it blanked;
+* Secret ``J-authkey``: the key of every PS connection (``JobSpec.authkey``), mounted read-only in
+  each of our runtime's pods as a file (``DLROVER_AUTHKEY_FILE``; a trainer's, by the contract, gets
+  ``DLROVER_JOB_KEY`` from it); the ConfigMap's copy of the spec has it blanked;
 * ConfigMap ``J-spec``: ``spec.json`` (``JobSpec.to_json()``), mounted read-only as
   ``<job dir>/spec.json`` in every pod, and ``job.json``, the launcher's record of the job;
 * Pod ``J-master`` and ClusterIP Service ``J-master`` (port :data:`MASTER_PORT`, the HTTP API);
@@ -79,7 +80,7 @@ from airflow_dlrover.launchers import contract
 from airflow_dlrover.launchers.base import torch_threads
 from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError
-from airflow_dlrover.runtime.__main__ import AUTHKEY_ENV, TERMINATION_FILE_ENV
+from airflow_dlrover.runtime.__main__ import AUTHKEY_FILE_ENV, TERMINATION_FILE_ENV
 from airflow_dlrover.runtime.spec import JobSpec
 
 # -- tuning constants (one line of reason each) ---------------------------------------------------
@@ -94,6 +95,7 @@ STORAGE_EGRESS_PORTS = (443,)
 PS_PORT = 7070  # each PS's transport port (fixed: the DNS name + port is the address the master is given)
 JOB_DIR = "/var/lib/dlrover/job"  # the job dir in every pod: same path everywhere, so checkpoint paths agree
 TRAINER_CHECKPOINT_DIR = f"{JOB_DIR}/checkpoint"  # a trainer's default DLROVER_CHECKPOINT_DIR, its own mount
+AUTHKEY_DIR = "/var/run/dlrover/authkey"  # where the job's Secret is mounted in our runtime's pods
 DATA_DIR = "/var/lib/dlrover/data"  # where data_volume_claim is mounted (read-only) in the workers
 DEFAULT_VOLUME_CLAIM = "dlrover-jobs"  # the RWX claim holding every job's dir (one sub-directory per job)
 #: Memory request/limit of a PS or worker whose plan has no memory (0/None = no memory model).
@@ -448,7 +450,7 @@ def node_pod(
             {"name": "DLROVER_WORKER_GPU", "value": str(gpu)},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
             {"name": TERMINATION_FILE_ENV, "value": "/dev/termination-log"},
-            {"name": AUTHKEY_ENV, "valueFrom": {"secretKeyRef": {"name": authkey_secret_name(job_id), "key": "authkey"}}},
+            {"name": AUTHKEY_FILE_ENV, "value": f"{AUTHKEY_DIR}/authkey"},
         ],
         "resources": container_resources(cpu, memory_mb, gpu),
         "securityContext": _container_security(),
@@ -457,6 +459,7 @@ def node_pod(
             {"name": "spec", "mountPath": f"{JOB_DIR}/spec.json", "subPath": "spec.json", "readOnly": True},
             {"name": "run", "mountPath": f"{JOB_DIR}/run"},
             {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "authkey", "mountPath": AUTHKEY_DIR, "readOnly": True},
         ],
     }
     volumes: list[dict[str, Any]] = [
@@ -465,6 +468,10 @@ def node_pod(
                                        "items": [{"key": "spec.json", "path": "spec.json"}]}},
         {"name": "run", "emptyDir": {}},
         {"name": "tmp", "emptyDir": {}},
+        # 0440 root:fsGroup — the pod's user reads it through its group; nobody else (the default 0644
+        # would let any process of the pod's image read it)
+        {"name": "authkey", "secret": {"secretName": authkey_secret_name(job_id), "defaultMode": 0o440,
+                                       "items": [{"key": "authkey", "path": "authkey"}]}},
     ]
     if role == "worker" and placement.data_volume_claim:
         container["volumeMounts"].append({"name": "data", "mountPath": DATA_DIR, "readOnly": True})

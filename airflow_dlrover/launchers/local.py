@@ -251,7 +251,11 @@ class LocalLauncher(Launcher):
         group.add_pid(process.pid)  # already there in v1/v2; advisory mode tracks usage from it
         node.update(pid=process.pid, started=psutil.Process(process.pid).create_time(), state=RUNNING,
                     oom_base=group.usage().oom_kills)
-        self._write(job_id, record)  # the pid first: a launcher that dies now leaves no orphan
+        try:
+            self._write(job_id, record)  # the pid first: a launcher that dies now leaves no orphan
+        except OSError:  # a full disk: a node the record cannot name is not left running
+            self._kill(node, signal.SIGKILL, grace_s=0.0)
+            raise
 
     def _wait_ready(self, job_id: str, record: dict[str, Any], names: list[str]) -> None:
         deadline = time.monotonic() + self.start_timeout_s
@@ -380,6 +384,8 @@ class LocalLauncher(Launcher):
         for node in job["nodes"].values():
             node["state"] = STOPPED
         job["stopped"] = True
-        self._write(job_id, job)
-        self._groups = {key: group for key, group in self._groups.items() if key[0] != job_id}
-        self.cgroups.remove_job(job_id)
+        try:
+            self._write(job_id, job)
+        finally:  # a full disk: the processes are gone already; their groups go too
+            self._groups = {key: group for key, group in self._groups.items() if key[0] != job_id}
+            self.cgroups.remove_job(job_id)

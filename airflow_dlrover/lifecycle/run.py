@@ -102,11 +102,22 @@ def run_job(launcher: LocalLauncher, spec: JobSpec, config: Configuration, out: 
                 raise TimeoutError(f"job {job_id} did not finish in {timeout_s:.0f}s")
             time.sleep(T.SUPERVISOR_POLL_S)
         summary = _summarize(launcher, job_id, spec, events, series, started, series_points)
-    finally:
-        pd.DataFrame(rows, columns=[*CONFIG_COLUMNS, *SAMPLE_TABLE_COLUMNS]).to_csv(out / "samples.csv", index=False)
-        launcher.stop(job_id)
+    finally:  # the job stops first, whatever failed (a full disk too); then what was measured is kept
+        try:
+            launcher.stop(job_id)
+        finally:
+            _keep_samples(out, rows)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _keep_samples(out: Path, rows: list[dict[str, Any]]) -> None:
+    """Write the sample table; a disk that cannot take it is logged, not raised over the error that
+    ended the run."""
+    try:
+        pd.DataFrame(rows, columns=[*CONFIG_COLUMNS, *SAMPLE_TABLE_COLUMNS]).to_csv(out / "samples.csv", index=False)
+    except OSError as err:
+        log.error("the sample table was not written to %s: %s", out, err)
 
 
 def inject(launcher: LocalLauncher, job_id: str, fault: Fault, now: float) -> dict[str, Any]:

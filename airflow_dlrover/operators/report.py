@@ -16,7 +16,8 @@ class DLRoverReportOperator(DLRoverBaseOperator):
     also stops the job of a failed run, and then fails.
 
     :param model_asset: an Asset (``groups.model_asset``) to emit on success, its event's ``extra``
-        the exported model's URI, held-out AUC and log loss and the run; it joins ``outlets``
+        the exported model's URI, held-out AUC and log loss, the same of the model the job continued
+        from (``previous_*``), and the run; it joins ``outlets``
 
     Shared arguments: ``DLRoverBaseOperator``'s (the quota is not used).
     """
@@ -72,7 +73,17 @@ class DLRoverReportOperator(DLRoverBaseOperator):
 
 def model_event(job: dict[str, Any], run: int, dag_run: str) -> dict[str, Any]:
     """The model Asset event's ``extra`` (``groups.model_asset``), from the finished job's summary:
-    our runtime's held-out evaluation, or what a trainer of the user's reported."""
-    return {"uri": job.get("export"), "auc": job.get("eval_auc", job.get("auc")),
-            "log_loss": job.get("eval_loss", job.get("loss")), "samples_trained": job.get("samples_trained"),
-            "dag_run": dag_run, "run": run}
+    our runtime's held-out evaluation, or what a trainer of the user's reported. ``previous_*``: the
+    model the job continued from (``job_args.init_from``), evaluated on the same held-out rows;
+    None when there was none. A metric undefined on those rows (NaN) is None."""
+    previous = job.get("previous_model") or {}
+    return {"uri": job.get("export"), "auc": _metric(job.get("eval_auc", job.get("auc"))),
+            "log_loss": _metric(job.get("eval_loss", job.get("loss"))),
+            "previous_uri": previous.get("uri"), "previous_auc": _metric(previous.get("auc")),
+            "previous_log_loss": _metric(previous.get("loss")),
+            "samples_trained": job.get("samples_trained"), "dag_run": dag_run, "run": run}
+
+
+def _metric(value: Any) -> float | None:
+    """A metric for the event's JSON: a float, or None when missing or NaN."""
+    return None if value is None or value != value else float(value)

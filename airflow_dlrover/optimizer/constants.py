@@ -70,11 +70,14 @@ BAND_Z = 1.645
 MEMORY_MARGIN_FRACTION = 0.15
 
 #: Minimum absolute headroom above the forecast peak, MB: small nodes need more than 15 %. The
-#: largest short rise above a node's steady working set in a cold `make demo` (2026-12-02, this
-#: machine) was +43 MB (the finishing worker's evaluation); a PS's checkpoint is covered by its own
-#: term (``MemoryModel.ps_request_mb``). 256 MB (VPA's *minimum recommendation*, 250 MiB, read as
-#: a headroom) kept the demo's ~210 MB nodes at 42–46 % memory utilisation. (ours, measured)
-MEMORY_MIN_HEADROOM_MB = 64.0
+#: largest short rise above a node's steady working set is the finishing worker's (its held-out
+#: evaluation and the export): +43 MB in a cold `make demo` (2026-12-02, this machine), +64 MB in
+#: a run that continues an export (it scores that model too: `dlrover-rm train --samples 300000
+#: --table-size 5000 --init-from …`, 397 MB against its peers' 333 MB, 2026-12-05); a PS's
+#: checkpoint is covered by its own term (``MemoryModel.ps_request_mb``). 256 MB (VPA's *minimum
+#: recommendation*, 250 MiB, read as a headroom) kept the demo's ~210 MB nodes at 42–46 % memory
+#: utilisation. (ours, measured)
+MEMORY_MIN_HEADROOM_MB = 96.0
 
 #: What a PS holds above its tables while it restores a checkpoint or grows a table, one table
 #: at a time, as a multiple of that table's share (``MemoryModel.ps_transient_mb``): the file's

@@ -13,7 +13,8 @@ from airflow_dlrover.optimizer.constants import USER_ERROR_EXIT_CODE
 from airflow_dlrover.optimizer.types import InvalidInputError
 from airflow_dlrover.runtime.spec import JobSpec
 
-AUTHKEY_ENV = "DLROVER_AUTHKEY"  # set from the job's Secret in a pod (launchers/kubernetes_manifests.py)
+#: the file holding the job's key in a pod: its Secret, mounted read-only (launchers/kubernetes_manifests.py)
+AUTHKEY_FILE_ENV = "DLROVER_AUTHKEY_FILE"
 #: where a node that stops on a user error writes why: a pod's terminationMessagePath; locally
 #: ``<job dir>/exit/<node>.message`` (the launcher reads it as the node's exit reason)
 TERMINATION_FILE_ENV = "DLROVER_TERMINATION_FILE"
@@ -35,10 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.role}-{args.index} %(levelname)s %(message)s")
     spec = JobSpec.load(args.job_dir / "spec.json")
-    if os.environ.get(AUTHKEY_ENV):  # in a pod the key comes from a Secret, not the ConfigMap's spec.json
-        spec = dataclasses.replace(spec, authkey=os.environ[AUTHKEY_ENV])
+    if os.environ.get(AUTHKEY_FILE_ENV):  # in a pod the key comes from a Secret, not the ConfigMap's spec.json
+        spec = dataclasses.replace(spec, authkey=Path(os.environ[AUTHKEY_FILE_ENV]).read_text().strip())
     if not spec.authkey:
-        parser.error(f"spec.json has no authkey and ${AUTHKEY_ENV} is unset: the PS connections need a key")
+        parser.error(f"spec.json has no authkey and ${AUTHKEY_FILE_ENV} is unset: the PS connections need a key")
     ready = args.job_dir / "run" / f"{args.name or args.role}.addr"
     try:
         _run(args, spec, ready)

@@ -78,6 +78,11 @@ CHECKPOINTS_KEPT = 3
 #: How long a master held for a PS change waits for the new PS set before it restores onto the PS
 #: it has (the launcher died mid-resize; a PS change takes ~10–40 s in the demo). (ours)
 HOLD_S = 300.0
+#: How long a PS may serve no generation (a new process: relaunched, or started for a PS change)
+#: before the master restores the job onto it by itself — its launcher died before ``/restore``;
+#: a live launcher restores it within a second or two of its start. (ours)
+UNSERVED_PS_S = 10.0
+PS_CHECK_S = 2.0  # how often the master asks its PS which generation they serve
 #: faults the job injects into itself (POST /faults), as the command the worker receives
 FAULT_COMMANDS = {"kill-worker": "kill", "oom-worker": "oom"}
 
@@ -492,6 +497,35 @@ class Master:
         return {"generation": self.generation, "checkpoint": restored_from, "done": len(self.done),
                 "stall_s": time.monotonic() - started}
 
+    def unserved_ps(self) -> list[str]:
+        """The PS of the current set that serve no generation (each asked once, briefly; a PS that
+        does not answer is the launcher's to relaunch)."""
+        with self.lock:
+            addresses = list(self.ps_addresses)
+        unserved = []
+        for address in addresses:
+            peer = Peer(parse_address(address), self.spec.key, retry_s=1.0)
+            try:
+                if peer.call("serving") < 0:
+                    unserved.append(address)
+            except Exception:  # noqa: BLE001 - down or restarting: not this check's to judge
+                pass
+            finally:
+                peer.close()
+        return unserved
+
+    def restore_if_unserved(self, unserved: list[str]) -> bool:
+        """Restore the job when the PS ``unserved`` are still in the set and nothing else restores
+        it: the master finishes a PS's start that its launcher did not (see ``serve``)."""
+        with self.lock:
+            if not unserved or self._paused or not set(unserved) <= set(self.ps_addresses):
+                return False
+            log.warning("PS %s serve no generation %.0f s after they were seen: restoring the job onto them",
+                        ", ".join(unserved), UNSERVED_PS_S)
+            self.restoring = True
+            self._persist()
+            return True
+
     def accounting(self) -> dict[str, Any]:
         """The exactly-once figures from the PS journals (``runtime.accounting``)."""
         with self.lock:
@@ -581,7 +615,9 @@ def http_server(master: Master, host: str = "127.0.0.1", port: int = 0) -> Threa
 
 
 def serve(spec: JobSpec, workdir: Path, port: int = 0, ready_file: Path | None = None, host: str = "127.0.0.1") -> None:
-    """Run the master until SIGTERM: HTTP API, lease expiry and periodic checkpoints."""
+    """Run the master until SIGTERM: HTTP API, lease expiry, periodic checkpoints, and the restore
+    of a PS that serves no generation for ``UNSERVED_PS_S`` (a new PS whose launcher died before
+    ``/restore``: the restore is the master's to finish, from its own state)."""
     master = Master(spec, workdir)
     server = http_server(master, host, port)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -590,7 +626,14 @@ def serve(spec: JobSpec, workdir: Path, port: int = 0, ready_file: Path | None =
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     last_checkpoint = time.monotonic()
+    unserved_since: dict[str, float] = {}
+    last_check = time.monotonic()
     while not stop.wait(0.5):
+        now = time.monotonic()
+        if now - last_check >= PS_CHECK_S and master.ps_addresses and not master._paused:
+            last_check = now
+            unserved_since = {a: unserved_since.get(a, now) for a in master.unserved_ps()}
+            master.restore_if_unserved([a for a, since in unserved_since.items() if now - since >= UNSERVED_PS_S])
         with master.lock:
             master._expire_leases()
             training = master.ps_addresses and len(master.done) < spec.num_shards

@@ -309,7 +309,12 @@ class ParameterServer:
             self._log("start", ps=self.index, of=self.count)
 
 
-_METHODS = {"lookup", "push", "init_dense", "save", "restore", "set_generation"}
+    def serving(self) -> int:
+        """The generation this PS serves (−1: none yet — a new process the master has not restored)."""
+        return self.generation
+
+
+_METHODS = {"lookup", "push", "init_dense", "save", "restore", "set_generation", "serving"}
 #: Requests that carry the caller's generation and are refused when it is not the current one.
 _DATA_METHODS = {"lookup", "push", "init_dense", "save"}
 

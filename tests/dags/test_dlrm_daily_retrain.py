@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -50,16 +51,26 @@ def dag(airflow_db):
     return dag
 
 
-def run(dag, **params):
-    run = dag.test(run_conf={**SMALL, **params})
+def run(dag, logical_date=None, **params):
+    run = dag.test(run_conf={**SMALL, **params}, **({"logical_date": logical_date} if logical_date else {}))
     tis = task_instances(run)
     history = HistoryStore()
     record = history.runs(JOB)[-1]
     return run, tis, record, history
 
 
-def test_cold_run_profiles_plans_trains_and_reports(dag):
-    dagrun, tis, record, history = run(dag)
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """The export root of the runs that export (``<root>/<ds>``)."""
+    return str(tmp_path_factory.mktemp("exports"))
+
+
+#: The logical dates of the cold run and of the next day's, which continues from its export.
+DAY_1, DAY_2 = datetime(2026, 11, 1, tzinfo=timezone.utc), datetime(2026, 11, 2, tzinfo=timezone.utc)
+
+
+def test_cold_run_profiles_plans_trains_and_reports(dag, exports):
+    dagrun, tis, record, history = run(dag, logical_date=DAY_1, export=exports)
     assert dagrun.state == "success", {t: ti.state for t, ti in tis.items()}
     report = record["summary"]
     assert record["status"] == "succeeded"
@@ -80,6 +91,27 @@ def test_cold_run_profiles_plans_trains_and_reports(dag):
     checks = [e for e in events if e["event"] == "plan_checked"]
     assert len(history.samples(JOB, run_id=record["id"], stage="profile")) == C.MIN_PROBES_COLD + len(checks)
     assert not list(CgroupManager().groups(tis["launch"].xcom_pull(task_ids=GROUP + "launch")["job_id"]))
+    assert report["job"]["export"] == f"{exports}/2026-11-01" and report["model_comparison"] is None
+
+
+def test_the_next_day_continues_from_the_export_and_compares_the_two_models(dag, exports):
+    from airflow.models.asset import AssetEvent
+    from airflow.utils.session import create_session
+
+    dagrun, tis, record, _ = run(dag, logical_date=DAY_2, export=exports, samples=400_000)
+    assert dagrun.state == "success", {t: ti.state for t, ti in tis.items()}
+    report = record["summary"]
+    previous = f"{exports}/2026-11-01"
+    assert report["job"]["previous_model"]["uri"] == previous and report["job"]["export"] == f"{exports}/2026-11-02"
+    compared = report["model_comparison"]
+    assert compared["previous_uri"] == previous and compared["samples"] == report["job"]["eval_samples"]
+    assert 0.5 < compared["previous_auc"] < 1 and compared["auc_change"] == pytest.approx(
+        compared["auc"] - compared["previous_auc"])
+    with create_session() as session:
+        [event] = session.query(AssetEvent).filter_by(source_dag_id=JOB, source_run_id=dagrun.run_id).all()
+        extra = dict(event.extra)
+    assert extra["previous_uri"] == previous and extra["previous_auc"] == compared["previous_auc"]
+    assert extra["uri"] == f"{exports}/2026-11-02" and extra["auc"] == compared["auc"]
 
 
 def test_warm_run_recovers_a_killed_worker_through_a_retry(dag, killed_worker_run):

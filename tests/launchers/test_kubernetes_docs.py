@@ -24,6 +24,15 @@ def test_every_yaml_block_validates_strictly():
         kubernetes_validate.validate(document, "1.37", strict=True)
 
 
+def test_the_role_reads_the_jobs_secret_by_name_only():
+    """Listing or watching Secrets (or deleting them as a collection, which returns them) would let
+    the launcher read every Secret of the namespace: the code names the job's own."""
+    role = next(d for block in re.findall(r"```yaml\n(.*?)```", DOC, re.S) for d in yaml.safe_load_all(block)
+                if d["kind"] == "Role")
+    secrets = [rule for rule in role["rules"] if "secrets" in rule["resources"]]
+    assert len(secrets) == 1 and sorted(secrets[0]["verbs"]) == ["create", "delete", "get", "patch"]
+
+
 def test_the_connection_example_configures_a_kubernetes_launcher(tmp_path):
     extras = json.loads(re.search(r"--conn-extra '(\{.*?\})'", DOC, re.S).group(1))
     settings = settings_from_extras(extras, "dlrover_default")

@@ -287,6 +287,7 @@ def test_master_relaunch_orphans_then_reowns_the_job(server, cluster):
     calls = requests_since(server, mark)
     delete = next(b for v, p, _, b in calls if v == "DELETE" and p.endswith(f"/pods/{JOB}-master"))
     assert delete["propagationPolicy"] == "Orphan" and delete["gracePeriodSeconds"] == 0
+    assert not [(v, p) for v, p, _, _ in calls if p.endswith("/secrets")]  # no Secret listed: it is patched by name
     new_uid = pods(v1)[f"{JOB}-master"].metadata.uid
     owner = [{"apiVersion": "v1", "kind": "Pod", "name": f"{JOB}-master", "uid": new_uid}]
     for kind in ("pod", "service", "config_map", "secret"):
@@ -307,8 +308,9 @@ def test_stop_leaves_no_pods_services_or_secrets(server, cluster):
     collections = [(v, p, q.get("labelSelector")) for v, p, q, _ in calls
                    if v == "DELETE" and not p.endswith("-master") and "/leases" not in p]
     assert collections == [("DELETE", f"/api/v1/namespaces/{NS}/{kind}", SELECTOR)
-                           for kind in ("pods", "services", "configmaps", "secrets")] + [
-        ("DELETE", f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies", SELECTOR)]
+                           for kind in ("pods", "services", "configmaps")] + [
+        ("DELETE", f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies", SELECTOR),
+        ("DELETE", f"/api/v1/namespaces/{NS}/secrets/{JOB}-authkey", None)]  # by name: the Role lists no Secret
     for kind in ("pod", "service", "config_map", "secret"):
         assert getattr(v1, f"list_namespaced_{kind}")(NS, label_selector=SELECTOR).items == [], kind
     assert client.NetworkingV1Api(v1.api_client).list_namespaced_network_policy(NS, label_selector=SELECTOR).items == []
@@ -506,3 +508,20 @@ def test_two_launchers_take_turns_on_a_job_and_a_dead_holders_lock_is_taken_over
     with launcher._job_lock(JOB):
         assert coordination.read_namespaced_lease(f"{JOB}-launcher", NS).spec.holder_identity != lease.spec.holder_identity
     assert not coordination.list_namespaced_lease(NS).items  # released
+
+
+def test_a_held_lock_is_renewed_until_it_is_released(cluster, monkeypatch):
+    """A launcher renews the job's Lease while it holds it, however long its operation; the Lease
+    goes with the release, and its renewal stops."""
+    import time
+
+    from airflow_dlrover import timings as T
+
+    launcher, _, _, v1 = cluster
+    monkeypatch.setattr(T, "JOB_LOCK_RENEW_S", 0.1)
+    coordination = client.CoordinationV1Api(v1.api_client)
+    with launcher._job_lock(JOB):
+        first = coordination.read_namespaced_lease(f"{JOB}-launcher", NS).spec.renew_time
+        time.sleep(1.5)  # kmock keeps times to the second
+        assert coordination.read_namespaced_lease(f"{JOB}-launcher", NS).spec.renew_time > first
+    assert not coordination.list_namespaced_lease(NS).items and not launcher._renewers

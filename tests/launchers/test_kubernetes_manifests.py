@@ -142,10 +142,13 @@ def test_every_container_has_resources_and_cannot_gain_root(variant):
         spec_mount = mounts[f"{km.JOB_DIR}/spec.json"]
         assert spec_mount["readOnly"] and spec_mount["subPath"] == "spec.json"
         assert volumes[spec_mount["name"]]["configMap"]["name"] == "dlrm-daily-spec"
-        # The PS connection key comes from the Secret, never from the ConfigMap.
-        key = next(e for e in container["env"] if e["name"] == "DLROVER_AUTHKEY")
-        assert key == {"name": "DLROVER_AUTHKEY",
-                       "valueFrom": {"secretKeyRef": {"name": "dlrm-daily-authkey", "key": "authkey"}}}
+        # The PS connection key comes from the Secret, as a read-only file only the pod's group reads,
+        # never from the ConfigMap or an environment variable.
+        key = next(e for e in container["env"] if e["name"] == "DLROVER_AUTHKEY_FILE")
+        assert key == {"name": "DLROVER_AUTHKEY_FILE", "value": f"{km.AUTHKEY_DIR}/authkey"}
+        assert mounts[km.AUTHKEY_DIR]["readOnly"] and not any("valueFrom" in e for e in container["env"])
+        assert volumes[mounts[km.AUTHKEY_DIR]["name"]]["secret"] == {
+            "secretName": "dlrm-daily-authkey", "defaultMode": 0o440, "items": [{"key": "authkey", "path": "authkey"}]}
         assert km.DATA_DIR not in mounts  # no data claim given
 
 

@@ -221,10 +221,10 @@ def test_probes_run_as_pods_and_are_measured_from_the_reports_and_the_metrics_ap
     # 1000 samples/s per core and worker, the mean of each window's reports
     assert (abs(table.throughput - 1000 * table.workers * table.worker_cpu) < 1e-6).all()
     assert (abs(table.worker_cpu_used - 0.9 * table.worker_cpu) < 1e-6).all() and (table.worker_memory_used_mb == 300).all()
-    # the last probe's workers would get 256 MB; the earlier probes measured 300 used: 300 + 64 headroom
-    assert list(table.worker_memory_mb) == [2048, 1024, memory_request_mb(300)] and memory_request_mb(300) == 368
+    # the last probe's workers would get 256 MB; the earlier probes measured 300 used: 300 + 96 headroom
+    assert list(table.worker_memory_mb) == [2048, 1024, memory_request_mb(300)] and memory_request_mb(300) == 400
     posted = [b for verb, path, _, b in requests_since(server, mark)
               if verb == "POST" and path == f"/api/v1/namespaces/{NS}/pods"]
     assert len(posted) == int(probes.workers.sum())  # every probe's pods, none on the Airflow worker
-    assert [b["spec"]["containers"][0]["resources"]["limits"]["memory"] for b in posted[-8:]] == ["368Mi"] * 8
+    assert [b["spec"]["containers"][0]["resources"]["limits"]["memory"] for b in posted[-8:]] == ["400Mi"] * 8
     assert pods(v1) == {}

@@ -266,3 +266,90 @@ def test_launcher_processes_take_turns_on_a_job_and_a_killed_holder_frees_it(tmp
     finally:
         holder.kill()
         holder.wait()
+
+
+class LauncherDied(BaseException):
+    """The launcher's process ends here (not an error a launcher operation handles)."""
+
+
+def dying_before(launcher: LocalLauncher, route: str):
+    """``launcher.master_call`` that dies when it is about to make a request to ``route``."""
+    call = launcher.master_call
+
+    def master_call(job_id, path, *args, **kwargs):
+        if path == route:
+            raise LauncherDied(route)
+        return call(job_id, path, *args, **kwargs)
+    return master_call
+
+
+def test_a_launcher_that_dies_before_it_hands_the_master_new_ps_leaves_a_job_that_finishes(tmp_path, monkeypatch):
+    """A PS relaunched, its launcher dead before ``/restore``: the master restores the job itself.
+    A PS change, its launcher dead before ``/cluster``: the launcher that adopts the job hands the
+    master the new set. Either way every sample is trained and none lost."""
+    job = spec("orphan", samples=600_000)
+    launcher = LocalLauncher(tmp_path / "jobs")
+    launcher.launch(job, CONFIG)
+    try:
+        _die_and_adopt(launcher, job, monkeypatch, tmp_path)
+    finally:
+        LocalLauncher(tmp_path / "jobs").stop("orphan")
+
+
+def _die_and_adopt(launcher, job, monkeypatch, tmp_path):
+    def progress(done: float = 0.0, timeout_s: float = 120.0) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            status = launcher.master_call("orphan", "/status")
+            if status["samples_done"] > done or status["state"] == "done":
+                return status
+            time.sleep(0.2)
+        raise AssertionError(f"no progress past {done} samples in {timeout_s} s: {status}")
+
+    before = progress(50_000)
+    monkeypatch.setattr(launcher, "master_call", dying_before(launcher, "/restore"))
+    with pytest.raises(LauncherDied):
+        launcher.relaunch("orphan", "ps-0")
+    monkeypatch.undo()
+    restored = progress(before["samples_done"] + 50_000)  # the master restored onto the new PS by itself
+    assert restored["counters"]["restores"] >= 1
+    monkeypatch.setattr(launcher, "master_call", dying_before(launcher, "/cluster"))
+    with pytest.raises(LauncherDied):
+        launcher.resize("orphan", replace(CONFIG, ps=2))
+    monkeypatch.undo()
+    adopter = LocalLauncher(tmp_path / "jobs")
+    assert adopter.launch(job, CONFIG) == "orphan"  # adopted: it hands the master the two new PS
+    assert len(adopter.master_call("orphan", "/status")["ps"]) == 2
+    assert progress(float("inf"), timeout_s=180.0)["state"] == "done"
+    accounting = adopter.master_call("orphan", "/accounting")
+    assert accounting["samples_lost"] == 0 and accounting["samples_trained"] >= 600_000
+    assert accounting["samples_duplicated"] <= job.shard_size
+
+
+def test_a_full_disk_ends_the_run_with_its_error_and_leaves_no_process_running(tmp_path, monkeypatch):
+    """The disk fills mid-run: the relaunch of a killed worker cannot record its process, so it is
+    not left running; the supervisor stops the job and raises ENOSPC, and no process of the job
+    remains (none whose command line names its folder)."""
+    import errno
+
+    import psutil
+
+    full, write = {"now": False}, LocalLauncher._write
+
+    def writing(self, job_id, record):
+        if full["now"]:
+            raise OSError(errno.ENOSPC, "No space left on device", "job.json")
+        return write(self, job_id, record)
+
+    def disk_fills(launcher, job_id):
+        full["now"] = True
+        return {"disk": "full"}
+
+    monkeypatch.setattr(LocalLauncher, "_write", writing)
+    with pytest.raises(OSError) as err:
+        run_job(LocalLauncher(tmp_path / "jobs"), spec("full", samples=2_000_000), CONFIG, tmp_path,
+                parse_faults("kill-worker@3s"), interventions=[(2.5, disk_fills)], timeout_s=60.0)
+    assert err.value.errno == errno.ENOSPC
+    time.sleep(0.5)
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if any(str(tmp_path) in a for a in p.info["cmdline"] or [])]
+    assert left == []

@@ -152,6 +152,33 @@ def test_the_run_view_draws_every_chart_from_the_api(server, browser, recorded_r
     assert rows == throughput["failures / recoveries"]
     assert browser.evaluate("document.querySelectorAll('#decisions tbody tr').length") == max(len(timeline["decisions"]), 1)
 
+    # Today's model against the previous one: none in this run; a report with one shows both models' metrics.
+    comparison = "document.getElementById('model-comparison').textContent"
+    assert browser.evaluate(comparison) == "— (the job did not continue from an earlier model)"
+    from airflow_dlrover.history.store import HistoryStore
+
+    summary = HistoryStore().run(run)["summary"]
+    set_summary(run, {**summary, "model_comparison": {
+        "previous_uri": "/models/2026-11-01", "samples": 8000, "auc": 0.7123, "previous_auc": 0.7051,
+        "auc_change": 0.0072, "log_loss": 0.4512, "previous_log_loss": 0.4601, "log_loss_change": -0.0089}})
+    try:
+        browser.open(f"{server['base']}/dlrover/runs/{run}")
+        assert browser.wait_for("document.body && document.body.dataset.rendered") == "true"
+        assert browser.evaluate(comparison) == "AUC 0.7123 vs 0.7051 (+0.0072) · log loss 0.4512 vs 0.4601 (−0.0089)"
+        assert browser.evaluate("document.getElementById('model-comparison').value") == "/models/2026-11-01"
+    finally:
+        set_summary(run, summary)
+
+
+def set_summary(run: int, summary: dict) -> None:
+    """Replace the stored report of ``run`` (nothing else of it)."""
+    from sqlalchemy.orm import Session
+
+    from airflow_dlrover.history.store import HistoryStore, Run
+
+    with Session(HistoryStore().engine) as session, session.begin():
+        session.get(Run, run).summary = summary
+
 
 def test_the_airflow_ui_shows_the_view_on_the_dag_run_and_task_pages(server, browser, recorded_run):
     dag, run_id = recorded_run["dag_id"], recorded_run["run_id"]

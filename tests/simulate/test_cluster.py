@@ -357,7 +357,7 @@ def test_the_simulated_and_the_product_profile_visit_the_same_probes_in_the_same
         asked = []
         state = begin(job.limit, "efficiency", prior=None, batch_size=BATCH, table_mb=job.spec.family.start_tables_mb,
                       allreduce=job.spec.family.user.ps == 0, window_s=cfg.probe_s)
-        state, _ = profiling.advance(replay, str(job.spec.id), state, spec=SimpleNamespace(samples=job.spec.samples),
+        state, _ = profiling.advance(replay, str(job.spec.id), state, spec=SimpleNamespace(total_samples=job.spec.samples),
                                      on_step=lambda before, after, actions, seen: asked.extend(
                                          a.config for a in actions if isinstance(a, Probe)))
         assert state.phase == Phase.FITTING

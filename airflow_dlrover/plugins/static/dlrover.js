@@ -150,6 +150,20 @@
     });
   }
 
+  /* Today's model against the one the job continued from (the report's model_comparison). */
+  function comparison(c) {
+    if (!c) return el("data", { id: "model-comparison" }, "— (the job did not continue from an earlier model)");
+    const metric = (name, label) => {
+      const [today, before, change] = [c[name], c[`previous_${name}`], c[`${name}_change`]];
+      const fixed = (v) => (v == null ? "—" : Number(v).toFixed(4));
+      const signed = change == null ? "" : ` (${change >= 0 ? "+" : "−"}${Math.abs(change).toFixed(4)})`;
+      return `${label} ${fixed(today)} vs ${fixed(before)}${signed}`;
+    };
+    const uri = c.previous_uri || "";
+    return el("data", { id: "model-comparison", value: uri, title: `previous model: ${uri}` },
+      `${metric("auc", "AUC")} · ${metric("log_loss", "log loss")}`);
+  }
+
   function facts(run) {
     const s = run.summary || {}, job = s.job || {}, u = s.utilisation || {};
     const items = [
@@ -162,6 +176,7 @@
       ["resizes", num(s.resizes)], ["recoveries", num((s.recoveries || []).length)],
       ["samples trained / lost", job.samples_trained == null ? "—" : `${num(job.samples_trained)} / ${num(s.samples_lost)}`],
       ["held-out AUC", job.eval_auc == null ? "—" : num(job.eval_auc, 3)],
+      ["today vs previous model (same held-out rows)", run.summary ? comparison(s.model_comparison) : "—"],
       ["records", `${run.counts.samples} samples, ${run.counts.models} models, ${run.counts.plans} plans, ${run.counts.decisions} decisions, ${run.counts.events} events`],
     ];
     const box = $("facts");
