@@ -1,6 +1,6 @@
 # The two commands of the README: `make demo` (the main job) and `make test`.
 # Each creates .venv from the committed lock (constraints.txt) when it is missing or stale, with the
-# runtime extra (torch: the demo's jobs run on the local launcher), the test and simulator extras, and
+# runtime extra (torch: the demo's jobs run on the local launcher), the test, simulator and benchmark extras, and
 # TorchRec for examples/torchrec_dlrm (its extra, then torchrec itself without the CUDA fbgemm-gpu
 # its metadata asks for: see pyproject.toml).
 # `make demo` runs the daily retrain DAG with `airflow dags test` on the embedded defaults:
@@ -18,7 +18,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES ?= False
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[runtime,test,sim,torchrec]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[runtime,test,sim,torchrec,bench]'
 	$(PY) -m pip install --quiet --no-deps -c constraints.txt torchrec
 	touch $@
 
