@@ -13,7 +13,10 @@ body. The master compares in constant time (``hmac.compare_digest``), refuses a 
 ``CLOCK_SKEW_S`` away from its own, and remembers every nonce for twice that long so that a
 captured request cannot be replayed; with a ``nonce_file`` the nonces also outlive a restart of
 the master (one line per nonce, appended and synced before the request is served, loaded at
-start). A refusal tells the caller what failed, never the master's clock. The PS connections
+start). A refusal tells the caller what failed, never the master's clock. A caller signs on the
+master's clock as it last saw it — each reply's ``Date`` header (RFC 9110 §6.6.1, one-second
+resolution), which every HTTP server sends — so that a node whose clock is off is refused once,
+learns the offset and is answered, never stopped (:func:`call_master`). The PS connections
 prove the same key by ``multiprocessing``'s HMAC challenge (see ``transport``).
 """
 
@@ -30,6 +33,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -37,6 +41,11 @@ HEADER = "X-DLRover-Signature"
 #: How far a request's time may be from the master's clock (nodes of one cluster run NTP; a
 #: replay must come within this window, where the nonce cache refuses it). (ours)
 CLOCK_SKEW_S = 60.0
+#: A master's clock seen this far from ours (its replies' ``Date``) is what a caller signs on; less
+#: is the ``Date`` header's own resolution and the request's time in flight. (ours)
+CLOCK_OFFSET_MIN_S = 2.0
+#: each master's clock minus ours, as its replies last showed it (seconds; by base URL)
+_offsets: dict[str, float] = {}
 #: The nonce file is rewritten with only the nonces still in the window once it holds this many
 #: lines more than that (~40 bytes a line: a few hundred KB at most). (ours)
 NONCE_COMPACT_LINES = 10_000
@@ -195,21 +204,28 @@ class Verifier:
 
 def call_master(base_url: str, path: str, body: dict[str, Any] | None = None, *, timeout: float, key: bytes) -> Any:
     """One request to a job master's HTTP API (GET without ``body``, POST with it), signed with
-    the job's ``key`` (``runtime.auth``) and retried until ``timeout`` while the master is
-    unreachable; raises ``ConnectionError`` after that, ``PermissionError`` when refused."""
+    the job's ``key`` on the master's clock as last seen (``_offsets``) and retried until
+    ``timeout`` while the master is unreachable; raises ``ConnectionError`` after that,
+    ``PermissionError`` when refused — after one retry on a clock learnt from the refusal."""
     url = f"{base_url.rstrip('/')}{path}"
     data = None if body is None else json.dumps(body).encode()
     method = "GET" if data is None else "POST"
     deadline = time.monotonic() + timeout
+    relearnt = False
     while True:
         try:
-            headers = {"Content-Type": "application/json", HEADER: sign(key, method, path, data or b"")}
+            now = time.time() + _offsets.get(base_url, 0.0)
+            headers = {"Content-Type": "application/json", HEADER: sign(key, method, path, data or b"", now=now)}
             request = urllib.request.Request(url, data=data, headers=headers, method=method)
             with urllib.request.urlopen(request, timeout=timeout) as reply:
                 text = reply.read()
+                _learn_clock(base_url, reply.headers)
             return text.decode() if path.endswith("prometheus") else json.loads(text)
         except urllib.error.HTTPError as err:
             if err.code == 401:
+                if not relearnt and _learn_clock(base_url, err.headers):
+                    relearnt = True  # signed on a clock that was off: once more, on the master's
+                    continue
                 raise PermissionError(f"master at {url} refused the request: {err.read().decode(errors='replace')}") from None
             if time.monotonic() > deadline:
                 raise ConnectionError(f"master at {url} answered {err.code}: {err.read().decode(errors='replace')}") from None
@@ -218,3 +234,16 @@ def call_master(base_url: str, path: str, body: dict[str, Any] | None = None, *,
             if time.monotonic() > deadline:
                 raise ConnectionError(f"master unreachable at {url}: {err}") from None
             time.sleep(0.2)
+
+
+def _learn_clock(base_url: str, headers: Any) -> bool:
+    """Keep the master's clock offset its reply's ``Date`` shows; True when it changed by more than
+    ``CLOCK_OFFSET_MIN_S`` (a request signed on the old one may have been refused for it)."""
+    try:
+        seen = parsedate_to_datetime(headers.get("Date")).timestamp() + 0.5 - time.time()  # mid-second
+    except (TypeError, ValueError, AttributeError):
+        return False
+    if abs(seen - _offsets.get(base_url, 0.0)) <= CLOCK_OFFSET_MIN_S:
+        return False
+    _offsets[base_url] = seen if abs(seen) > CLOCK_OFFSET_MIN_S else 0.0
+    return True

@@ -276,6 +276,25 @@ def test_a_refusal_never_tells_the_masters_clock(api):
         assert not any(ch.isdigit() for ch in reply["error"].split("allowed")[0])
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize("skew_s", [-3600.0, 61.0, 75.0])
+def test_a_caller_whose_clock_is_off_learns_the_masters_and_is_answered(api, monkeypatch, skew_s):
+    """A node whose clock is off by more than the window is refused once, learns the master's
+    clock from the refusal's Date header, and is answered — no crash loop; the offset it keeps
+    signs its next requests right away."""
+    from airflow_dlrover.runtime import auth
+
+    master, _, base = api
+    monkeypatch.setattr(auth, "_offsets", {base: skew_s})  # as a client whose clock runs skew_s ahead
+    assert call_master(base, "/status", timeout=5.0, key=SPEC.key)["state"] == "training"
+    assert abs(auth._offsets.get(base, 0.0)) <= auth.CLOCK_OFFSET_MIN_S  # it signs on the master's clock now
+    assert master.counters["requests_refused"] == 1
+    assert call_master(base, "/status", timeout=5.0, key=SPEC.key)["job_id"] == SPEC.job_id
+    assert master.counters["requests_refused"] == 1  # the next request needed no second try
+    with pytest.raises(PermissionError):  # a wrong key is refused still, after one retry at most
+        call_master(base, "/status", timeout=5.0, key=b"not the key")
+
+
 # -- E: a key holder's inputs --------------------------------------------------------------------
 
 @pytest.mark.unit
