@@ -41,7 +41,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
 from public import flights
 
 #: ids crossed for the regression (a linear model sees no interaction otherwise; the DLRM's

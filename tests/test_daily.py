@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_dlrover.daily import MAX_AUC_DROP, MANIFEST, Verdict, deploy_verdict, previous_export
+from airflow_dlrover.daily import MANIFEST, MAX_AUC_DROP, Verdict, deploy_verdict, previous_export
 
 pytestmark = pytest.mark.unit
 

@@ -115,7 +115,7 @@ def features(flights: pd.DataFrame, weather: pd.DataFrame, planes: pd.DataFrame)
         "sched_arr_hour": (f["sched_arr_time"] // 100 % 24).astype(str),
         "dow": date.dt.dayofweek.astype(str), "plane_model": f["plane_model"],
     }
-    minutes = lambda hhmm: (hhmm // 100 * 60 + hhmm % 100).astype(float)  # noqa: E731
+    minutes = lambda hhmm: (hhmm // 100 * 60 + hhmm % 100).astype(float)
     dense = {"distance": f["distance"].astype(float), "sched_dep_min": minutes(f["sched_dep_time"]),
              "sched_arr_min": minutes(f["sched_arr_time"])}
     for name in DENSE:

