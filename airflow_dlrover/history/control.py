@@ -21,7 +21,7 @@ from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.controller import Action, ControllerState, Fail, Resize
 from airflow_dlrover.optimizer.finetune import ResizeRecord
 from airflow_dlrover.optimizer.types import (
-    Configuration, EventKind, NodeState, NodeStatus, Phase, Quota, Reason, RecordKind,
+    RESIZE_ACTIONS, Configuration, EventKind, NodeState, NodeStatus, Phase, Quota, Reason, RecordKind,
 )
 
 
@@ -39,7 +39,7 @@ def controller_state(history: Any, job: Any, run: int, quota: Quota | None,
     plans = history.records(run, RecordKind.PLAN.value)
     planned = plans[-1] if plans else {}
     decisions = history.records(run, RecordKind.DECISION.value)
-    resizes = [d for d in decisions if d["action"] != "keep"]
+    resizes = [d for d in decisions if d["action"] in RESIZE_ACTIONS]
     last = resizes[-1] if resizes else None
     last_resize = None
     if last is not None:

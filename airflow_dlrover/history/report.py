@@ -10,6 +10,8 @@ import math
 import time
 from typing import Any
 
+from airflow_dlrover.optimizer.types import RESIZE_ACTIONS
+
 
 def build_report(history: Any, run: int, job: dict[str, Any] | None, status: dict[str, Any]) -> dict[str, Any]:
     """The run's story from the history store and the finished job's summary."""
@@ -57,7 +59,7 @@ def build_report(history: Any, run: int, job: dict[str, Any] | None, status: dic
         "utilisation": utilisation(finetune),
         "decisions": [{"action": d["action"], "reason": d["reason"], "text": d.get("text", d["reason"])}
                       for d in decisions],
-        "resizes": sum(d["action"] != "keep" for d in decisions),
+        "resizes": sum(d["action"] in RESIZE_ACTIONS for d in decisions),
         "recoveries": [e for e in events if e.get("event") == "recovered"],
         "instability": [e for e in events if e.get("event") == "instability"],
         "failures": [e for e in events if e.get("event") == "node_failed"],

@@ -65,9 +65,11 @@ class DLRoverFineTuneOperator(DLRoverWatchingOperator):
         if event["kind"] == "turn":
             self.hand_back()
         elif event["kind"] == "done":
+            from airflow_dlrover.optimizer.types import RESIZE_ACTIONS
+
             decisions = self.history.records(run, "decision")
             return {"job_id": job_id, "decisions": len(decisions),
-                    "resizes": sum(d["action"] != "keep" for d in decisions)}
+                    "resizes": sum(d["action"] in RESIZE_ACTIONS for d in decisions)}
         elif event["kind"] == "timeout":
             raise AirflowFailException(f"job {job_id} did not finish within the fine-tune's timeout of "
                                        f"{self.timeout:g} s; the guard still watches it")

@@ -576,8 +576,13 @@ class RecordKind(StrEnum):
     """The kinds of records a run keeps in the history store beside samples and models."""
 
     PLAN = "plan"
-    DECISION = "decision"  # the fine-tune's resize / revert / keep
+    DECISION = "decision"  # the fine-tune's resize / revert / keep (or what else its step returned)
     EVENT = "event"
+
+
+#: The fine-tune decisions that changed the job's configuration (a decision record's ``action``);
+#: any other (keep, or a failure the guard recovers) changed nothing.
+RESIZE_ACTIONS = frozenset({"resize", "revert"})
 
 
 class Phase(StrEnum):

@@ -106,3 +106,20 @@ def test_the_failures_reported_survive_the_tasks_rebuilding_the_state(tmp_path):
     assert rebuilt.failures_reported == {("worker-0", 0)} and rebuilt.restart_budget == (3, 600.0)
     [entry] = rebuilt.failure_log
     assert entry["exit_codes"] == {"worker-0": 1} and entry["samples_done"] == 4096.0
+
+
+def test_a_failure_the_fine_tune_saw_is_no_resize_when_the_state_is_rebuilt(tmp_path):
+    """The fine-tune's step may return the guard's failure (a node died between its windows): it is
+    recorded as a decision, but the last resize, the tasks' rebuilt state and the counts skip it."""
+    from airflow_dlrover.history.report import build_report
+
+    store = HistoryStore(f"sqlite:///{tmp_path / 'h.db'}")
+    run = store.start_run(JobIdentity("", "", "failing"), "manual__failing")
+    actions, _ = _explore_on_a_job_that_never_delivers(store, run, steps=12)
+    resized = [d for d in store.records(run, "decision") if d["action"] in ("resize", "revert")]
+    fail = Fail(Reason.NODE_FAILED, {"node": "worker-0", "samples_done": 4096.0}, nodes=("worker-0",))
+    store.add(run, "decision", decision_record(fail, Configuration(2, 1, 1.0, 1.0), [], 4096.0))
+    rebuilt = controller_state(store, JobIdentity("", "", "failing"), run, QUOTA)
+    assert resized and rebuilt.last_resize.after == Configuration(**resized[-1]["target"])
+    report = build_report(store, run, None, {"state": "failed"})
+    assert report["resizes"] == sum(d["action"] in ("resize", "revert") for d in store.records(run, "decision"))

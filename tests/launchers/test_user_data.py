@@ -69,8 +69,9 @@ def test_epochs_under_a_killed_worker_and_a_ps_change_apply_every_sample_once_pe
 
 def test_day_b_continued_from_day_a_beats_day_b_from_scratch_on_its_held_out_rows(tmp_path):
     sizes = (5000,) * 26
-    write_synthetic(str(tmp_path / "a"), 50_000, row_group_rows=10_000, table_sizes=sizes)
-    write_synthetic(str(tmp_path / "b"), 50_000, row_group_rows=10_000, table_sizes=sizes, first=50_000)
+    # day A as long as day B is short: what day B alone cannot learn, its start from day A brings
+    write_synthetic(str(tmp_path / "a"), 100_000, row_group_rows=10_000, table_sizes=sizes)
+    write_synthetic(str(tmp_path / "b"), 30_000, row_group_rows=10_000, table_sizes=sizes, first=100_000)
     launcher, config = LocalLauncher(tmp_path / "jobs"), Configuration(2, 1, 1.0, 0.5, 2048, 1024)
 
     def day(name: str, data: str, **more) -> dict:
@@ -85,7 +86,7 @@ def test_day_b_continued_from_day_a_beats_day_b_from_scratch_on_its_held_out_row
     held_out = TabularSource(spec.dataset, spec.layout).samples(*spec.held_out)
     again = metrics(held_out.label, load_export(a["export"]).logits(held_out))
     assert again["auc"] == pytest.approx(continued["previous_model"]["auc"], abs=1e-5)
-    assert again["samples"] == continued["previous_model"]["samples"] == 10_000
+    assert again["samples"] == continued["previous_model"]["samples"] == 6_000
     assert load_export(continued["export"]).manifest["init_from"] == a["export"]
     with pytest.raises(InvalidInputError, match="init_from"):  # another layout: refused at launch
         run_job(launcher, JobSpec(job_id="b-other", data=str(tmp_path / "b"), table_sizes=(4000,) * 26,
