@@ -18,7 +18,7 @@ MAX_AUC_DROP = 0.001
 #: Slack of the tolerance comparison: a drop equal to ``max_auc_drop`` up to float rounding passes.
 _ROUNDING = 1e-12
 #: An export is complete once its manifest is written (``runtime.export.MANIFEST``; that module
-#: imports torch).
+#: imports numpy and the dataset readers, more than a DAG file should at parse time).
 MANIFEST = "manifest.json"
 _DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
 
