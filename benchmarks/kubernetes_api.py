@@ -52,11 +52,11 @@ def main() -> None:
             launcher.poll_s = 0.02
 
             def measure(name, operation):
-                before = len(list(server.emulator))
+                before = len(server.requests())
                 started = time.perf_counter()
                 operation()
                 times.setdefault(name, []).append(time.perf_counter() - started)
-                own = [r for r in list(server.emulator)[before:]
+                own = [r for r in server.requests(before)
                        if not r.url.path.endswith("/status") and "managed-by" not in r.params.get("labelSelector", "")]
                 requests.setdefault(name, []).append(len(own))
 

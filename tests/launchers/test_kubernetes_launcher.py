@@ -65,7 +65,7 @@ def cluster(server, monkeypatch, tmp_path):
 def requests_since(server, mark):
     """The emulator's requests after ``mark`` as (verb, path, query, body)."""
     out = []
-    for request in list(server.emulator)[mark:]:
+    for request in server.requests(mark):
         out.append((request.method.name if hasattr(request.method, "name") else str(request.method).upper(),
                     request.url.path, dict(request.params), request.data))
     return out
@@ -93,7 +93,7 @@ def limits(pod):
 
 def test_launch_creates_the_job_with_exact_calls(server, cluster):
     launcher, kubelet, master, v1 = cluster
-    mark = len(list(server.emulator))
+    mark = len(server.requests())
     assert launcher.launch(spec(), PLAN) == JOB
     calls = requests_since(server, mark)
     base = f"/api/v1/namespaces/{NS}"
@@ -156,7 +156,7 @@ def test_resize_up_down_and_ps_repartition(server, cluster):
     assert up["actions"] == ["worker-2 added"] and master.posts() == []
     assert set(pods(v1)) >= {f"{JOB}-worker-2"}
 
-    mark = len(list(server.emulator))
+    mark = len(server.requests())
     down = launcher.resize(JOB, replace(PLAN, workers=1))
     assert down["actions"] == ["worker-1 removed", "worker-2 removed"]
     assert master.posts() == [("/drain", {"node": "worker-1"}), ("/drain", {"node": "worker-2"})]
@@ -167,7 +167,7 @@ def test_resize_up_down_and_ps_repartition(server, cluster):
     assert (states["worker-1"], states["worker-2"], states["worker-0"]) == (STOPPED, STOPPED, RUNNING)
 
     master.calls.clear()
-    mark = len(list(server.emulator))
+    mark = len(server.requests())
     launcher.resize(JOB, replace(PLAN, workers=1, ps=1, ps_cpu=1.0))
     # checkpoint → new PS pods → tell the master → restore (the re-partition), in that order
     assert [p for p, _ in master.posts()] == ["/checkpoint", "/cluster"]  # /cluster restores the new set
@@ -186,7 +186,7 @@ def test_in_place_resize_patches_the_resize_subresource(server, cluster):
     launcher, kubelet, master, v1 = cluster
     launcher.in_place_resize = True
     launcher.launch(spec(), PLAN)
-    mark = len(list(server.emulator))
+    mark = len(server.requests())
     result = launcher.resize(JOB, replace(PLAN, worker_cpu=1.9, worker_memory_mb=1536))  # still 1 torch thread
     assert result["actions"] == ["workers resized in place to 1.9 CPU / 1536 MB"]
     calls = requests_since(server, mark)
@@ -260,7 +260,7 @@ def test_retry_adopts_the_running_job(server, cluster, tmp_path):
     launcher.launch(spec(), PLAN)
     retry = make_launcher("kubernetes", str(tmp_path), {"namespace": NS, "image": "registry.example/airflow-dlrover:0.1.0",
                                                         "master_url": master.url})
-    mark = len(list(server.emulator))
+    mark = len(server.requests())
     assert retry.exists(JOB) and retry.launch(spec(), PLAN) == JOB
     assert writes(requests_since(server, mark)) == []  # adopted: nothing created or deleted
     assert len(pods(v1)) == 5
@@ -282,7 +282,7 @@ def test_launch_after_a_lost_master_cleans_up_and_resumes_from_the_checkpoint(cl
 def test_master_relaunch_orphans_then_reowns_the_job(server, cluster):
     launcher, kubelet, master, v1 = cluster
     launcher.launch(spec(), PLAN)
-    mark = len(list(server.emulator))
+    mark = len(server.requests())
     launcher.relaunch(JOB, "master")
     calls = requests_since(server, mark)
     delete = next(b for v, p, _, b in calls if v == "DELETE" and p.endswith(f"/pods/{JOB}-master"))
@@ -302,7 +302,7 @@ def test_stop_leaves_no_pods_services_or_secrets(server, cluster):
     launcher.launch(spec(), PLAN)
     other = JobSpec(job_id="other-job", samples=1000, authkey="k" * 32)  # the recording master's key
     launcher.launch(other, replace(PLAN, workers=1, ps=1))
-    mark = len(list(server.emulator))
+    mark = len(server.requests())
     launcher.stop(JOB)
     calls = requests_since(server, mark)
     collections = [(v, p, q.get("labelSelector")) for v, p, q, _ in calls

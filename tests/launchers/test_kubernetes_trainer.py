@@ -68,7 +68,7 @@ def pods(v1):
 
 def requests_since(server, mark):
     return [(r.method.name if hasattr(r.method, "name") else str(r.method).upper(), r.url.path, dict(r.params), r.data)
-            for r in list(server.emulator)[mark:]]
+            for r in server.requests(mark)]
 
 
 def wait_reported(launcher, workers, timeout_s=10.0):
@@ -86,7 +86,7 @@ def wait_reported(launcher, workers, timeout_s=10.0):
 
 def test_a_trainer_runs_as_pods_of_its_image_with_the_contract(server, cluster):
     launcher, kubelet, trainer, v1 = cluster
-    mark = len(list(server.emulator))
+    mark = len(server.requests())
     launcher.launch(spec(), TWO)
     base = f"/api/v1/namespaces/{NS}"
     created = [(path, body) for verb, path, _, body in requests_since(server, mark)  # the launcher's (not the double's)
@@ -173,7 +173,7 @@ def test_resize_relaunches_the_group_with_its_grace_and_measures_the_restart(ser
     launcher, kubelet, trainer, v1 = cluster
     launcher.launch(spec(), TWO)
     kubelet.wait_running([f"{JOB}-worker-0", f"{JOB}-worker-1"])
-    mark = len(list(server.emulator))
+    mark = len(server.requests())
     three = Configuration(workers=3, ps=0, worker_cpu=1.0, ps_cpu=0, worker_memory_mb=2048, batch_size=256)
     result = launcher.resize(JOB, three)
     calls = requests_since(server, mark)
@@ -212,7 +212,7 @@ def test_probes_run_as_pods_and_are_measured_from_the_reports_and_the_metrics_ap
     quota = Quota(cpu=4, memory_mb=4096)
     probes = design_probes(quota, batch_size=256, allreduce=True).head(3)
     assert list(probes.worker_memory_mb) == [2048, 1024, 256]  # half the quota over each probe's workers
-    mark = len(list(server.emulator))
+    mark = len(server.requests())
     try:
         table = profile_job(launcher, spec(), quota, window_s=1.0, probes=probes)
     finally:
