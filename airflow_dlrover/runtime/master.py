@@ -98,6 +98,10 @@ HOLD_S = 300.0
 #: a live launcher restores it within a second or two of its start. (ours)
 UNSERVED_PS_S = 10.0
 PS_CHECK_S = 2.0  # how often the master asks its PS which generation they serve
+#: How long a checkpoint waits for a PS it cannot reach before it fails: it holds the master's lock,
+#: and a dead PS's relaunch (which needs the lock) would wait as long; the next checkpoint is taken
+#: on the new PS (a 30 s wait, the PS peers' default, stalled a killed PS's recovery by 29 s). (ours)
+CHECKPOINT_PEER_RETRY_S = 2.0
 #: faults the job injects into itself (POST /faults), as the command the worker receives
 FAULT_COMMANDS = {"kill-worker": "kill", "oom-worker": "oom"}
 #: what a worker does on a command (POST /command, ``runtime.worker``): die as a lost node does,
@@ -583,7 +587,8 @@ class Master:
                 files, digests = [], []
                 for index, peer in enumerate(self.peers):
                     path = folder / f"ps-{index}.npz"
-                    digests.append(peer.call("save", generation=self.generation, path=str(path))["sha256"])
+                    digests.append(peer.call("save", retry_s=CHECKPOINT_PEER_RETRY_S, generation=self.generation,
+                                             path=str(path))["sha256"])
                     files.append(str(path))
                 manifest = {"id": number, "done": sorted(self.done), "generation": self.generation,
                             "ps_count": len(files), "files": files, "sha256": digests, "time": time.time(),

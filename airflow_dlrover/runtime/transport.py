@@ -89,6 +89,8 @@ class Server:
         self.address: tuple[str, int] = self._listener.address
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._accept_loop, name="server-accept", daemon=True)
+        self._connections: set[Connection] = set()
+        self._connections_lock = threading.Lock()
 
     def start(self) -> "Server":
         self._thread.start()
@@ -105,6 +107,15 @@ class Server:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: Connection) -> None:
+        with self._connections_lock:
+            self._connections.add(conn)
+        try:
+            self._serve_connection(conn)
+        finally:
+            with self._connections_lock:
+                self._connections.discard(conn)
+
+    def _serve_connection(self, conn: Connection) -> None:
         with conn:
             try:
                 _receive_timeout(conn, HANDSHAKE_TIMEOUT_S)
@@ -133,6 +144,7 @@ class Server:
                     return
 
     def close(self) -> None:
+        """Stop accepting and hang up every connection, as the process's exit would."""
         self._closed.set()
         try:
             # Unblock accept(): connect once to ourselves.
@@ -140,6 +152,14 @@ class Server:
         except OSError:
             pass
         self._listener.close()
+        with self._connections_lock:
+            connections = list(self._connections)
+        for conn in connections:
+            try:  # a shutdown of a duplicate descriptor ends the serving thread's blocking recv
+                with socket.fromfd(conn.fileno(), socket.AF_INET, socket.SOCK_STREAM) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 class Peer:
@@ -163,10 +183,11 @@ class Peer:
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    def call(self, method: str, **kwargs: Any) -> Any:
+    def call(self, method: str, *, retry_s: float | None = None, **kwargs: Any) -> Any:
         """Send one request and wait for its reply; reconnect and resend once the peer is back
-        (callers make requests idempotent where a resend matters)."""
-        deadline = time.monotonic() + self._retry_s
+        (callers make requests idempotent where a resend matters), for ``retry_s`` (default: the
+        peer's) before :class:`Unreachable`."""
+        deadline = time.monotonic() + (self._retry_s if retry_s is None else retry_s)
         with self._lock:
             while True:
                 if self._conn is None:

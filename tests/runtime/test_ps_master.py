@@ -1,15 +1,16 @@
 """The PS and the master in one process (real transport, no training): exactly-once bookkeeping,
 checkpoint/restore consistency, re-partitioning, master restart."""
 
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from airflow_dlrover.runtime.master import Master
+from airflow_dlrover.runtime.master import CHECKPOINT_PEER_RETRY_S, Master
 from airflow_dlrover.runtime.ps import ParameterServer, initial_rows
 from airflow_dlrover.runtime.spec import JobSpec
-from airflow_dlrover.runtime.transport import Peer, RemoteError, Server
+from airflow_dlrover.runtime.transport import Peer, RemoteError, Server, Unreachable
 
 pytestmark = pytest.mark.jobs
 
@@ -650,3 +651,27 @@ def test_the_largest_table_is_the_layouts_biggest_alone():
     layout = FeatureLayout.criteo(table_sizes=(100, 2000, 50), dim=8)
     assert layout.largest_table_mb() == pytest.approx(FeatureLayout.criteo(table_sizes=(2000,), dim=8).table_mb())
     assert layout.largest_table_mb() < layout.table_mb()
+
+
+def test_a_checkpoint_fails_fast_on_a_dead_ps_and_leaves_the_master_to_its_relaunch(tmp_path):
+    """A PS dead while a checkpoint is taken: the checkpoint fails within ``CHECKPOINT_PEER_RETRY_S``
+    (it holds the master's lock meanwhile), so the relaunched PS is taken and restored at once."""
+    servers = [Server(ParameterServer(SPEC, i, 2).handle, SPEC.key).start() for i in range(2)]
+    address = [f"{s.address[0]}:{s.address[1]}" for s in servers]
+    master = Master(SPEC, tmp_path)
+    master.set_cluster(address)
+    master.checkpoint()
+    servers[1].close()
+    started = time.monotonic()
+    with pytest.raises(Unreachable):
+        master.checkpoint()
+    assert time.monotonic() - started < CHECKPOINT_PEER_RETRY_S + 1.0
+    relaunched = Server(ParameterServer(SPEC, 1, 2).handle, SPEC.key).start()
+    servers.append(relaunched)
+    try:
+        restored = master.set_cluster([address[0], f"{relaunched.address[0]}:{relaunched.address[1]}"])
+        assert restored["checkpoint"] == 1 and master.status()["counters"]["checkpoints"] == 1
+        assert time.monotonic() - started < CHECKPOINT_PEER_RETRY_S + 3.0
+    finally:
+        for server in servers:
+            server.close()
