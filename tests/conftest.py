@@ -90,11 +90,32 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"tests without a tier marker ({', '.join(TIERS)}):\n  " + "\n  ".join(missing))
     for item in items:
         item.stash[TIER] = tier_of(item)
+        item.user_properties.append(("tier", item.stash[TIER]))  # on its reports, across xdist workers
     wanted = set(config.getoption("tier"))
     if wanted:
         dropped = [item for item in items if item.stash[TIER] not in wanted]
         items[:] = [item for item in items if item.stash[TIER] in wanted]
         config.hook.pytest_deselected(items=dropped)
+
+
+#: The longest a test of a tier that is not end-to-end may take (seconds of its call): longer
+#: ones are listed at the end of the run, for review.
+SLOW_LIMIT_S = 60.0
+SLOW_TIERS = ("unit", "jobs")
+_SLOW: list[tuple[float, str, str]] = []  # (seconds, tier, test)
+
+
+def pytest_runtest_logreport(report):
+    tier = dict(report.user_properties).get("tier")
+    if report.when == "call" and tier in SLOW_TIERS and report.duration > SLOW_LIMIT_S:
+        _SLOW.append((report.duration, tier, report.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _SLOW:
+        terminalreporter.section(f"over {SLOW_LIMIT_S:g} s outside the end-to-end tiers", sep="-", yellow=True)
+        for duration, tier, nodeid in sorted(_SLOW, reverse=True):
+            terminalreporter.write_line(f"{duration:6.1f}s  {tier:<5} {nodeid}")
 
 
 class ProcessGuard:
