@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 _HOME = tempfile.mkdtemp(prefix="dlrover-test-airflow-")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # not the controller's, which each worker inherits: one SQLite DB each
+    os.environ["AIRFLOW_HOME"] = _HOME
 os.environ.setdefault("AIRFLOW_HOME", _HOME)
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 DAGS_FOLDER = Path(os.environ["AIRFLOW_HOME"]) / "dags"
