@@ -53,6 +53,19 @@ _FIELDS = {"t": re.compile(r"[0-9]{1,12}(\.[0-9]{1,6})?"), "n": re.compile(r"[0-
            "l": re.compile(r"[0-9]{1,15}"), "h": re.compile(r"[0-9a-f]{64}"), "s": re.compile(r"[0-9a-f]{64}")}
 
 
+#: Answers a caller sends again until its timeout (the master busy, restarting or failing for a
+#: moment): 408, 429 and the 5xx. Any other 4xx but 401 says the request itself is wrong.
+RETRIED_STATUSES = frozenset({408, 429, *range(500, 600)})
+
+
+class MasterRejected(ValueError):
+    """The master answered the request 4xx (not 401, 408 or 429): sending it again cannot help."""
+
+    def __init__(self, url: str, code: int, text: str):
+        super().__init__(f"master at {url} answered {code}: {text}")
+        self.code = code
+
+
 class Refused(PermissionError):
     """The request does not prove that its sender knows the job's key. ``str()`` is what the
     caller is told; ``detail`` adds what only the master's log may say."""
@@ -205,8 +218,9 @@ class Verifier:
 def call_master(base_url: str, path: str, body: dict[str, Any] | None = None, *, timeout: float, key: bytes) -> Any:
     """One request to a job master's HTTP API (GET without ``body``, POST with it), signed with
     the job's ``key`` on the master's clock as last seen (``_offsets``) and retried until
-    ``timeout`` while the master is unreachable; raises ``ConnectionError`` after that,
-    ``PermissionError`` when refused — after one retry on a clock learnt from the refusal."""
+    ``timeout`` while the master is unreachable or answers one of ``RETRIED_STATUSES``; raises
+    ``ConnectionError`` after that, ``PermissionError`` when refused — after one retry on a clock
+    learnt from the refusal — and :class:`MasterRejected` at once for another 4xx."""
     url = f"{base_url.rstrip('/')}{path}"
     data = None if body is None else json.dumps(body).encode()
     method = "GET" if data is None else "POST"
@@ -227,6 +241,8 @@ def call_master(base_url: str, path: str, body: dict[str, Any] | None = None, *,
                     relearnt = True  # signed on a clock that was off: once more, on the master's
                     continue
                 raise PermissionError(f"master at {url} refused the request: {err.read().decode(errors='replace')}") from None
+            if err.code not in RETRIED_STATUSES:
+                raise MasterRejected(url, err.code, err.read().decode(errors="replace")) from None
             if time.monotonic() > deadline:
                 raise ConnectionError(f"master at {url} answered {err.code}: {err.read().decode(errors='replace')}") from None
             time.sleep(0.2)

@@ -19,7 +19,7 @@ import pytest
 
 from airflow_dlrover.optimizer.types import InvalidInputError
 from airflow_dlrover.runtime import master as master_module
-from airflow_dlrover.runtime.auth import HEADER, call_master, sign, sign_hashed
+from airflow_dlrover.runtime.auth import HEADER, MasterRejected, call_master, sign, sign_hashed
 from airflow_dlrover.runtime.master import Master, http_server
 from airflow_dlrover.runtime.ps import ParameterServer
 from airflow_dlrover.runtime.spec import JobSpec
@@ -292,6 +292,20 @@ def test_a_caller_whose_clock_is_off_learns_the_masters_and_is_answered(api, mon
     assert master.counters["requests_refused"] == 1  # the next request needed no second try
     with pytest.raises(PermissionError):  # a wrong key is refused still, after one retry at most
         call_master(base, "/status", timeout=5.0, key=b"not the key")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("path, body, code", [("/command", {"node": "worker-0", "command": "explode"}, 400),
+                                              ("/no-such-route", {}, 404)])
+def test_a_request_the_master_rejects_is_not_sent_again(api, path, body, code):
+    """A 4xx other than 401 (a bad field, no such route) raises at once, naming the code and the
+    master's reason: sending it again until the timeout cannot help, and it is no unreachable master."""
+    master, _, base = api
+    started = time.monotonic()
+    with pytest.raises(MasterRejected) as rejected:
+        call_master(base, path, body, timeout=10.0, key=SPEC.key)
+    assert time.monotonic() - started < 2.0 and rejected.value.code == code and str(code) in str(rejected.value)
+    assert not isinstance(rejected.value, ConnectionError)
 
 
 # -- E: a key holder's inputs --------------------------------------------------------------------
