@@ -64,7 +64,7 @@ def _run(args: argparse.Namespace, spec: JobSpec, ready: Path) -> None:
     elif args.role == "ps":
         from airflow_dlrover.runtime.ps import serve
 
-        serve(spec, args.index, args.count, args.port, ready, host=args.host)
+        serve(spec, args.index, args.count, args.port, ready, host=args.host, root=args.job_dir)
     else:
         from airflow_dlrover.runtime.prepare import require_torch
 

@@ -19,7 +19,8 @@ shard instead of polluting the restored one.
 
 A request's arrays are checked before they touch a row (``InvalidInputError`` naming the field): an
 id outside its table, or one another PS owns, would index another id's row (``id // p``); a
-gradient must have the shape of its rows; a batch must be one of the job's. A checkpoint file that
+gradient must have the shape of its rows; a batch must be one of the job's; a checkpoint or journal
+path must lie inside the job's folder (``root``: the master's, at the same path). A checkpoint file that
 cannot be read whole fails its restore with :class:`DamagedCheckpoint` and leaves this PS serving
 nothing until the master restores it from an older one.
 """
@@ -163,8 +164,9 @@ class DenseState:
 class ParameterServer:
     """Request handler of one PS process (see the module docstring)."""
 
-    def __init__(self, spec: JobSpec, index: int, count: int):
+    def __init__(self, spec: JobSpec, index: int, count: int, root: Path | None = None):
         self.spec, self.index, self.count = spec, index, count
+        self.root = None if root is None else Path(root).resolve()  # None: any path (in-process tests)
         self.generation = -1  # not serving until the master sets or restores the generation
         self.lock = threading.RLock()  # held across a request's generation check and its work
         self.tables = self._empty_tables()
@@ -197,7 +199,17 @@ class ParameterServer:
         if self._journal is not None:
             self._journal.write(seal({"e": event, "t": time.time(), "g": self.generation, **fields}) + "\n")
 
+    def _inside(self, field: str, path: Any) -> Path:
+        """``path`` as a Path, when it names a place inside the job's folder (``root``)."""
+        if not isinstance(path, (str, os.PathLike)) or not str(path):
+            raise InvalidInputError(field, path, "a path")
+        if self.root is not None and not Path(path).resolve().is_relative_to(self.root):
+            raise InvalidInputError(field, str(path), f"a path inside the job's folder {self.root}")
+        return Path(path)
+
     def _open_journal(self, folder: str | None) -> None:
+        if folder is not None:
+            self._inside("journal", folder)
         if self._journal is None and folder:
             Path(folder).mkdir(parents=True, exist_ok=True)
             name = f"ps{self.index}-{os.getpid()}-{time.time_ns()}.jsonl"
@@ -315,6 +327,7 @@ class ParameterServer:
 
     def save(self, path: str) -> dict[str, Any]:
         """Write this PS's state (rows, accumulators, applied batches; dense on PS 0) to ``path``."""
+        path = self._inside("path", path)
         with self.lock:
             arrays: dict[str, np.ndarray] = {}
             for t, table in enumerate(self.tables):
@@ -343,6 +356,9 @@ class ParameterServer:
         batches are those every file holds (a batch pushed to some PS only is pushed again). A file
         that cannot be read whole raises :class:`DamagedCheckpoint`: the PS serves no generation
         then, and holds no part of the file."""
+        if not isinstance(paths, list):
+            raise InvalidInputError("paths", paths, "a list of checkpoint files")
+        paths = [str(self._inside(f"paths[{i}]", path)) for i, path in enumerate(paths)]
         self._open_journal(journal)
         with self.lock:
             self.tables = self._empty_tables() if paths else self._start_tables()
@@ -388,9 +404,10 @@ _DATA_METHODS = {"lookup", "push", "init_dense", "save"}
 
 
 def serve(spec: JobSpec, index: int, count: int, port: int = 0, ready_file: Path | None = None,
-          host: str = "127.0.0.1") -> None:
-    """Run a PS until SIGTERM; writes ``host:port`` to ``ready_file`` once it listens."""
-    ps = ParameterServer(spec, index, count)
+          host: str = "127.0.0.1", root: Path | None = None) -> None:
+    """Run a PS until SIGTERM; writes ``host:port`` to ``ready_file`` once it listens. ``root``: the
+    job's folder, where every checkpoint and journal path it is sent must lie."""
+    ps = ParameterServer(spec, index, count, root)
     server = Server(ps.handle, spec.key, host=host, port=port).start()
     if ready_file is not None:
         announce(ready_file, server.address)

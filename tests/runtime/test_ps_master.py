@@ -24,7 +24,7 @@ def cluster(tmp_path):
     servers = []
 
     def make(count, spec=SPEC):
-        ps = [ParameterServer(spec, i, count) for i in range(count)]
+        ps = [ParameterServer(spec, i, count, tmp_path) for i in range(count)]
         started = [Server(p.handle, spec.key).start() for p in ps]
         servers.extend(started)
         master = Master(spec, tmp_path)
@@ -675,3 +675,31 @@ def test_a_checkpoint_fails_fast_on_a_dead_ps_and_leaves_the_master_to_its_relau
     finally:
         for server in servers:
             server.close()
+
+
+def test_a_ps_writes_and_reads_only_inside_the_jobs_folder(tmp_path):
+    """A key holder's checkpoint and journal paths must lie inside the job's folder: a save to, a
+    restore from or a journal in another place — by an absolute path, ``..`` or a link — is
+    refused naming the field, before any state changes; inside, each works."""
+    from airflow_dlrover.optimizer.types import InvalidInputError
+
+    job = tmp_path / "job"
+    (job / "checkpoints").mkdir(parents=True)
+    (job / "link").symlink_to(tmp_path)
+    ps = ParameterServer(SPEC, 0, 1, job)
+    ps.set_generation(0, journal=str(job / "journal"))
+    inside = job / "checkpoints" / "ps-0.npz"
+    ps.handle("save", generation=0, path=str(inside))
+    refused = [(lambda p: ps.handle("save", generation=0, path=p), str(tmp_path / "elsewhere.npz"), "path"),
+               (lambda p: ps.handle("save", generation=0, path=p), str(job / ".." / "up.npz"), "path"),
+               (lambda p: ps.handle("save", generation=0, path=p), str(job / "link" / "linked.npz"), "path"),
+               (lambda p: ps.restore([str(inside), p], 1), "/etc/passwd", "paths[1]"),
+               (lambda p: ps.restore(p, 1), str(inside), "paths"),
+               (lambda p: ps.set_generation(0, journal=p), str(tmp_path), "journal")]
+    for call, path, field in refused:
+        with pytest.raises(InvalidInputError) as err:
+            call(path)
+        assert err.value.field == field
+        assert ("a list of checkpoint files" if field == "paths" else "inside the job's folder") in str(err.value)
+    assert ps.generation == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["job"]
+    assert ps.restore([str(inside)], 1)["generation"] == 1
