@@ -326,6 +326,37 @@ def _die_and_adopt(launcher, job, monkeypatch, tmp_path):
     assert accounting["samples_duplicated"] <= job.shard_size
 
 
+def test_a_ps_change_while_a_ps_is_down_restores_the_new_set_from_the_last_checkpoint(tmp_path):
+    """A PS change asked for while a PS is down (its relaunch not yet done): no checkpoint can be
+    taken, so the change does not wait for one (it held the job's lock while the master failed to
+    reach the PS, until the call timed out); the new set is restored from the last checkpoint and
+    the job finishes, every sample trained, none lost."""
+    job = spec("downps", samples=600_000)
+    launcher = LocalLauncher(tmp_path / "jobs")
+    launcher.launch(job, CONFIG)
+    try:
+        deadline = time.monotonic() + 60
+        while not launcher.master_call("downps", "/status")["checkpoint"]:
+            assert time.monotonic() < deadline, "no checkpoint within 60 s"
+            time.sleep(0.2)
+        launcher.kill_node("downps", "ps-0")
+        while next(s for s in launcher.status("downps") if s.name == "ps-0").state == RUNNING:
+            assert time.monotonic() < deadline + 30, "ps-0 did not die"
+            time.sleep(0.1)
+        started = time.monotonic()
+        launcher.resize("downps", replace(CONFIG, ps=2))
+        assert time.monotonic() - started < 30
+        deadline = time.monotonic() + 180
+        while (status := launcher.master_call("downps", "/status"))["state"] != "done":
+            assert time.monotonic() < deadline, f"not done in 180 s: {status}"
+            time.sleep(0.5)
+        accounting = launcher.master_call("downps", "/accounting")
+        assert accounting["samples_lost"] == 0 and accounting["samples_trained"] >= 600_000
+        assert accounting["samples_duplicated"] <= job.shard_size
+    finally:
+        launcher.stop("downps")
+
+
 def test_a_full_disk_ends_the_run_with_its_error_and_leaves_no_process_running(tmp_path, monkeypatch):
     """The disk fills mid-run: the relaunch of a killed worker cannot record its process, so it is
     not left running; the supervisor stops the job and raises ENOSPC, and no process of the job
@@ -353,3 +384,4 @@ def test_a_full_disk_ends_the_run_with_its_error_and_leaves_no_process_running(t
     time.sleep(0.5)
     left = [p.pid for p in psutil.process_iter(["cmdline"]) if any(str(tmp_path) in a for a in p.info["cmdline"] or [])]
     assert left == []
+
