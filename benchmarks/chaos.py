@@ -62,6 +62,7 @@ import pandas as pd
 
 from airflow_dlrover.launchers.cgroups import CgroupManager
 from airflow_dlrover.launchers.local import LocalLauncher
+from airflow_dlrover.lifecycle.observer import recover
 from airflow_dlrover.lifecycle.run import inject, run_job
 from airflow_dlrover.optimizer.types import Configuration, Fault, FaultKind
 from airflow_dlrover.runtime.auth import HEADER, sign
@@ -82,6 +83,10 @@ RECOVERY_GOAL_S = {"worker kill/OOM": 10.0, "slow worker": 10.0, "skewed clock":
 #: faults that fail a process of the job (its shards requeued or the job rolled back): one shard each may train twice
 FAILURES = (*RECOVERY_GROUPS, "full-disk")
 RSS_GOAL_MB = 64.0
+#: the kinds that do not talk to the master; any other, fired while the master is down (its relaunch in
+#: the controller's backoff), first recovers the job as a retry does (``observer.recover``): the
+#: fault runs in the supervisor's loop, which would not relaunch the master while the fault waits on it
+WITHOUT_MASTER = ("kill-worker", "kill-ps", "kill-master", "slow-worker", "full-disk")
 START = Configuration(workers=2, ps=1, worker_cpu=0.6, ps_cpu=0.4, worker_memory_mb=2048, ps_memory_mb=1536)
 
 
@@ -126,7 +131,13 @@ def _forge(launcher: LocalLauncher, job_id: str, rng: random.Random) -> dict:
 def _resize_during_checkpoint(launcher: LocalLauncher, job_id: str) -> dict:
     current = Configuration(**launcher.read_job(job_id)["config"])
     target = dataclasses.replace(current, workers=3 if current.workers == 2 else 2)
-    checkpoint = threading.Thread(target=lambda: launcher.master_call(job_id, "/checkpoint", {}))
+    def take() -> None:  # a PS down: the master cannot take it; the resize goes on regardless
+        try:
+            launcher.master_call(job_id, "/checkpoint", {}, timeout=30.0)
+        except (ConnectionError, PermissionError):
+            pass
+
+    checkpoint = threading.Thread(target=take)
     checkpoint.start()
     time.sleep(0.05)  # the checkpoint is quiescing the job when the resize arrives
     result = launcher.resize(job_id, target)
@@ -174,7 +185,8 @@ def _tmpfs(folder: Path, size_mb: int) -> bool:
     folder.mkdir(parents=True, exist_ok=True)
     if not size_mb or os.geteuid() != 0:
         return False
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0700", "tmpfs", str(folder)]).returncode == 0
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0700", "tmpfs", str(folder)]
+    return subprocess.run(mount).returncode == 0
 
 
 def run_seed(seed: int, samples: int, faults: int, span_s: float, out: Path, tmpfs_mb: int = 0) -> dict:
@@ -191,39 +203,50 @@ def run_seed(seed: int, samples: int, faults: int, span_s: float, out: Path, tmp
     def action(index: int, kind: str):
         def act(launcher: LocalLauncher, job_id: str) -> dict:
             pending.remove(index)
+            recovered = []
+            if kind not in WITHOUT_MASTER and not cf._running(launcher, job_id, "master"):
+                recovered = recover(launcher, job_id)  # the fault needs the master: back first
             now = time.time() - started
-            worker = rng.choice(_running_workers(launcher, job_id) or ["worker-0"])
-            if kind == "forged-request":
-                event = _forge(launcher, job_id, rng)
-            elif kind == "resize-during-checkpoint":
-                event = _resize_during_checkpoint(launcher, job_id)
-            elif kind == "ps-change":
-                event = _ps_change(launcher, job_id)
-            elif kind.startswith("supervisor-kill"):
-                event = cf.supervisor_kill(launcher, job_id, "/cluster" if kind.endswith("resize") else "/restore")
-            elif kind == "damaged-checkpoint":
-                event = cf.damaged_checkpoint(launcher, job_id)
-            elif kind == "full-disk":
-                if not mounted:
-                    event = {"skipped": "no tmpfs (needs root and --tmpfs-mb)"}
-                else:
-                    disk["full"] = True
-                    disk["timer"] = threading.Timer(120.0, cf.free_disk, (launcher,))  # never left full
-                    disk["timer"].start()
-                    event = cf.fill_disk(launcher, job_id, worker)
-            elif kind == "unsigned-large-body":
-                event = cf.unsigned_large_body(launcher, job_id)
-            elif kind == "half-open-connections":
-                event = cf.half_open_connections(launcher, job_id)
-            elif kind == "skewed-clock-worker":
-                event = cf.skewed_clock_worker(launcher, job_id, worker)
-            else:
-                node = {"kill-ps": "ps-0", "kill-master": "master"}.get(kind) or worker
-                event = inject(launcher, job_id, Fault(FaultKind(kind), now, node), now)
-            event = {"at_s": now, "chaos": kind, **event}
+            try:
+                event = fire(kind, launcher, job_id, now)
+            except OSError as err:  # the disk is full: the fault could not be set up (the run ends with it)
+                fired.append({"at_s": now, "chaos": kind, "skipped": f"{type(err).__name__}: {err}"})
+                raise
+            event = {"at_s": now, "chaos": kind, **event, **({"recovered_first": recovered} if recovered else {})}
             fired.append(event)
             return event
         return act
+
+    def fire(kind: str, launcher: LocalLauncher, job_id: str, now: float) -> dict:
+        worker = rng.choice(_running_workers(launcher, job_id) or ["worker-0"])
+        if kind == "forged-request":
+            event = _forge(launcher, job_id, rng)
+        elif kind == "resize-during-checkpoint":
+            event = _resize_during_checkpoint(launcher, job_id)
+        elif kind == "ps-change":
+            event = _ps_change(launcher, job_id)
+        elif kind.startswith("supervisor-kill"):
+            event = cf.supervisor_kill(launcher, job_id, "/cluster" if kind.endswith("resize") else "/restore")
+        elif kind == "damaged-checkpoint":
+            event = cf.damaged_checkpoint(launcher, job_id)
+        elif kind == "full-disk":
+            if not mounted:
+                event = {"skipped": "no tmpfs (needs root and --tmpfs-mb)"}
+            else:
+                disk["full"] = True
+                disk["timer"] = threading.Timer(120.0, cf.free_disk, (launcher,))  # never left full
+                disk["timer"].start()
+                event = cf.fill_disk(launcher, job_id, worker)
+        elif kind == "unsigned-large-body":
+            event = cf.unsigned_large_body(launcher, job_id)
+        elif kind == "half-open-connections":
+            event = cf.half_open_connections(launcher, job_id)
+        elif kind == "skewed-clock-worker":
+            event = cf.skewed_clock_worker(launcher, job_id, worker)
+        else:
+            node = {"kill-ps": "ps-0", "kill-master": "master"}.get(kind) or worker
+            event = inject(launcher, job_id, Fault(FaultKind(kind), now, node), now)
+        return event
 
     started = time.time()
     sampler = Sampler(jobs, spec.job_id, started)
@@ -267,7 +290,8 @@ def run_seed(seed: int, samples: int, faults: int, span_s: float, out: Path, tmp
     failures = sum(1 for e in fired if e["chaos"] in FAILURES and "skipped" not in e)
     of = lambda kind: [e for e in fired if e["chaos"] == kind and "skipped" not in e]  # noqa: E731
     forged, unsigned, half_open = of("forged-request"), of("unsigned-large-body"), of("half-open-connections")
-    supervisors, skewed = of("supervisor-kill-mid-resize") + of("supervisor-kill-mid-restore"), of("skewed-clock-worker")
+    supervisors = of("supervisor-kill-mid-resize") + of("supervisor-kill-mid-restore")
+    skewed = of("skewed-clock-worker")
     return {
         "seed": seed, "wall_s": summary["wall_s"] + (retries[-1]["at_s"] if retries else 0.0), "faults": len(fired),
         "skipped": [{"chaos": e["chaos"], "why": e["skipped"]} for e in fired if "skipped" in e],
@@ -279,9 +303,11 @@ def run_seed(seed: int, samples: int, faults: int, span_s: float, out: Path, tmp
         "forged": sum(e["forged"] for e in forged), "forged_refused": sum(e["refused"] for e in forged),
         "unsigned": len(unsigned), "unsigned_refused": sum(bool(e["refused"]) for e in unsigned),
         "rss_growth_mb": max((e["rss_growth_mb"] for e in unsigned), default=None),
-        "half_open_held": max((e["held"] for e in half_open), default=None),
+        "half_open": max((e["opened"] for e in half_open), default=None),
+        "half_open_turned_away": max((e["turned_away"] for e in half_open), default=None),
         "master_threads_peak": max((e["threads_peak"] for e in half_open), default=None),
-        "signed_answered": f"{sum(e['signed_answered'] for e in half_open)}/{sum(e['signed_asked'] for e in half_open)}",
+        "signed_answered": f"{sum(e['signed_answered'] for e in half_open)}/"
+                           f"{sum(e['signed_asked'] for e in half_open)}",
         "signed_slowest_s": max((e["signed_slowest_s"] for e in half_open), default=None),
         "full_disk_retries": len(retries), "full_disk_enospc": sum(r["enospc"] for r in retries), "retries": retries,
         "adoptions": sum(bool(e["adopted"]) for e in supervisors), "supervisor_kills": len(supervisors),
@@ -308,12 +334,14 @@ def _num(value, spec: str = ".0f") -> str:
 
 COLUMNS = [  # (header, width, cell of a row)
     ("seed", 4, lambda r: str(r["seed"])), ("done", 4, lambda r: "yes"), ("wall s", 6, lambda r: f"{r['wall_s']:.0f}"),
-    ("faults", 8, lambda r: str(r["faults"]) + (f"-{len(r['skipped'])}sk" if r["skipped"] else "")), ("lost", 4, lambda r: str(r["samples_lost"])),
+    ("faults", 8, lambda r: str(r["faults"]) + (f"-{len(r['skipped'])}sk" if r["skipped"] else "")),
+    ("lost", 4, lambda r: str(r["samples_lost"])),
     ("dup", 6, lambda r: str(r["samples_duplicated"])), ("dup limit", 9, lambda r: str(r["duplicate_limit"])),
     ("forged refused", 14, lambda r: f"{r['forged_refused']}/{r['forged']}"),
     ("unsigned refused", 16, lambda r: f"{r['unsigned_refused']}/{r['unsigned']}"),
     ("RSS +MB 400MB POST", 18, lambda r: _num(r["rss_growth_mb"], ".1f")),
-    ("half-open held/threads", 22, lambda r: f"{_num(r['half_open_held'])}/{_num(r['master_threads_peak'])}"),
+    ("half-open/503/threads", 21,
+     lambda r: f"{_num(r['half_open'])}/{_num(r['half_open_turned_away'])}/{_num(r['master_threads_peak'])}"),
     ("signed ans. (slowest s)", 23, lambda r: f"{r['signed_answered']} ({_num(r['signed_slowest_s'], '.1f')})"),
     ("disk retries", 12, lambda r: f"{r['full_disk_retries']}"
      + (f" ({statistics.median([x['resumed_after_s'] for x in r['retries']]):.0f} s)" if r["retries"] else "")),

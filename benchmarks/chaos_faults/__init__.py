@@ -22,6 +22,7 @@ import os
 import socket
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -194,8 +195,9 @@ def unsigned_large_body(launcher: LocalLauncher, job_id: str, total_mb: int = 40
 def half_open_connections(launcher: LocalLauncher, job_id: str, count: int = 300,
                           hold_s: float = 15.0) -> dict[str, Any]:
     """``count`` sockets each send half a request and stay open for ``hold_s``; meanwhile a signed
-    ``/status`` every second. Returns how many the master held (not turned away), the peak of its
-    threads, and the signed requests answered with their slowest answer in seconds."""
+    ``/status`` every second. Returns how many the master turned away at once (503, past its
+    connection bound), closed (its read timeout) or left open, the peak of its threads, and the
+    signed requests answered with their slowest answer in seconds."""
     if not _running(launcher, job_id, "master"):
         return {"skipped": "master down"}
     process = master_process(launcher, job_id)
@@ -223,19 +225,21 @@ def half_open_connections(launcher: LocalLauncher, job_id: str, count: int = 300
                 pass
             slowest = max(slowest, time.monotonic() - started)
             time.sleep(1.0)
-        held = 0
-        for sock in sockets:  # the ones the master turned away (503) or closed read b"" or data
+        ends = Counter()
+        for sock in sockets:  # turned away at once (503), closed after the read timeout, or open still
             sock.setblocking(False)
             try:
-                held += sock.recv(1, socket.MSG_PEEK) is None
+                data = sock.recv(64)
+                ends["turned_away" if b" 503 " in data else "closed"] += 1
             except BlockingIOError:
-                held += 1
+                ends["open"] += 1
             except OSError:
-                pass
+                ends["closed"] += 1
     finally:
         for sock in sockets:
             sock.close()
-    return {"opened": len(sockets), "held": held, "threads_before": threads_before, "threads_peak": peak.stop(),
+    return {"opened": len(sockets), **{k: ends[k] for k in ("turned_away", "closed", "open")},
+            "threads_before": threads_before, "threads_peak": peak.stop(),
             "signed_answered": answered, "signed_asked": asked, "signed_slowest_s": round(slowest, 2)}
 
 

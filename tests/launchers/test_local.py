@@ -2,10 +2,12 @@
 
 import json
 import logging
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
 
+import chaos_faults as cf
 import pandas as pd
 import pytest
 
@@ -385,3 +387,53 @@ def test_a_full_disk_ends_the_run_with_its_error_and_leaves_no_process_running(t
     left = [p.pid for p in psutil.process_iter(["cmdline"]) if any(str(tmp_path) in a for a in p.info["cmdline"] or [])]
     assert left == []
 
+
+@pytest.mark.skipif(os.geteuid() != 0 or not cf.LIBFAKETIME.exists(),
+                    reason="needs root (a tmpfs for the full disk) and libfaketime (the skewed clock)")
+def test_chaos_control_plane_faults_each_once_and_the_job_finishes(tmp_path):
+    """The chaos benchmark's control-plane faults, once each, on one small job: an unsigned 400 MB
+    POST (refused, RSS + < 64 MB), 150 half-open connections (signed requests answered, threads
+    bounded), a worker 90 s ahead (it trains), a bit-flipped newest checkpoint (the restore falls
+    back), supervisors dying before ``/restore`` and ``/cluster`` (adopted), a full disk (the run
+    ends with ENOSPC; the retry resumes). Every sample is trained, none lost."""
+    import errno
+    import subprocess
+
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    assert subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", str(jobs)]).returncode == 0
+    job, events = spec("chaos", samples=1_600_000), {}
+
+    def fire(name, fault):
+        def act(launcher, job_id):
+            events[name] = fault(launcher, job_id)
+            return {"chaos": name}
+        return act
+
+    worker = "worker-1"
+    interventions = [
+        (3.0, fire("unsigned", cf.unsigned_large_body)),
+        (4.0, fire("half-open", lambda l, j: cf.half_open_connections(l, j, count=150, hold_s=3.0))),
+        (5.0, fire("skewed", lambda l, j: cf.skewed_clock_worker(l, j, worker, wait_s=15.0))),
+        (6.0, fire("damaged", cf.damaged_checkpoint)),
+        (9.0, fire("mid-restore", lambda l, j: cf.supervisor_kill(l, j, "/restore"))),
+        (11.0, fire("mid-resize", lambda l, j: cf.supervisor_kill(l, j, "/cluster"))),
+        (14.0, fire("full-disk", lambda l, j: cf.fill_disk(l, j, "worker-0")))]
+    try:
+        with pytest.raises(OSError) as err:
+            run_job(LocalLauncher(jobs), job, CONFIG, tmp_path / "out", interventions=interventions, timeout_s=120.0)
+        assert err.value.errno == errno.ENOSPC and "full-disk" in events
+        cf.free_disk(LocalLauncher(jobs))
+        summary = run_job(LocalLauncher(jobs), job, CONFIG, tmp_path / "out", timeout_s=120.0)  # Airflow's retry
+        fallbacks = cf.fallbacks(LocalLauncher(jobs), "chaos")
+    finally:
+        subprocess.run(["umount", "-l", str(jobs)])
+    assert events["unsigned"]["refused"] and events["unsigned"]["rss_growth_mb"] < 64
+    half_open = events["half-open"]
+    assert half_open["signed_answered"] >= 1 and half_open["threads_peak"] <= half_open["threads_before"] + 128 + 4
+    assert events["skewed"]["training"]
+    assert events["damaged"]["flipped"] and fallbacks >= 1
+    assert events["mid-restore"]["died"] and events["mid-restore"]["adopted"]
+    assert events["mid-resize"]["died"] and events["mid-resize"]["adopted"] and events["mid-resize"]["ps"] == 2
+    assert summary["samples_lost"] == 0 and summary["samples_trained"] >= job.samples
+    assert summary["samples_duplicated"] <= 5 * job.shard_size  # a shard per failure: ps-0 ×2, worker ×2, the job
