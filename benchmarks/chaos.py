@@ -36,7 +36,7 @@ failure, every forged or unsigned request refused, RSS growth < 64 MB under the 
 throughput back at 90 % of its pre-fault median within 10 s of a worker fault and 30 s of a PS,
 master, supervisor or checkpoint fault (after the dip the fault caused; a fault whose dip never
 shows within 20 s counts as 0 s). Needs root (cgroup limits, the tmpfs) and libfaketime. Takes
-about (span + the tail) × seeds: ~12 min a seed for the defaults.
+about (span + the tail) × seeds: ~12 min a seed for the defaults on an idle 2-core box.
 """
 
 from __future__ import annotations
@@ -131,6 +131,7 @@ def _forge(launcher: LocalLauncher, job_id: str, rng: random.Random) -> dict:
 def _resize_during_checkpoint(launcher: LocalLauncher, job_id: str) -> dict:
     current = Configuration(**launcher.read_job(job_id)["config"])
     target = dataclasses.replace(current, workers=3 if current.workers == 2 else 2)
+
     def take() -> None:  # a PS down: the master cannot take it; the resize goes on regardless
         try:
             launcher.master_call(job_id, "/checkpoint", {}, timeout=30.0)
@@ -234,7 +235,7 @@ def run_seed(seed: int, samples: int, faults: int, span_s: float, out: Path, tmp
                 event = {"skipped": "no tmpfs (needs root and --tmpfs-mb)"}
             else:
                 disk["full"] = True
-                disk["timer"] = threading.Timer(120.0, cf.free_disk, (launcher,))  # never left full
+                disk["timer"] = threading.Timer(60.0, cf.free_disk, (launcher,))  # never left full
                 disk["timer"].start()
                 event = cf.fill_disk(launcher, job_id, worker)
         elif kind == "unsigned-large-body":
@@ -254,8 +255,10 @@ def run_seed(seed: int, samples: int, faults: int, span_s: float, out: Path, tmp
     retries: list[dict] = []
     try:
         while True:
-            offset = time.time() - started
-            interventions = [(max(0.0, plan[i][0] - offset), action(i, plan[i][1])) for i in pending]
+            offset = time.time() - started  # the faults a failed run left due fire one every half slot
+            overdue = iter(range(1, len(pending) + 1))
+            interventions = [(plan[i][0] - offset if plan[i][0] > offset else next(overdue) * span_s / faults / 2,
+                              action(i, plan[i][1])) for i in pending]
             try:
                 summary = run_job(launcher, spec, START, out / "out", interventions=interventions,
                                   timeout_s=span_s * 4, series_points=None)

@@ -269,7 +269,11 @@ class RuntimeJob(JobKind):
             actions.append(f"ps resized in place to {config.ps_cpu:g} CPU / {config.ps_memory_mb:g} MB")
         elif config.ps != current.ps or ps_resources:
             if all(launcher._node_state(job_id, record, name) == RUNNING for name in ps_nodes):
-                launcher.master_call(job_id, "/checkpoint", {"hold": True})
+                try:
+                    launcher.master_call(job_id, "/checkpoint", {"hold": True})
+                except ConnectionError:  # a PS went down meanwhile: the last checkpoint it is
+                    if all(launcher._node_state(job_id, record, name) == RUNNING for name in ps_nodes):
+                        raise
             for name, node in ps_nodes.items():
                 launcher._stop_node(job_id, record, node, replacing=False)
                 del record["nodes"][name]

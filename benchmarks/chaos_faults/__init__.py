@@ -96,6 +96,9 @@ def damaged_checkpoint(launcher: LocalLauncher, job_id: str) -> dict[str, Any]:
     running = _running(launcher, job_id, "ps-0")
     if running:  # else its relaunch, due anyway, restores the job
         launcher.kill_node(job_id, "ps-0")
+        deadline = time.monotonic() + 10.0
+        while _running(launcher, job_id, "ps-0") and time.monotonic() < deadline:  # its exit status written
+            time.sleep(0.05)
     return {"flipped": checkpoint["id"], "path": checkpoint["path"], "killed": running}
 
 
