@@ -59,6 +59,7 @@ from collections import Counter
 from pathlib import Path
 
 import pandas as pd
+import psutil
 
 from airflow_dlrover.launchers.cgroups import CgroupManager
 from airflow_dlrover.launchers.local import LocalLauncher
@@ -213,6 +214,8 @@ def run_seed(seed: int, samples: int, faults: int, span_s: float, out: Path, tmp
             except OSError as err:  # the disk is full: the fault could not be set up (the run ends with it)
                 fired.append({"at_s": now, "chaos": kind, "skipped": f"{type(err).__name__}: {err}"})
                 raise
+            except psutil.NoSuchProcess as err:  # the node it was aimed at died just before
+                event = {"skipped": f"{type(err).__name__}: {err}"}
             event = {"at_s": now, "chaos": kind, **event, **({"recovered_first": recovered} if recovered else {})}
             fired.append(event)
             return event
