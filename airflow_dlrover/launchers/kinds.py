@@ -129,7 +129,8 @@ class RuntimeJob(JobKind):
     * workers join as new nodes and leave by ``/drain`` (finish the shard, then exit) — a node that
       is not running leaves by ``/node_lost`` (its shards are requeued);
     * a new PS count is ``/checkpoint {hold}`` → new PS → ``/cluster`` (which restores the new set
-      from that checkpoint: the re-partition);
+      from that checkpoint: the re-partition); while a PS is down no checkpoint can be taken (the
+      master would wait on it), so the new set is restored from the last one;
     * a relaunched worker's shards are requeued (``/node_lost``), a relaunched PS rolls the job back
       to its last checkpoint (``/restore``), a relaunched master reloads its persisted state;
     * a node's new CPU / memory is applied in place where the backend can and the node keeps its
@@ -267,7 +268,12 @@ class RuntimeJob(JobKind):
                 launcher._set_limits(job_id, node)
             actions.append(f"ps resized in place to {config.ps_cpu:g} CPU / {config.ps_memory_mb:g} MB")
         elif config.ps != current.ps or ps_resources:
-            launcher.master_call(job_id, "/checkpoint", {"hold": True})
+            if all(launcher._node_state(job_id, record, name) == RUNNING for name in ps_nodes):
+                try:
+                    launcher.master_call(job_id, "/checkpoint", {"hold": True})
+                except ConnectionError:  # a PS went down meanwhile: the last checkpoint it is
+                    if all(launcher._node_state(job_id, record, name) == RUNNING for name in ps_nodes):
+                        raise
             for name, node in ps_nodes.items():
                 launcher._stop_node(job_id, record, node, replacing=False)
                 del record["nodes"][name]

@@ -376,6 +376,10 @@ USER_ERROR_EXIT_CODE = 65
 #: a preemption, an operator's kill — so it is the cluster's failure at any time, even before a
 #: trainer's first report, and never a broken contract.
 SIGKILL_EXIT_CODES = (137, -9)
+#: Exit code of a node of our runtime that gave up on its master or a PS, unreachable past its
+#: retries (sysexits' EX_TEMPFAIL): the cluster's failure, never a crash loop — the workers of a
+#: job whose master stays down exit one after another, and that is not one crash repeated.
+UNREACHABLE_EXIT_CODE = 75
 #: Seconds each probe of a trainer of the user's is measured: it reports about once a second, and
 #: a mean of ~10 reports per worker damps its step-time noise (ours; cf. PROBE_WINDOW_S, which
 #: reads our runtime's exact counters).

@@ -458,10 +458,12 @@ def _stop_restarting(state: ControllerState, report: dict, new: list[NodeStatus]
     """``Fail(retryable=False)`` when restarting again cannot help: a node exits with the code a
     node exited with at the last failure, and the job trained nothing since (``CRASH_LOOP``: the
     same crash before any progress, as a bad input or a bug in the trainer fails every start; a
-    kill or an OOM kill is the cluster's, never one), or a trainer of the user's passed its
-    ``restart_budget`` (``RESTART_BUDGET``: more failure reports within its window)."""
+    kill, an OOM kill or a master out of reach (``UNREACHABLE_EXIT_CODE``) is the cluster's, never
+    one), or a trainer of the user's passed its ``restart_budget`` (``RESTART_BUDGET``: more failure
+    reports within its window)."""
     nodes = tuple(n.name for n in new)
-    codes = {code for code in report["exit_codes"].values() if code not in (None, 0, *C.SIGKILL_EXIT_CODES)}
+    cluster = (None, 0, *C.SIGKILL_EXIT_CODES, C.UNREACHABLE_EXIT_CODE)
+    codes = {code for code in report["exit_codes"].values() if code not in cluster}
     last = state.failure_log[-1] if state.failure_log else None
     if last is not None and report["samples_done"] <= last["samples_done"]:
         again = next((n for n in new if n.exit_code in codes & set(last["exit_codes"].values())), None)

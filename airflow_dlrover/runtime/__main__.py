@@ -9,9 +9,10 @@ import os
 import sys
 from pathlib import Path
 
-from airflow_dlrover.optimizer.constants import USER_ERROR_EXIT_CODE
+from airflow_dlrover.optimizer.constants import UNREACHABLE_EXIT_CODE, USER_ERROR_EXIT_CODE
 from airflow_dlrover.optimizer.types import InvalidInputError
 from airflow_dlrover.runtime.spec import JobSpec
+from airflow_dlrover.runtime.transport import Unreachable
 
 #: the file holding the job's key in a pod: its Secret, mounted read-only (launchers/kubernetes_manifests.py)
 AUTHKEY_FILE_ENV = "DLROVER_AUTHKEY_FILE"
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         termination.parent.mkdir(parents=True, exist_ok=True)
         termination.write_text(str(err)[-TERMINATION_MESSAGE_CHARS:])
         return USER_ERROR_EXIT_CODE
+    except Unreachable as err:  # its master or a PS stayed away past the retries: the cluster's failure
+        logging.getLogger(__name__).error("%s", err)
+        return UNREACHABLE_EXIT_CODE
     return 0
 
 

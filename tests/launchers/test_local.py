@@ -2,10 +2,12 @@
 
 import json
 import logging
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
 
+import chaos_faults as cf
 import pandas as pd
 import pytest
 
@@ -326,6 +328,37 @@ def _die_and_adopt(launcher, job, monkeypatch, tmp_path):
     assert accounting["samples_duplicated"] <= job.shard_size
 
 
+def test_a_ps_change_while_a_ps_is_down_restores_the_new_set_from_the_last_checkpoint(tmp_path):
+    """A PS change asked for while a PS is down (its relaunch not yet done): no checkpoint can be
+    taken, so the change does not wait for one (it held the job's lock while the master failed to
+    reach the PS, until the call timed out); the new set is restored from the last checkpoint and
+    the job finishes, every sample trained, none lost."""
+    job = spec("downps", samples=600_000)
+    launcher = LocalLauncher(tmp_path / "jobs")
+    launcher.launch(job, CONFIG)
+    try:
+        deadline = time.monotonic() + 60
+        while not launcher.master_call("downps", "/status")["checkpoint"]:
+            assert time.monotonic() < deadline, "no checkpoint within 60 s"
+            time.sleep(0.2)
+        launcher.kill_node("downps", "ps-0")
+        while next(s for s in launcher.status("downps") if s.name == "ps-0").state == RUNNING:
+            assert time.monotonic() < deadline + 30, "ps-0 did not die"
+            time.sleep(0.1)
+        started = time.monotonic()
+        launcher.resize("downps", replace(CONFIG, ps=2))
+        assert time.monotonic() - started < 30
+        deadline = time.monotonic() + 180
+        while (status := launcher.master_call("downps", "/status"))["state"] != "done":
+            assert time.monotonic() < deadline, f"not done in 180 s: {status}"
+            time.sleep(0.5)
+        accounting = launcher.master_call("downps", "/accounting")
+        assert accounting["samples_lost"] == 0 and accounting["samples_trained"] >= 600_000
+        assert accounting["samples_duplicated"] <= job.shard_size
+    finally:
+        launcher.stop("downps")
+
+
 def test_a_full_disk_ends_the_run_with_its_error_and_leaves_no_process_running(tmp_path, monkeypatch):
     """The disk fills mid-run: the relaunch of a killed worker cannot record its process, so it is
     not left running; the supervisor stops the job and raises ENOSPC, and no process of the job
@@ -353,3 +386,54 @@ def test_a_full_disk_ends_the_run_with_its_error_and_leaves_no_process_running(t
     time.sleep(0.5)
     left = [p.pid for p in psutil.process_iter(["cmdline"]) if any(str(tmp_path) in a for a in p.info["cmdline"] or [])]
     assert left == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not cf.LIBFAKETIME.exists(),
+                    reason="needs root (a tmpfs for the full disk) and libfaketime (the skewed clock)")
+def test_chaos_control_plane_faults_each_once_and_the_job_finishes(tmp_path):
+    """The chaos benchmark's control-plane faults, once each, on one small job: an unsigned 400 MB
+    POST (refused, RSS + < 64 MB), 150 half-open connections (signed requests answered, threads
+    bounded), a worker 90 s ahead (it trains), a bit-flipped newest checkpoint (the restore falls
+    back), supervisors dying before ``/restore`` and ``/cluster`` (adopted), a full disk (the run
+    ends with ENOSPC; the retry resumes). Every sample is trained, none lost."""
+    import errno
+    import subprocess
+
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    assert subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", str(jobs)]).returncode == 0
+    job, events = spec("chaos", samples=1_000_000), {}
+
+    def fire(name, fault):
+        def act(launcher, job_id):
+            events[name] = fault(launcher, job_id)
+            return {"chaos": name}
+        return act
+
+    worker = "worker-1"
+    interventions = [
+        (3.0, fire("unsigned", cf.unsigned_large_body)),
+        (4.0, fire("half-open", lambda l, j: cf.half_open_connections(l, j, count=150, hold_s=3.0))),
+        (5.0, fire("skewed", lambda l, j: cf.skewed_clock_worker(l, j, worker, wait_s=15.0))),
+        (6.0, fire("damaged", cf.damaged_checkpoint)),
+        (9.0, fire("mid-restore", lambda l, j: cf.supervisor_kill(l, j, "/restore"))),
+        (11.0, fire("mid-resize", lambda l, j: cf.supervisor_kill(l, j, "/cluster"))),
+        (14.0, fire("full-disk", lambda l, j: cf.fill_disk(l, j, "worker-0")))]
+    try:
+        with pytest.raises(OSError) as err:
+            run_job(LocalLauncher(jobs), job, CONFIG, tmp_path / "out", interventions=interventions, timeout_s=120.0)
+        assert err.value.errno == errno.ENOSPC and "full-disk" in events
+        cf.free_disk(LocalLauncher(jobs))
+        summary = run_job(LocalLauncher(jobs), job, CONFIG, tmp_path / "out", timeout_s=120.0)  # Airflow's retry
+        fallbacks = cf.fallbacks(LocalLauncher(jobs), "chaos")
+    finally:
+        subprocess.run(["umount", "-l", str(jobs)])
+    assert events["unsigned"]["refused"] and events["unsigned"]["rss_growth_mb"] < 64
+    half_open = events["half-open"]
+    assert half_open["signed_answered"] >= 1 and half_open["threads_peak"] <= half_open["threads_before"] + 128 + 4
+    assert events["skewed"]["training"]
+    assert events["damaged"]["flipped"] and fallbacks >= 1
+    assert events["mid-restore"]["died"] and events["mid-restore"]["adopted"]
+    assert events["mid-resize"]["died"] and events["mid-resize"]["adopted"] and events["mid-resize"]["ps"] == 2
+    assert summary["samples_lost"] == 0 and summary["samples_trained"] >= job.samples
+    assert summary["samples_duplicated"] <= 5 * job.shard_size  # a shard per failure: ps-0 ×2, worker ×2, the job

@@ -437,8 +437,10 @@ def test_the_same_crash_before_any_progress_stops_the_job_at_once():
     assert other.retryable
 
 
-@pytest.mark.parametrize("code", C.SIGKILL_EXIT_CODES)
+@pytest.mark.parametrize("code", [*C.SIGKILL_EXIT_CODES, C.UNREACHABLE_EXIT_CODE])
 def test_a_killed_node_is_never_a_crash_loop(code):
+    """Nor one that gave up on its unreachable master: the workers of a job whose master stays down
+    exit one after another, before any progress, with the same code."""
     state, _ = step(ControllerState(QUOTA), observe(nodes=crashed(0, code)))
     state, _ = step(state, observe(nodes=crashed(0, code)))
     _, (fail,) = step(state, observe(nodes=crashed(1, code)))

@@ -466,3 +466,20 @@ def test_a_jobs_folder_and_files_are_readable_by_its_user_only(tmp_path):
     loose = {str(p.relative_to(folder)): oct(stat.S_IMODE(p.stat().st_mode)) for p in paths
              if stat.S_IMODE(p.stat().st_mode) & 0o077}
     assert loose == {}
+
+
+@pytest.mark.unit
+def test_a_node_that_gives_up_on_an_unreachable_master_exits_with_the_clusters_code(tmp_path, monkeypatch):
+    """Not 1, like a crash: the controller takes the same code again before any progress for a
+    crash loop and fails the job for good, while a master that is down is the cluster's failure."""
+    from airflow_dlrover.optimizer import constants as C
+    from airflow_dlrover.runtime import __main__ as node
+    from airflow_dlrover.runtime.transport import Unreachable
+
+    SPEC.save(tmp_path / "spec.json")
+
+    def gives_up(args, spec, ready):
+        raise Unreachable("master unreachable at http://127.0.0.1:9/shard/next: [Errno 111] Connection refused")
+
+    monkeypatch.setattr(node, "_run", gives_up)
+    assert node.main(["worker", "--job-dir", str(tmp_path), "--master", "127.0.0.1:9"]) == C.UNREACHABLE_EXIT_CODE
