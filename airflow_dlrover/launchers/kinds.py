@@ -25,6 +25,7 @@ from airflow_dlrover.launchers.contract import (
 )
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import FAILED_STATES, Configuration, NodeState
+from airflow_dlrover.runtime.auth import MasterRejected
 from airflow_dlrover.runtime.prepare import prepare
 from airflow_dlrover.runtime.spec import JobSpec
 
@@ -155,8 +156,10 @@ class RuntimeJob(JobKind):
 
     def adopted(self, record: dict[str, Any]) -> None:
         """A PS change whose launcher died after the new PS started, before ``/cluster`` (the master
-        holds, with the old set): hand the master the PS set the record holds, which restores it.
-        (A relaunched PS whose ``/restore`` never came, the master restores itself: ``master.serve``.)"""
+        holds, with the old set): hand the master the PS set the record holds, which restores it; one
+        whose launcher died before it changed the record (the master holds, with the record's set):
+        ``/restore`` on that set. (A relaunched PS whose ``/restore`` never came, the master restores
+        itself: ``master.serve``.)"""
         launcher, job_id = self.launcher, self.job_id
         names = sorted((n for n, node in record["nodes"].items() if node["role"] == "ps"),
                        key=lambda n: record["nodes"][n]["index"])
@@ -164,9 +167,13 @@ class RuntimeJob(JobKind):
             return
         launcher._wait_ready(job_id, record, names)
         addresses = launcher._ps_addresses(job_id, record, names)
-        if launcher.master_call(job_id, "/status")["ps"] != addresses:
+        status = launcher.master_call(job_id, "/status")
+        if status["ps"] != addresses:
             log.warning("job %s: its master serves another PS set than its record's: handing it %s", job_id, addresses)
             launcher.master_call(job_id, "/cluster", {"ps": addresses})
+        elif status.get("held"):
+            log.warning("job %s: its master holds for a PS change that never came: restoring it on its PS", job_id)
+            launcher.master_call(job_id, "/restore", {})
 
     def ports(self, role: str) -> tuple[str, ...]:
         return () if role == "worker" else ("port",)  # a worker only connects
@@ -271,7 +278,7 @@ class RuntimeJob(JobKind):
             if all(launcher._node_state(job_id, record, name) == RUNNING for name in ps_nodes):
                 try:
                     launcher.master_call(job_id, "/checkpoint", {"hold": True})
-                except ConnectionError:  # a PS went down meanwhile: the last checkpoint it is
+                except (ConnectionError, MasterRejected):  # a PS went down meanwhile: the last checkpoint it is
                     if all(launcher._node_state(job_id, record, name) == RUNNING for name in ps_nodes):
                         raise
             for name, node in ps_nodes.items():

@@ -79,7 +79,7 @@ from airflow_dlrover.runtime.auth import HEADER, Refused, Verifier
 from airflow_dlrover.runtime.integrity import Damaged, seal, sha256_file, unseal
 from airflow_dlrover.runtime.ps import DamagedCheckpoint
 from airflow_dlrover.runtime.spec import JobSpec
-from airflow_dlrover.runtime.transport import Peer, RemoteError, announce, parse_address
+from airflow_dlrover.runtime.transport import Peer, RemoteError, Unreachable, announce, parse_address
 
 log = logging.getLogger(__name__)
 
@@ -465,6 +465,7 @@ class Master:
                 "throughput": self.job_throughput(), "checkpoint": self.checkpoints[-1] if self.checkpoints else None,
                 "counters": dict(self.counters), "uptime_s": time.time() - self.started, "pid": os.getpid(),
                 "bad_rows": sum(n for n, _ in self.bad_rows.values()), "failure": self.failure, "result": self.result,
+                "held": self.held_until is not None,
             }
 
     def metrics(self) -> dict[str, Any]:
@@ -833,6 +834,10 @@ class _Handler(BaseHTTPRequestHandler):
         except TypeError as err:
             self._reply({"error": f"bad request to {self.path}: {err}"}, 400)
         except Exception as err:  # noqa: BLE001 - reported to the caller
+            if isinstance(err, Unreachable) and self.path == "/checkpoint":
+                # none can be taken until the PS is back: its caller goes on from the last one
+                # rather than ask again (409, which callers do not send again)
+                return self._reply({"error": f"no checkpoint while a PS is unreachable: {err}"}, 409)
             log.exception("POST %s failed", self.path)
             self._reply({"error": f"{type(err).__name__}: {err}"}, 500)
 

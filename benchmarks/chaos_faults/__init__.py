@@ -249,12 +249,13 @@ def half_open_connections(launcher: LocalLauncher, job_id: str, count: int = 300
 def skewed_clock_worker(launcher: LocalLauncher, job_id: str, worker: str, skew_s: float = 90.0,
                         wait_s: float = 20.0) -> dict[str, Any]:
     """Relaunch ``worker`` under libfaketime (``LD_PRELOAD``, ``FAKETIME=+skew_s``: its wall clock
-    runs ``skew_s`` ahead; its monotonic clock is left alone) — the launcher passes its own
+    runs ``skew_s`` ahead, its monotonic clock too — left alone, Python's ``time.sleep``, an
+    absolute ``clock_nanosleep`` on it, fails with EINVAL under libfaketime) — the launcher passes its own
     environment to the nodes it starts. Waits up to ``wait_s`` for the worker to report training."""
     if not LIBFAKETIME.exists():
         raise FileNotFoundError(f"{LIBFAKETIME}: install libfaketime (apt-get install libfaketime)")
-    saved = {k: os.environ.get(k) for k in ("LD_PRELOAD", "FAKETIME", "FAKETIME_DONT_FAKE_MONOTONIC")}
-    os.environ.update(LD_PRELOAD=str(LIBFAKETIME), FAKETIME=f"{skew_s:+.0f}s", FAKETIME_DONT_FAKE_MONOTONIC="1")
+    saved = {k: os.environ.get(k) for k in ("LD_PRELOAD", "FAKETIME")}
+    os.environ.update(LD_PRELOAD=str(LIBFAKETIME), FAKETIME=f"{skew_s:+.0f}s")
     try:
         launcher.relaunch(job_id, worker)
     finally:

@@ -322,6 +322,13 @@ def _die_and_adopt(launcher, job, monkeypatch, tmp_path):
     adopter = LocalLauncher(tmp_path / "jobs")
     assert adopter.launch(job, CONFIG) == "orphan"  # adopted: it hands the master the two new PS
     assert len(adopter.master_call("orphan", "/status")["ps"]) == 2
+    # a PS change whose launcher died right after its checkpoint: the master holds on the record's set
+    before = progress()
+    adopter.master_call("orphan", "/checkpoint", {"hold": True})
+    assert adopter.master_call("orphan", "/status")["held"]
+    assert LocalLauncher(tmp_path / "jobs").launch(job, CONFIG) == "orphan"  # adopted: restored, not held
+    assert not adopter.master_call("orphan", "/status")["held"]
+    progress(before["samples_done"] + 50_000, timeout_s=60.0)
     assert progress(float("inf"), timeout_s=180.0)["state"] == "done"
     accounting = adopter.master_call("orphan", "/accounting")
     assert accounting["samples_lost"] == 0 and accounting["samples_trained"] >= 600_000
@@ -413,12 +420,12 @@ def test_chaos_control_plane_faults_each_once_and_the_job_finishes(tmp_path):
     worker = "worker-1"
     interventions = [
         (3.0, fire("unsigned", cf.unsigned_large_body)),
-        (4.0, fire("half-open", lambda l, j: cf.half_open_connections(l, j, count=150, hold_s=3.0))),
-        (5.0, fire("skewed", lambda l, j: cf.skewed_clock_worker(l, j, worker, wait_s=15.0))),
+        (4.0, fire("half-open", lambda launcher, j: cf.half_open_connections(launcher, j, count=150, hold_s=3.0))),
+        (5.0, fire("skewed", lambda launcher, j: cf.skewed_clock_worker(launcher, j, worker, wait_s=15.0))),
         (6.0, fire("damaged", cf.damaged_checkpoint)),
-        (9.0, fire("mid-restore", lambda l, j: cf.supervisor_kill(l, j, "/restore"))),
-        (11.0, fire("mid-resize", lambda l, j: cf.supervisor_kill(l, j, "/cluster"))),
-        (14.0, fire("full-disk", lambda l, j: cf.fill_disk(l, j, "worker-0")))]
+        (9.0, fire("mid-restore", lambda launcher, j: cf.supervisor_kill(launcher, j, "/restore"))),
+        (11.0, fire("mid-resize", lambda launcher, j: cf.supervisor_kill(launcher, j, "/cluster"))),
+        (14.0, fire("full-disk", lambda launcher, j: cf.fill_disk(launcher, j, "worker-0")))]
     try:
         with pytest.raises(OSError) as err:
             run_job(LocalLauncher(jobs), job, CONFIG, tmp_path / "out", interventions=interventions, timeout_s=120.0)
