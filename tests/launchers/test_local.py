@@ -270,21 +270,6 @@ def test_launcher_processes_take_turns_on_a_job_and_a_killed_holder_frees_it(tmp
         holder.wait()
 
 
-class LauncherDied(BaseException):
-    """The launcher's process ends here (not an error a launcher operation handles)."""
-
-
-def dying_before(launcher: LocalLauncher, route: str):
-    """``launcher.master_call`` that dies when it is about to make a request to ``route``."""
-    call = launcher.master_call
-
-    def master_call(job_id, path, *args, **kwargs):
-        if path == route:
-            raise LauncherDied(route)
-        return call(job_id, path, *args, **kwargs)
-    return master_call
-
-
 def test_a_launcher_that_dies_before_it_hands_the_master_new_ps_leaves_a_job_that_finishes(tmp_path, monkeypatch):
     """A PS relaunched, its launcher dead before ``/restore``: the master restores the job itself.
     A PS change, its launcher dead before ``/cluster``: the launcher that adopts the job hands the
@@ -309,14 +294,14 @@ def _die_and_adopt(launcher, job, monkeypatch, tmp_path):
         raise AssertionError(f"no progress past {done} samples in {timeout_s} s: {status}")
 
     before = progress(50_000)
-    monkeypatch.setattr(launcher, "master_call", dying_before(launcher, "/restore"))
-    with pytest.raises(LauncherDied):
+    monkeypatch.setattr(launcher, "master_call", cf.dying_before(launcher, "/restore"))
+    with pytest.raises(cf.SupervisorDied):
         launcher.relaunch("orphan", "ps-0")
     monkeypatch.undo()
     restored = progress(before["samples_done"] + 50_000)  # the master restored onto the new PS by itself
     assert restored["counters"]["restores"] >= 1
-    monkeypatch.setattr(launcher, "master_call", dying_before(launcher, "/cluster"))
-    with pytest.raises(LauncherDied):
+    monkeypatch.setattr(launcher, "master_call", cf.dying_before(launcher, "/cluster"))
+    with pytest.raises(cf.SupervisorDied):
         launcher.resize("orphan", replace(CONFIG, ps=2))
     monkeypatch.undo()
     adopter = LocalLauncher(tmp_path / "jobs")
