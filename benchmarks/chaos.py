@@ -130,7 +130,7 @@ def _forge(launcher: LocalLauncher, job_id: str, rng: random.Random) -> dict:
 
 
 def _resize_during_checkpoint(launcher: LocalLauncher, job_id: str) -> dict:
-    current = Configuration(**launcher.read_job(job_id)["config"])
+    current = cf.config_of(launcher, job_id)
     target = dataclasses.replace(current, workers=3 if current.workers == 2 else 2)
 
     def take() -> None:  # a PS down: the master cannot take it; the resize goes on regardless
@@ -148,8 +148,7 @@ def _resize_during_checkpoint(launcher: LocalLauncher, job_id: str) -> dict:
 
 
 def _ps_change(launcher: LocalLauncher, job_id: str) -> dict:
-    current = Configuration(**launcher.read_job(job_id)["config"])
-    target = dataclasses.replace(current, ps=2 if current.ps == 1 else 1, ps_cpu=0.3 if current.ps == 1 else 0.4)
+    target = cf.other_ps_count(cf.config_of(launcher, job_id))
     result = launcher.resize(job_id, target)
     return {"chaos": "ps-change", "ps": target.ps, "seconds": result["seconds"]}
 
@@ -206,7 +205,7 @@ def run_seed(seed: int, samples: int, faults: int, span_s: float, out: Path, tmp
         def act(launcher: LocalLauncher, job_id: str) -> dict:
             pending.remove(index)
             recovered = []
-            if kind not in WITHOUT_MASTER and not cf._running(launcher, job_id, "master"):
+            if kind not in WITHOUT_MASTER and not cf.running(launcher, job_id, "master"):
                 recovered = recover(launcher, job_id)  # the fault needs the master: back first
             now = time.time() - started
             try:

@@ -275,11 +275,14 @@ class RuntimeJob(JobKind):
                 launcher._set_limits(job_id, node)
             actions.append(f"ps resized in place to {config.ps_cpu:g} CPU / {config.ps_memory_mb:g} MB")
         elif config.ps != current.ps or ps_resources:
-            if all(launcher._node_state(job_id, record, name) == RUNNING for name in ps_nodes):
+            def ps_up() -> bool:
+                return all(launcher._node_state(job_id, record, name) == RUNNING for name in ps_nodes)
+
+            if ps_up():
                 try:
                     launcher.master_call(job_id, "/checkpoint", {"hold": True})
                 except (ConnectionError, MasterRejected):  # a PS went down meanwhile: the last checkpoint it is
-                    if all(launcher._node_state(job_id, record, name) == RUNNING for name in ps_nodes):
+                    if ps_up():
                         raise
             for name, node in ps_nodes.items():
                 launcher._stop_node(job_id, record, node, replacing=False)

@@ -83,6 +83,11 @@ from airflow_dlrover.runtime.transport import Peer, RemoteError, Unreachable, an
 
 log = logging.getLogger(__name__)
 
+
+class CheckpointUnavailable(Unreachable):
+    """No checkpoint can be taken until a PS the master cannot reach is back: its caller goes on from
+    the last one rather than ask again (the API answers 409, which callers do not send again)."""
+
 TODO, DOING, DONE = "todo", "doing", "done"
 FINISH = -1  # the lease of the job's last task: held-out evaluation and export, by one worker
 WAIT_S = 0.2  # how long a worker waits before asking again while the master is paused
@@ -588,8 +593,11 @@ class Master:
                 files, digests = [], []
                 for index, peer in enumerate(self.peers):
                     path = folder / f"ps-{index}.npz"
-                    digests.append(peer.call("save", retry_s=CHECKPOINT_PEER_RETRY_S, generation=self.generation,
-                                             path=str(path))["sha256"])
+                    try:
+                        digests.append(peer.call("save", retry_s=CHECKPOINT_PEER_RETRY_S, generation=self.generation,
+                                                 path=str(path))["sha256"])
+                    except Unreachable as err:
+                        raise CheckpointUnavailable(f"no checkpoint while a PS is unreachable: {err}") from None
                     files.append(str(path))
                 manifest = {"id": number, "done": sorted(self.done), "generation": self.generation,
                             "ps_count": len(files), "files": files, "sha256": digests, "time": time.time(),
@@ -831,13 +839,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(routes[self.path](**body))
         except InvalidInputError as err:
             self._reply({"error": str(err)}, 400)
+        except CheckpointUnavailable as err:
+            self._reply({"error": str(err)}, 409)
         except TypeError as err:
             self._reply({"error": f"bad request to {self.path}: {err}"}, 400)
         except Exception as err:  # noqa: BLE001 - reported to the caller
-            if isinstance(err, Unreachable) and self.path == "/checkpoint":
-                # none can be taken until the PS is back: its caller goes on from the last one
-                # rather than ask again (409, which callers do not send again)
-                return self._reply({"error": f"no checkpoint while a PS is unreachable: {err}"}, 409)
             log.exception("POST %s failed", self.path)
             self._reply({"error": f"{type(err).__name__}: {err}"}, 500)
 

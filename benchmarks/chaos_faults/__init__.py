@@ -55,6 +55,11 @@ def config_of(launcher: LocalLauncher, job_id: str) -> Configuration:
     return Configuration(**launcher.read_job(job_id)["config"])
 
 
+def other_ps_count(current: Configuration) -> Configuration:
+    """The PS change a fault asks for: 1 PS × 0.4 CPU ↔ 2 × 0.3."""
+    return dataclasses.replace(current, ps=2 if current.ps == 1 else 1, ps_cpu=0.3 if current.ps == 1 else 0.4)
+
+
 def supervisor_kill(launcher: LocalLauncher, job_id: str, route: str) -> dict[str, Any]:
     """``route`` "/cluster": a PS-count change (1 ↔ 2) whose launcher dies after the new PS started;
     "/restore": a relaunch of ps-0 whose launcher dies before it asks the master to restore. A fresh
@@ -64,8 +69,7 @@ def supervisor_kill(launcher: LocalLauncher, job_id: str, route: str) -> dict[st
     launcher.master_call = dying_before(launcher, route)
     try:
         if route == "/cluster":
-            launcher.resize(job_id, dataclasses.replace(current, ps=2 if current.ps == 1 else 1,
-                                                        ps_cpu=0.3 if current.ps == 1 else 0.4))
+            launcher.resize(job_id, other_ps_count(current))
         else:
             launcher.relaunch(job_id, "ps-0")
         died = False
@@ -93,16 +97,16 @@ def damaged_checkpoint(launcher: LocalLauncher, job_id: str) -> dict[str, Any]:
     if not checkpoint:
         return {"skipped": "no checkpoint yet"}
     flip_middle_byte(Path(checkpoint["path"]) / "ps-0.npz")
-    running = _running(launcher, job_id, "ps-0")
-    if running:  # else its relaunch, due anyway, restores the job
+    was_running = running(launcher, job_id, "ps-0")
+    if was_running:  # else its relaunch, due anyway, restores the job
         launcher.kill_node(job_id, "ps-0")
         deadline = time.monotonic() + 10.0
-        while _running(launcher, job_id, "ps-0") and time.monotonic() < deadline:  # its exit status written
+        while running(launcher, job_id, "ps-0") and time.monotonic() < deadline:  # its exit status written
             time.sleep(0.05)
-    return {"flipped": checkpoint["id"], "path": checkpoint["path"], "killed": running}
+    return {"flipped": checkpoint["id"], "path": checkpoint["path"], "killed": was_running}
 
 
-def _running(launcher: LocalLauncher, job_id: str, name: str) -> bool:
+def running(launcher: LocalLauncher, job_id: str, name: str) -> bool:
     return any(s.name == name and s.state == "running" for s in launcher.status(job_id))
 
 
@@ -169,7 +173,7 @@ def unsigned_large_body(launcher: LocalLauncher, job_id: str, total_mb: int = 40
                         path: str = "/shard/done") -> dict[str, Any]:
     """Stream a ``total_mb`` POST without a signature to the master; the master's RSS growth (peak
     while streaming and 0.3 s after, over the RSS before) in MB, the bytes it took, and its answer."""
-    if not _running(launcher, job_id, "master"):
+    if not running(launcher, job_id, "master"):
         return {"skipped": "master down"}
     process = master_process(launcher, job_id)
     baseline = process.memory_info().rss
@@ -191,7 +195,7 @@ def unsigned_large_body(launcher: LocalLauncher, job_id: str, total_mb: int = 40
     time.sleep(0.3)
     growth = (peak.stop() - baseline) / 2**20
     return {"rss_growth_mb": round(growth, 1), "sent_mb": round(sent / 2**20, 1),
-            "refused": sent < total and not answer.startswith(b"HTTP/1.1 2") and not answer.startswith(b"HTTP/1.0 2"),
+            "refused": sent < total and not answer.startswith((b"HTTP/1.1 2", b"HTTP/1.0 2")),
             "answer": answer.decode(errors="replace")}
 
 
@@ -201,7 +205,7 @@ def half_open_connections(launcher: LocalLauncher, job_id: str, count: int = 300
     ``/status`` every second. Returns how many the master turned away at once (503, past its
     connection bound), closed (its read timeout) or left open, the peak of its threads, and the
     signed requests answered with their slowest answer in seconds."""
-    if not _running(launcher, job_id, "master"):
+    if not running(launcher, job_id, "master"):
         return {"skipped": "master down"}
     process = master_process(launcher, job_id)
     threads_before = process.num_threads()
@@ -273,14 +277,3 @@ def skewed_clock_worker(launcher: LocalLauncher, job_id: str, worker: str, skew_
     return {"node": worker, "skew_s": skew_s, "training": training, "training_after_s":
             round(time.monotonic() - started, 1), "restarts": node.get("restarts", 0), "pid": node["pid"]}
 
-
-def skewed_pid_clock(pid: int) -> float | None:
-    """The FAKETIME of a node's process (None: it runs on the real clock)."""
-    try:
-        for child in psutil.Process(pid).children(recursive=True):
-            skew = child.environ().get("FAKETIME")
-            if skew:
-                return float(skew.rstrip("s"))
-    except psutil.Error:
-        return None
-    return None

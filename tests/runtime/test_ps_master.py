@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from chaos_faults import flip_middle_byte
 
 from airflow_dlrover.runtime.master import CHECKPOINT_PEER_RETRY_S, Master
 from airflow_dlrover.runtime.ps import ParameterServer, initial_rows
@@ -300,12 +301,6 @@ def test_old_checkpoints_are_deleted_and_an_unreadable_newest_falls_back_to_an_o
 
 def counts(accounting):
     return accounting["samples_trained"], accounting["samples_lost"], accounting["samples_duplicated"]
-
-
-def flip_middle_byte(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
 
 
 def two_checkpoints(cluster, count=2):
