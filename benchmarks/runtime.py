@@ -4,6 +4,7 @@
     python benchmarks/runtime.py overhead
     python benchmarks/runtime.py recovery
     python benchmarks/runtime.py memory
+    python benchmarks/runtime.py transitions [--repeats 3] [--write]
 
 grid      throughput over w, p, λw, λp and batch (total cores ≤ this machine's), written as a sample
           table, then the optimizer's fit on it: in-sample and leave-one-configuration-out MAPE.
@@ -11,6 +12,9 @@ overhead  1 PS + 1 worker against the same DLRM trained in one process on the sa
 recovery  time from kill-worker / kill-ps to throughput back at 90 %, and the stall of a worker
           add / remove and of a PS change.
 memory    peak memory per role against the memory model's prediction.
+transitions  what each transition costs a running job (``optimizer.transitions``: an equivalent
+          pause), the median over repeats; ``--write`` stores it as the table the controller and
+          the simulator read.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import os
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -177,6 +182,143 @@ def cmd_recovery(args) -> None:
         print(f"lost {summary['samples_lost']}, duplicated {summary['samples_duplicated']}")
 
 
+def equivalent_pause_s(series: pd.DataFrame, at: float, window_s: float, tail_s: float = 6.0) -> float:
+    """``W − S / r`` (``optimizer.transitions``): ``S`` the samples trained in ``[at, at + W]``,
+    ``r`` the rate over the ``tail_s`` after it. A restore's fall back to its checkpoint is lost
+    work, charged apart: only progress counts (the positive steps of ``samples_done``)."""
+    t = series.time_s.to_numpy(float)
+    progress = np.concatenate([[0.0], np.cumsum(np.maximum(np.diff(series.samples_done.to_numpy(float)), 0.0))])
+    trained = np.interp(at + window_s, t, progress) - np.interp(at, t, progress)
+    rate = (np.interp(at + window_s + tail_s, t, progress) - np.interp(at + window_s, t, progress)) / tail_s
+    return float(max(window_s - trained / rate, 0.0)) if rate > 0 else float("nan")
+
+
+#: The transitions in the order one job goes through them: (name, seconds after the launch call,
+#: its measurement window, the change). The job starts as 2 workers × 0.5 + 1 PS × 0.5 CPU.
+BASE = Configuration(2, 1, 0.5, 0.5, 2048, 1024)
+TRANSITIONS = [
+    ("worker_join_s", 30.0, 10.0, Configuration(3, 1, 0.5, 0.5, 2048, 1024)),
+    ("worker_leave_s", 46.0, 10.0, BASE),
+    ("cpu_in_place_s", 62.0, 8.0, Configuration(2, 1, 0.75, 0.5, 2048, 1024)),
+    ("cpu_in_place_s", 76.0, 8.0, BASE),
+    ("memory_in_place_s", 90.0, 8.0, Configuration(2, 1, 0.5, 0.5, 3072, 1536)),
+    ("node_relaunch_s", 104.0, 14.0, "worker-0"),
+    ("ps_change_s", 124.0, 18.0, Configuration(2, 2, 0.5, 0.25, 3072, 1536)),
+    ("ps_change_s", 148.0, 18.0, Configuration(2, 1, 0.5, 0.5, 3072, 1536)),
+    ("ps_recovery_s", 172.0, 20.0, "kill ps-0"),
+    ("relaunch_s", 198.0, 20.0, "relaunch"),
+]
+COLD_WINDOW_S = 24.0
+
+
+def _transition(change):
+    """The intervention ``run_job`` makes at its time: a resize, a node relaunch, a kill, or the
+    whole job stopped and launched again (it resumes from its checkpoint)."""
+    def intervene(launcher: LocalLauncher, job_id: str) -> dict:
+        if isinstance(change, Configuration):
+            return {"transition": launcher.resize(job_id, change)["actions"]}
+        if change == "kill ps-0":
+            launcher.kill_node(job_id, "ps-0")
+        elif change == "relaunch":
+            spec, config = launcher.spec(job_id), Configuration(**launcher.read_job(job_id)["config"])
+            launcher.stop(job_id)
+            launcher.launch(spec, config)
+        else:
+            launcher.relaunch(job_id, change)
+        return {"transition": change}
+    return intervene
+
+
+class _Finished(Exception):
+    """The last intervention ends the measured run."""
+
+
+def _sample_progress(launcher: LocalLauncher, job_id: str, started: float, rows: list, stop: threading.Event) -> None:
+    """Every 0.2 s the master's ``samples_done`` (none while no master answers)."""
+    while not stop.wait(0.2):
+        try:
+            status = launcher.master_call(job_id, "/status", timeout=1.0)
+        except (ConnectionError, OSError, ValueError, KeyError):
+            continue
+        rows.append({"time_s": time.time() - started, "samples_done": status["samples_done"]})
+
+
+def state_bandwidth_mb_per_s(root: Path, train_s: float = 25.0) -> tuple[float, float, float]:
+    """(checkpoint MB/s, restore MB/s, MB) of a job with wide tables (26 × 2M rows × dim 64) after
+    ``train_s`` of training: the rows it touched, with their accumulators, written and read back."""
+    launcher = LocalLauncher(root, CgroupManager())
+    spec = JobSpec(job_id="state", samples=10**9, checkpoint_interval_s=3600, table_sizes=(2_000_000,) * 26,
+                   embedding_dim=64, bottom_mlp=(64, 64))
+    launcher.launch(spec, Configuration(1, 1, 1.0, 1.0, 4096, 8192))
+    try:
+        deadline = time.monotonic() + 120
+        while launcher.master_call(spec.job_id, "/status")["samples_done"] == 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the wide-table job did not start training")
+            time.sleep(0.5)
+        time.sleep(train_s)
+        started = time.monotonic()
+        manifest = launcher.master_call(spec.job_id, "/checkpoint", {"hold": False}, timeout=600)
+        saved_s = time.monotonic() - started
+        megabytes = sum(Path(f).stat().st_size for f in manifest["files"]) / 2**20
+        started = time.monotonic()
+        launcher.master_call(spec.job_id, "/restore", {}, timeout=600)
+        restored_s = time.monotonic() - started
+    finally:
+        launcher.stop(spec.job_id)
+    return megabytes / saved_s, megabytes / restored_s, megabytes
+
+
+def cmd_transitions(args) -> None:
+    from airflow_dlrover.optimizer.transitions import MEASURED_PATH, TransitionCosts
+
+    def finish(launcher, job_id):
+        raise _Finished
+
+    measured: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(args.repeats):
+            launcher = LocalLauncher(Path(tmp) / f"r{repeat}", CgroupManager())
+            spec = JobSpec(job_id=f"transitions-{repeat}", samples=10**9, checkpoint_interval_s=5)
+            rows: list[dict] = []
+            stop = threading.Event()
+            started = time.time()
+            sampler = threading.Thread(target=_sample_progress, args=(launcher, spec.job_id, started, rows, stop))
+            sampler.start()
+            end = TRANSITIONS[-1][1] + TRANSITIONS[-1][2] + 8.0
+            try:  # the supervisor recovers what a transition kills, as it does for any job
+                run_job(launcher, spec, BASE, Path(tmp) / f"r{repeat}" / "out", series_points=None,
+                        interventions=[(at, _transition(change)) for _, at, _, change in TRANSITIONS] + [(end, finish)])
+            except _Finished:
+                pass
+            finally:
+                stop.set()
+                sampler.join()
+            series = pd.DataFrame(rows)
+            costs = [("cold_launch_s", equivalent_pause_s(series, 0.0, COLD_WINDOW_S))]
+            costs += [(name, equivalent_pause_s(series, at, window)) for name, at, window, _ in TRANSITIONS]
+            for name, cost in costs:
+                measured.setdefault(name, []).append(cost)
+            print(f"repeat {repeat + 1}: " + ", ".join(f"{name} {cost:.1f}" for name, cost in costs), flush=True)
+        for repeat in range(args.repeats):
+            saved, restored, megabytes = state_bandwidth_mb_per_s(Path(tmp) / f"state-{repeat}")
+            measured.setdefault("checkpoint_mb_per_s", []).append(saved)
+            measured.setdefault("restore_mb_per_s", []).append(restored)
+            print(f"state {megabytes:.0f} MB: checkpoint {saved:.0f} MB/s, restore {restored:.0f} MB/s", flush=True)
+    medians = {name: round(float(np.nanmedian(values)), 1) for name, values in measured.items()}
+    table = TransitionCosts(**medians, source=f"benchmarks/runtime.py transitions --repeats {args.repeats}: "
+                                              f"medians, local launcher, {os.cpu_count()} cores")
+    print(f"\n{'transition':20s} {'median s':>9s}  each run")
+    for name, values in measured.items():
+        print(f"{name:20s} {medians[name]:9.1f}  {', '.join(f'{v:.1f}' for v in values)}")
+    kubernetes = table.on_kubernetes()
+    print("on Kubernetes (+ pod start where a pod starts): " + ", ".join(
+        f"{name} {getattr(kubernetes, name):.1f}" for name in medians))
+    if args.write:
+        MEASURED_PATH.write_text(table.to_json())
+        print(f"wrote {MEASURED_PATH}")
+
+
 def cmd_memory(args) -> None:
     from airflow_dlrover.optimizer.memory import fit_memory
 
@@ -204,6 +346,10 @@ def main() -> None:
     p = sub.add_parser("memory")
     p.add_argument("--grid", default="benchmarks/sim/data/local_grid.csv")
     p.set_defaults(func=cmd_memory)
+    p = sub.add_parser("transitions")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--write", action="store_true", help="store the medians as optimizer/transition_costs.json")
+    p.set_defaults(func=cmd_transitions)
     args = parser.parse_args()
     args.func(args)
 

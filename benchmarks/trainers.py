@@ -39,6 +39,7 @@ from airflow_dlrover.optimizer.job_model import fit_job_model
 from airflow_dlrover.optimizer.planner import plan
 from airflow_dlrover.optimizer.probes import design_probes
 from airflow_dlrover.optimizer.types import Configuration, Quota
+from airflow_dlrover.optimizer.transitions import measured as measured_transitions
 from airflow_dlrover.runtime.spec import JobSpec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -92,7 +93,8 @@ def measure(example: str, quota: Quota, window_s: float, out: Path, reports: str
         "example": example, "reports": reports, "probes": len(probes), "measured": len(table), "profile_s": profile_s,
         "loco_mape": model.throughput.report.out_of_sample_mape, "in_sample_mape": model.throughput.report.in_sample_mape,
         "restart_s": restarts, "charged_s": charged,
-        "default_charge_s": C.ALLREDUCE_RESIZE_COST_S if kind == "allreduce" else C.PS_RESIZE_COST_S,
+        "default_charge_s": (measured_transitions().relaunch_s if kind == "allreduce"
+                             else measured_transitions().ps_change_s),
         "predicted": chosen.predicted_throughput, "runs": runs,
     }
 

@@ -38,6 +38,7 @@ from typing import Any, Iterable
 from airflow_dlrover.launchers.contract import TrainerSpec
 from airflow_dlrover.launchers.kinds import JobKind, job_kind
 from airflow_dlrover import timings as T
+from airflow_dlrover.optimizer.transitions import TransitionCosts, measured as measured_transitions
 from airflow_dlrover.optimizer.types import FAILED_STATES, Configuration, NodeState, NodeStatus
 from airflow_dlrover.runtime.auth import call_master
 from airflow_dlrover.runtime.spec import JobSpec
@@ -272,6 +273,10 @@ class Launcher:
         its measured group restarts (SIGTERM → first report of every new worker; profiling makes
         some), else ``TRAINER_RESTART_COST_S``. None for our runtime (the controller's costs by kind)."""
         return self.kind(job_id).restart_cost_s()
+
+    def transition_costs(self) -> TransitionCosts:
+        """What each transition of our runtime costs on this backend (``optimizer.transitions``)."""
+        return measured_transitions()
 
     def _metrics_port(self, job_id: str, node: dict[str, Any]) -> int:
         """Where a trainer's node serves Prometheus text (0: it reports otherwise)."""

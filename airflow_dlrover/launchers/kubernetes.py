@@ -43,6 +43,7 @@ from airflow_dlrover.launchers.base import (
 )
 from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover.optimizer.transitions import TransitionCosts, measured as measured_transitions
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError
 from airflow_dlrover.runtime.spec import JobSpec, check_job_id
 
@@ -502,6 +503,10 @@ class KubernetesLauncher(Launcher):
 
     def can_resize_in_place(self) -> bool:
         return self.in_place_resize
+
+    def transition_costs(self) -> TransitionCosts:
+        """The runtime's measured table with a pod's start added where a pod starts."""
+        return measured_transitions().on_kubernetes()
 
     def _ps_addresses(self, job_id: str, record: dict[str, Any], names: list[str]) -> list[str]:
         return km.ps_addresses(job_id, len(names), self.namespace)

@@ -43,7 +43,8 @@ def observe(launcher: Any, job_id: str, *, before_launch: bool = False, spec: An
     progress = {key: status[key] for key in ("samples_done", "samples_total")
                 if status and status.get(key) is not None}
     return Observation(time.time(), Configuration(**record["config"]), nodes=nodes, windows=tuple(windows),
-                       usage=tuple(usage), restart_cost_s=launcher.restart_cost_s(job_id), **progress)
+                       usage=tuple(usage), restart_cost_s=launcher.restart_cost_s(job_id),
+                       transitions=launcher.transition_costs(), in_place=launcher.can_resize_in_place(), **progress)
 
 
 def job_progress(launcher: Any, job_id: str, nodes: Iterable[Any]) -> dict[str, Any] | None:

@@ -261,17 +261,8 @@ RESIZE_GAIN_MULTIPLE = 2.0
 #: this. On a flat curve the speed-up is ~1 and the policy keeps. (ours)
 MIN_RESIZE_SPEEDUP = 1.05
 
-#: Cost of a resize in seconds of lost training, by kind (ours; to be replaced by the runtime's
-#: measured figures): adding/removing workers leaves the others running; a per-node CPU/memory
-#: change relaunches that node; a PS-count change checkpoints, re-partitions and restarts.
-WORKER_RESIZE_COST_S = 30.0
-NODE_RELAUNCH_COST_S = 60.0
-PS_RESIZE_COST_S = 180.0
-#: An all-reduce job (no PS) that changes its number of workers re-forms its ring: the whole
-#: worker group restarts from the checkpoint, as torchrun's elastic agent restarts it on a
-#: membership change. Its nodes relaunch together, so it costs one node relaunch, not a worker
-#: resize that leaves the others training. (ours, after torchrun; not measured yet)
-ALLREDUCE_RESIZE_COST_S = NODE_RELAUNCH_COST_S
+#: What a resize costs is not a constant: ``optimizer.transitions`` holds the runtime's measured
+#: table (``benchmarks/runtime.py transitions``), Kubernetes' pod start added on pods.
 
 #: Revert a resize when the measured speed-up delivered less than this fraction of the predicted
 #: gain (speed-up − 1). (ours)

@@ -71,6 +71,7 @@ from airflow_dlrover.optimizer.memory import fit_memory
 from airflow_dlrover.optimizer.probes import (
     best_throughput, design_probes, next_probe, profile_continues, visiting_order,
 )
+from airflow_dlrover.optimizer.transitions import TransitionCosts
 from airflow_dlrover.optimizer.types import (
     CONFIG_COLUMNS, SAMPLE_TABLE_COLUMNS, Configuration, InvalidInputError, NodeState, NodeStatus, Objective, Phase,
     Plan, Quota, Reason, is_allreduce,
@@ -238,7 +239,10 @@ class Observation:
     ``samples_seen``); ``nodes``: every node's status with its exit reason; ``usage``: new per-node
     rows for the detectors (``instability.METRIC_COLUMNS``, ``throughput`` for workers, ``age_s``
     since the node started). ``restart_cost_s``: for a job that every resize restarts as a whole
-    (a trainer of the user's), what one restart costs it, as measured (SIGTERM → training again)."""
+    (a trainer of the user's), what one restart costs it, as measured (SIGTERM → training again);
+    ``transitions``: what each other transition costs on the job's backend (None: the runtime's
+    measured table, ``transitions.measured``); ``in_place``: the backend changes a node's CPU and
+    memory without restarting it."""
 
     now_s: float
     config: Configuration | None = None
@@ -248,6 +252,8 @@ class Observation:
     nodes: tuple[NodeStatus, ...] = ()
     usage: tuple[dict, ...] = ()
     restart_cost_s: float | None = None
+    transitions: TransitionCosts | None = None
+    in_place: bool = True
 
     @property
     def remaining(self) -> float | None:
@@ -685,7 +691,8 @@ def _finetune(state: ControllerState, obs: Observation) -> tuple[ControllerState
     model = state.model
     decision = decide(model.throughput, model.memory, _less_heals(state.quota, obs), config, measured, remaining, obs.now_s,
                       state.last_resize, state.rejected, objective=state.objective, deadline_s=deadline_s,
-                      restart_cost_s=obs.restart_cost_s, may_explore=state.explorations < C.EXPLORE_MAX_PER_RUN,
+                      restart_cost_s=obs.restart_cost_s, transitions=obs.transitions, in_place=obs.in_place,
+                      may_explore=state.explorations < C.EXPLORE_MAX_PER_RUN,
                       samples_done=obs.samples_done)
     if decision.reason == Reason.EXPLORED:  # judged once: from now on a resize like any other
         state = replace(state, last_resize=replace(state.last_resize, exploring=False))

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Sequence
+from functools import partial
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -41,6 +42,7 @@ from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel
 from airflow_dlrover.optimizer.model import PARAMETERS, ThroughputModel, features
 from airflow_dlrover.optimizer.planner import plan
+from airflow_dlrover.optimizer.transitions import TransitionCosts, measured as measured_transitions
 from airflow_dlrover.optimizer.types import (
     Configuration, InfeasibleQuotaError, InvalidInputError, Objective, Plan, Quota, Reason, check_kind, is_allreduce,
 )
@@ -81,19 +83,16 @@ def shape(config: Configuration | dict) -> tuple:
             int(get("worker_gpu") or 0))
 
 
-def resize_cost_s(current: Configuration, target: Configuration, restart_cost_s: float | None = None) -> float:
+def resize_cost_s(current: Configuration, target: Configuration, restart_cost_s: float | None = None, *,
+                  transitions: TransitionCosts | None = None, in_place: bool = True, state_mb: float = 0.0) -> float:
     """Seconds of lost training for changing ``current`` into ``target``: ``restart_cost_s`` for a
-    job that every resize restarts as a whole (measured), else by kind (see constants)."""
+    job that every resize restarts as a whole (measured), else the transition's cost in the
+    backend's measured table (``transitions``; default the runtime's, ``transitions.measured``),
+    ``in_place``: the backend changes a node's CPU and memory without a restart; ``state_mb``: the
+    PS state a re-partition moves."""
     if restart_cost_s is not None:
         return float(restart_cost_s)
-    if target.ps != current.ps:
-        return C.PS_RESIZE_COST_S
-    if is_allreduce(current) and target.workers != current.workers:
-        return C.ALLREDUCE_RESIZE_COST_S
-    per_node = (target.worker_cpu, target.ps_cpu, target.worker_memory_mb, target.ps_memory_mb, target.worker_gpu)
-    if per_node != (current.worker_cpu, current.ps_cpu, current.worker_memory_mb, current.ps_memory_mb, current.worker_gpu):
-        return C.NODE_RELAUNCH_COST_S
-    return C.WORKER_RESIZE_COST_S
+    return (transitions or measured_transitions()).of(current, target, in_place=in_place, state_mb=state_mb)
 
 
 def decide(
@@ -110,17 +109,23 @@ def decide(
     objective: Objective | str = Objective.THROUGHPUT,
     deadline_s: float | None = None,
     restart_cost_s: float | None = None,
+    transitions: TransitionCosts | None = None,
+    in_place: bool = True,
     may_explore: bool = False,
     samples_done: float = 0.0,
 ) -> Decision:
     """Keep, resize or revert; ``recent_throughput`` = measured windows since the last resize.
     ``objective`` is the plan's; ``deadline_s``: the seconds left until the deadline, for the
     ``deadline`` objective; ``restart_cost_s``: what a resize costs a job that restarts as a
-    whole (:func:`resize_cost_s`); ``samples_done``: those trained so far (the memory model's
+    whole, ``transitions`` and ``in_place`` what any other resize costs (:func:`resize_cost_s`);
+    ``samples_done``: those trained so far (the memory model's
     tables grow on a curve of the samples trained); ``may_explore``: an exploration is allowed
     (the run has not used its ``EXPLORE_MAX_PER_RUN``)."""
     objective = Objective.parse(objective)
     check_kind(model, is_allreduce(current), "model", "the running configuration is")
+    state_mb = 0.0 if memory.allreduce else float(memory.ps_tables_mb(1, samples_done))
+    cost_of = partial(resize_cost_s, restart_cost_s=restart_cost_s, transitions=transitions, in_place=in_place,
+                      state_mb=state_mb)
     if objective == Objective.DEADLINE and deadline_s is None:
         raise InvalidInputError("deadline_s", None, "the seconds left until the deadline, with the deadline objective")
     measured = np.asarray(recent_throughput, dtype=float)
@@ -148,7 +153,7 @@ def decide(
                     "revert", Reason.DID_NOT_DELIVER, judged | {"needed": wanted, "explored": last_resize.exploring},
                     target=last_resize.before,
                     predicted_speedup=last_resize.throughput_before / x_now,
-                    resize_cost_s=resize_cost_s(current, last_resize.before, restart_cost_s),
+                    resize_cost_s=cost_of(current, last_resize.before),
                     reject=last_resize.after,
                 )
             if last_resize.exploring:
@@ -162,18 +167,19 @@ def decide(
         """The mean's plan explored, else the plan of one posterior draw (Thompson sampling). No
         exploration pays when keeping takes ≤ (2·RESIZE_GAIN_MULTIPLE + 1) × the cheapest resize
         (its saving < keep time − cost): then nothing is planned."""
-        cheapest = restart_cost_s if restart_cost_s is not None else C.WORKER_RESIZE_COST_S
+        table = transitions or measured_transitions()
+        cheapest = restart_cost_s if restart_cost_s is not None else min(table.worker_join_s, table.worker_leave_s)
         if not may_explore or remaining_samples / x_now <= (2 * C.RESIZE_GAIN_MULTIPLE + 1) * cheapest:
             return None
         explored = None
         if mean_best is not None:
-            explored = _exploration(mean_best, model, model, current, x_now, remaining_samples, restart_cost_s)
+            explored = _exploration(mean_best, model, model, current, x_now, remaining_samples, cost_of)
         if explored is None:
             seed = _draw_seed(now_s, samples_done, current)
             drawn = posterior_draw(model, seed)
             try:
                 explored = _exploration(_target(drawn, *plan_args), drawn, model, current, x_now, remaining_samples,
-                                        restart_cost_s, seed)
+                                        cost_of, seed)
             except InfeasibleQuotaError:  # the draw's tables fit no plan: nothing to explore
                 return None
         return explored
@@ -184,7 +190,7 @@ def decide(
     x_current = float(model.predict_features(_features(current), band=False)[0])
     speedup = best.predicted_throughput / x_current
     speedup_low = best.lower_throughput / x_current
-    cost = resize_cost_s(current, target, restart_cost_s)
+    cost = cost_of(current, target)
     keep_s = remaining_samples / x_now
     resize_s = cost + remaining_samples / (x_now * max(speedup_low, 1e-9))
     saving = keep_s - resize_s
@@ -202,12 +208,13 @@ def decide(
 
 
 def _exploration(option: Plan, predictor: ThroughputModel, model: ThroughputModel, current: Configuration,
-                 x_now: float, remaining_samples: float, restart_cost_s: float | None,
+                 x_now: float, remaining_samples: float, cost_of: Callable[[Configuration, Configuration], float],
                  draw_seed: int | None = None) -> Decision | None:
     """An exploration of ``option`` (``EXPLORE_*``), the plan of ``predictor`` (the model, or its
     posterior draw ``draw_seed``): where the model is unsure at the option (its band), the
     predictor's speed-up is at least ``EXPLORE_MIN_SPEEDUP`` and its saving pays for the resize and
-    its revert; else None. The resize is judged against the predictor's speed-up."""
+    its revert (``cost_of``: :func:`resize_cost_s` for the job); else None. The resize is judged
+    against the predictor's speed-up."""
     target = option.config
     if shape(target) == shape(current):
         return None
@@ -215,7 +222,7 @@ def _exploration(option: Plan, predictor: ThroughputModel, model: ThroughputMode
     x_current = float(model.predict_features(_features(current), band=False)[0])
     band = (upper - lower) / x_target
     speedup = option.predicted_throughput / float(predictor.predict_features(_features(current), band=False)[0])
-    cost = resize_cost_s(current, target, restart_cost_s)
+    cost = cost_of(current, target)
     keep_s = remaining_samples / x_now
     expected_saving = keep_s - (cost + keep_s / speedup)
     pays = expected_saving >= C.RESIZE_GAIN_MULTIPLE * 2 * cost

@@ -4,7 +4,7 @@ For a job of ``n`` samples with CPU quota ``L`` (``family.limit_cpu``) and reali
 ``f`` (:func:`sim.cluster.rate_factor`, one draw per job, the same for every policy)::
 
     bound_run_s = c₀ + T,    T = n / (X* · f),
-    c₀ = launch_s / 2  if T ≤ probe_s  else  launch_s
+    c₀ = the cold launch of the transition table (``cfg.transitions.cold_launch_s``)
     X* = max { truth(w, p, λw, λp) : w·λw + p·λp ≤ L, 1 ≤ w ≤ 1,024, 1 ≤ p ≤ 256, λw, λp ≥ 0.5 }
          (an all-reduce family: p = λp = 0), rounded up by at most a relative ``REL`` = 10⁻⁶
 
@@ -12,9 +12,7 @@ Why nobody is faster: a job trains only at ``truth(config) · f``, where ``confi
 allocation (never past ``L``: the cluster refuses it), or that allocation with a hot PS's λp
 lowered (still in the domain, or below 0.5 where a table is clamped to its 0.5 value and a roofline
 is lower), times a straggler's slow-down (< 1). So it needs at least ``T`` of training. Before its first
-sample it pays a launch: ``launch_s`` for a run, ``launch_s / 2`` for a first probe, and a probe
-trains at most ``probe_s`` before the next relaunch (another ``launch_s / 2``, or the run's
-``launch_s``); so a job that needs more than ``probe_s`` of training pays at least ``launch_s``.
+sample it pays a cold launch, a first probe's or a run's: every policy starts from nothing.
 Queueing, resizes, failures, OOMs and instability only add. Memory is ignored (relaxing it only
 raises X*). The JCT bound is the same (no queueing).
 
@@ -147,16 +145,16 @@ def _branch_and_bound(truth: Truth, limit: float, rel: float = REL, rounds: int 
     return max(best * (1.0 + rel), float(upper.max()))
 
 
-def start_cost_s(cfg: SimConfig, training_s: float) -> float:
-    """c₀: the least a job pays before (and between) its training when it needs ``training_s``."""
-    return cfg.launch_s / 2 if training_s <= cfg.probe_s else cfg.launch_s
+def start_cost_s(cfg: SimConfig) -> float:
+    """c₀: the least a job pays before its first sample (a cold launch)."""
+    return cfg.transitions.cold_launch_s
 
 
 def bound_run_s(cfg: SimConfig, spec: JobSpec) -> tuple[float, float]:
     """(the job's run-time lower bound, X*)."""
     peak = peak_throughput(spec.family.truth, spec.family.limit_cpu)
     training = spec.samples / (peak * rate_factor(cfg, spec))
-    return start_cost_s(cfg, training) + training, peak
+    return start_cost_s(cfg) + training, peak
 
 
 def bound_table(cfg: SimConfig, trace: list[JobSpec]) -> dict[int, tuple[float, float]]:

@@ -5,8 +5,13 @@ first-fit queue while the cluster's CPU / memory quota is full, profile (if the 
 train at the hidden true rate of their current allocation (times the job's realised-rate factor,
 :func:`rate_factor`, the same for every policy), and are checked by the policy every
 control period. The runtime is the same for every policy: checkpoints every ``checkpoint_s`` of
-training, a failed node costs the work since the last checkpoint plus ``recover_s``, a launch costs
-``launch_s``, a resize the runtime's cost (:func:`airflow_dlrover.optimizer.finetune.resize_cost_s`).
+training, and every transition costs what one table says (``cfg.transitions``, the runtime's
+measured :class:`~airflow_dlrover.optimizer.transitions.TransitionCosts` on pods): a first start
+(a run's or a first probe's) a cold launch; the next probe, the launch after a profile and a
+resize the change between the two configurations (``TransitionCosts.of``: workers join or leave,
+CPU and memory in place, a PS change with the job's state checkpointed and restored); a failed node
+a PS's recovery (the whole state restored) plus the work since the last checkpoint; an OOM-killed
+role's relaunch a node relaunch (a PS's, its recovery); a straggler's replacement a node relaunch.
 
 Work is conserved: ``samples_done`` only grows by training and only falls back to the last
 checkpoint (the rolled-back samples are counted in ``wasted_samples`` and trained again), so a
@@ -29,8 +34,6 @@ from typing import Any
 
 import numpy as np
 
-from airflow_dlrover.optimizer import constants as C
-from airflow_dlrover.optimizer.finetune import resize_cost_s
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, Quota
 from sim.truth import BATCH
 from sim.workload import JobSpec, SimConfig
@@ -342,10 +345,12 @@ class Cluster:
                     job.phase = "profiling"
                     self._begin_probe(job)
                 else:
+                    # a profiled job is resized from its last probe; any other starts cold
+                    cost = self._transition_s(job, job.state.pop("profiled_on", None), config)
                     job.config = config
                     job.phase = "running"
-                    job.pause_until = self.now + self.cfg.launch_s
-                    job.next_check = self.now + self.cfg.launch_s + self.policy.check_interval(job)
+                    job.pause_until = self.now + cost
+                    job.next_check = self.now + cost + self.policy.check_interval(job)
                     self._set_rate(job)
                 job.request = None
                 self._schedule(job)
@@ -354,11 +359,26 @@ class Cluster:
 
     def _begin_probe(self, job: JobRun) -> None:
         probe = job.probes[job.probe_index]
+        previous = job.state.get("probe")  # None: the first probe starts the job cold
         job.state["probe"] = probe
         job.state["probe_began"] = self.now
-        job.pause_until = self.now + self.cfg.launch_s / 2  # relaunch on the probe configuration
+        job.pause_until = self.now + self._transition_s(job, previous, probe)
         job.stage_end = job.pause_until + self._probe_window_s(job)
         self._set_rate(job, probe)
+
+    def _state_mb(self, job: JobRun) -> float:
+        """The PS state a checkpoint holds now: the tables (rows and optimiser state) as grown."""
+        memory = job.spec.family.memory
+        return 0.0 if memory.replicated else float(memory.tables_mb(job.samples_done))
+
+    def _transition_s(self, job: JobRun, current: Configuration | None, target: Configuration) -> float:
+        """What changing ``current`` (None: nothing runs) into ``target`` costs the job."""
+        return self.cfg.transitions.of(current, target, in_place=self.cfg.in_place, state_mb=self._state_mb(job))
+
+    def _relaunch_s(self, job: JobRun, role: str) -> float:
+        """A role's nodes restarted (OOM-killed, failed): a PS's restore the whole state."""
+        costs = self.cfg.transitions
+        return costs.ps_recovery_cost_s(self._state_mb(job)) if role == "ps" else costs.node_relaunch_s
 
     def _probe_window_s(self, job: JobRun) -> float:
         """How long the probe under way is measured: a plan check's own window, else ``probe_s``."""
@@ -539,7 +559,7 @@ class Cluster:
         elif reason == "failure":
             job.failures += 1
             self._lose_since_checkpoint(job)
-            job.pause_until = self.now + self.cfg.recover_s
+            job.pause_until = self.now + self._relaunch_s(job, "ps")
             job.failure_index += 1
             draws = job.spec.failure_exponentials
             job.hazard_left = draws[job.failure_index % len(draws)] if draws else math.inf
@@ -550,6 +570,7 @@ class Cluster:
 
     def _probe_done(self, job: JobRun) -> None:
         probe, window_s = job.state["probe"], self._probe_window_s(job)
+        measured_on = probe
         took_s = self.now - job.state["probe_began"]
         for k in range(2):  # two measurement windows per probe, each measured as a period is
             obs = self.observe(job, windows=1)
@@ -595,6 +616,8 @@ class Cluster:
                 self._set_rate(job)
                 self._schedule(job)
                 return
+        if not checking:
+            job.state["profiled_on"] = measured_on  # the launch resizes the job from its last probe
         self._release(job)
         job.config = None
         self._enqueue(job, ("profile" if checking else "run", config))
@@ -644,12 +667,12 @@ class Cluster:
             job.state["probe"] = bigger(job.state["probe"])
             job.probes = [bigger(p) for p in job.probes]
             self._reserve_for_probes(job)
-            job.pause_until = self.now + self.cfg.launch_s / 2
+            job.pause_until = self.now + self._relaunch_s(job, node)
             job.stage_end = job.pause_until + self._probe_window_s(job)
             self._schedule(job)
             return
         target = with_memory(config, answer.worker_memory_mb, answer.ps_memory_mb)
-        if not self._try_config(job, target, cost_s=self.cfg.launch_s):
+        if not self._try_config(job, target, cost_s=self._relaunch_s(job, node)):
             # Does not fit now: give the resources back and wait for the larger allocation.
             self._release(job)
             job.config = None
@@ -723,7 +746,7 @@ class Cluster:
                 if action.config == current:
                     continue
                 self._check_config(job, action.config)
-                cost = resize_cost_s(current, action.config)
+                cost = self._transition_s(job, current, action.config)
                 # A healed hot PS keeps its extra cores (over the group's) through a resize that
                 # leaves the PS as they are; one that changes them restarts it at the group's CPU
                 # (``BaseLauncher.resize``), and the guard heals it again.
@@ -739,16 +762,18 @@ class Cluster:
                 else:
                     job.pending = action
             elif isinstance(action, SetHotPsCpu):
-                if action.cpu > job.hot_ps_cpu and self._try_config(job, current, cost_s=C.NODE_RELAUNCH_COST_S, hot_cpu=action.cpu):
+                healed = replace(current, ps_cpu=action.cpu)  # one PS's CPU: a PS resource change's cost
+                if action.cpu > job.hot_ps_cpu and self._try_config(
+                        job, current, cost_s=self._transition_s(job, current, healed), hot_cpu=action.cpu):
                     job.resizes += 1
             elif isinstance(action, ReplaceWorker):
                 if job.straggler_active:
                     job.straggler_active = False
                     job.state["straggler_fixed"] = True
-                    job.pause_until = max(job.pause_until, self.now + C.WORKER_RESIZE_COST_S)
+                    job.pause_until = max(job.pause_until, self.now + self.cfg.transitions.node_relaunch_s)
             elif isinstance(action, SetMemory):
                 target = with_memory(current, action.worker_memory_mb, action.ps_memory_mb)
-                if target != current and self._try_config(job, target, cost_s=C.NODE_RELAUNCH_COST_S):
+                if target != current and self._try_config(job, target, cost_s=self._transition_s(job, current, target)):
                     job.resizes += 1
             else:
                 raise InvalidInputError("action", action, "Resize | SetHotPsCpu | ReplaceWorker | SetMemory")

@@ -219,7 +219,7 @@ class OursPolicy(Policy):
         """What a profiling job shows: the probe rows measured since the last step."""
         windows = tuple(job.probe_rows[job.state["fed"]:])
         job.state["fed"] = len(job.probe_rows)
-        return _seen(job, self.cluster.now, config, job.samples_done, windows=windows)
+        return _seen(self.cluster.cfg, job, self.cluster.now, config, job.samples_done, windows=windows)
 
     def _advance(self, job: JobRun, seen: Seen):
         """Step while the phase changes without an action to carry out (as the fit task's step
@@ -241,8 +241,8 @@ class OursPolicy(Policy):
                              worker_memory_used_mb=obs.worker_memory_used_mb,
                              ps_memory_used_mb=obs.ps_memory_used_mb if ps else math.nan, samples_seen=obs.samples_done,
                              timestamp=obs.now_s) for x in obs.windows)
-        actions = self._step(job, _seen(job, obs.now_s, config, obs.samples_done, obs.hot_ps_cpu, windows=windows,
-                                        usage=_usage(obs)))
+        actions = self._step(job, _seen(self.cluster.cfg, job, obs.now_s, config, obs.samples_done, obs.hot_ps_cpu,
+                                        windows=windows, usage=_usage(obs)))
         out = []
         for action in actions:
             if isinstance(action, ResizeAction):
@@ -256,7 +256,7 @@ class OursPolicy(Policy):
     def on_oom(self, job: JobRun, obs: Observation, node: str) -> SetMemory | None:
         """Every node of the killed role is OOM-killed (they hold equal shares): the guard's try
         reports it, its retry relaunches them with the memory the controller gives."""
-        killed = _seen(job, obs.now_s, obs.config, obs.samples_done, obs.hot_ps_cpu, oom_role=node)
+        killed = _seen(self.cluster.cfg, job, obs.now_s, obs.config, obs.samples_done, obs.hot_ps_cpu, oom_role=node)
         self._step(job, killed)  # Fail(retryable): the try reports the failure
         actions = self._step(job, killed)
         if any(isinstance(a, Fail) for a in actions):
@@ -280,9 +280,11 @@ class OursPolicy(Policy):
             self.history.setdefault(job.spec.family.index, []).insert(0, state.model)
 
 
-def _seen(job: JobRun, now_s: float, config: Configuration | None, samples_done: float, hot_ps_cpu: float = 0.0, *,
+def _seen(cfg, job: JobRun, now_s: float, config: Configuration | None, samples_done: float,
+          hot_ps_cpu: float = 0.0, *,
           windows: tuple = (), usage: tuple = (), oom_role: str | None = None) -> Seen:
-    """The controller's observation of a simulated job: its configuration's nodes (ps-0 with its
+    """The controller's observation of a simulated job (``cfg``: the simulation's, whose transition
+    table the job pays, as a real job's observer reads its launcher's): its configuration's nodes (ps-0 with its
     own CPU once healed), those of ``oom_role`` OOM-killed (one incarnation per kill: ``restarts``
     = the kills); none before it runs."""
     nodes = []
@@ -296,7 +298,7 @@ def _seen(job: JobRun, now_s: float, config: Configuration | None, samples_done:
                 nodes.append(NodeStatus(f"{role}-{i}", role, i, state, node_cpu, memory, restarts=job.ooms,
                                         reason="OOM-killed" if role == oom_role else ""))
     return Seen(now_s, config, samples_done=samples_done, samples_total=job.spec.samples, windows=windows,
-                nodes=tuple(nodes), usage=usage)
+                nodes=tuple(nodes), usage=usage, transitions=cfg.transitions, in_place=cfg.in_place)
 
 
 def _usage(obs: Observation) -> tuple:

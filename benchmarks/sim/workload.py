@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
+from airflow_dlrover.optimizer.transitions import TransitionCosts, measured as measured_transitions
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError
 
 from sim.truth import (
@@ -95,11 +96,13 @@ class SimConfig:
     #: with GC and data loading) and of a memory reading (the allocator's sawtooth).
     usage_noise: float = 0.05
     memory_noise: float = 0.02
-    #: The runtime: checkpoint interval, node recovery, job (re)launch, probe window.
+    #: The runtime: checkpoint interval, probe window, and what each transition costs every policy
+    #: (the runtime's measured table on pods, ``optimizer.transitions``); a Kubernetes ≥ 1.33
+    #: cluster resizes a node's CPU and memory in place.
     checkpoint_s: float = 600.0
-    recover_s: float = 90.0
-    launch_s: float = 60.0
     probe_s: float = 60.0
+    transitions: TransitionCosts = field(default_factory=lambda: measured_transitions().on_kubernetes())
+    in_place: bool = True
     #: The policies' control loop: fine-tune / guard period.
     check_s: float = 600.0
     #: Retries after an OOM before a job is given up (Airflow retries / DLRover relaunches).

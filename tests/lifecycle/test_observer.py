@@ -13,6 +13,7 @@ import pytest
 from airflow_dlrover.launchers.base import statuses
 from airflow_dlrover.lifecycle.observer import observe
 from airflow_dlrover.optimizer import controller
+from airflow_dlrover.optimizer.transitions import measured as measured_transitions
 from airflow_dlrover.optimizer.types import Configuration
 
 pytestmark = pytest.mark.unit
@@ -55,6 +56,12 @@ class RecordedJob:
     def restart_cost_s(self, job_id: str) -> float | None:
         return self.cost
 
+    def transition_costs(self):
+        return KUBERNETES
+
+    def can_resize_in_place(self) -> bool:
+        return False
+
     def trainer(self, job_id: str):
         return None
 
@@ -70,12 +77,17 @@ def usage_rows(now: float) -> tuple[dict, ...]:
                  for name, role in (("ps-0", "ps"), ("worker-0", "worker"), ("worker-1", "worker")))
 
 
-def test_the_observation_carries_progress_nodes_and_restart_cost():
+#: a backend's table as a Kubernetes launcher gives it
+KUBERNETES = measured_transitions().on_kubernetes()
+
+
+def test_the_observation_carries_progress_nodes_and_the_costs_of_transitions():
     job = RecordedJob(restart_cost_s=12.5)
     seen = observe(job, "j", usage=usage_rows(1.0))
     assert seen.config == CONFIG and seen.samples_done == 600_000 and seen.samples_total == 2_000_000
     assert [n.name for n in seen.nodes] == ["master", "ps-0", "worker-0", "worker-1"]
     assert seen.restart_cost_s == 12.5 and len(seen.usage) == 3 and seen.windows == ()
+    assert seen.transitions is KUBERNETES and seen.in_place is False  # the launcher's, as it has them
 
 
 def test_a_master_that_failed_is_not_asked_for_progress():

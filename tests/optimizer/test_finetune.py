@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -8,7 +10,8 @@ from airflow_dlrover.optimizer.finetune import ResizeRecord, decide, resize_cost
 from airflow_dlrover.optimizer.memory import MemoryModel
 from airflow_dlrover.optimizer.model import fit_throughput
 from airflow_dlrover.optimizer.planner import plan
-from airflow_dlrover.optimizer.types import Configuration, Quota, Reason
+from airflow_dlrover.optimizer.transitions import TransitionCosts
+from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, Quota, Reason
 from sim.synthetic import TRUE_THETA, model_samples, true_throughput
 
 pytestmark = pytest.mark.unit
@@ -121,13 +124,40 @@ def test_converges_without_oscillation_on_a_real_curve():
     assert truth > 5 * true_throughput(pd.DataFrame([SMALL.to_row()]))[0]
 
 
+#: A table whose every figure differs, so that each assertion names the transition it charged.
+TABLE = TransitionCosts(cold_launch_s=11, relaunch_s=13, worker_join_s=2, worker_leave_s=1, cpu_in_place_s=0.5,
+                        memory_in_place_s=0.25, node_relaunch_s=7, ps_change_s=17, ps_recovery_s=5,
+                        checkpoint_mb_per_s=100, restore_mb_per_s=200)
+
+
 def test_resize_cost_by_kind_of_change():
-    more_workers = Configuration(4, 1, 1.0, 1.0, SMALL.worker_memory_mb, SMALL.ps_memory_mb)
-    more_ps = Configuration(2, 2, 1.0, 1.0, SMALL.worker_memory_mb, SMALL.ps_memory_mb)
-    more_cpu = Configuration(2, 1, 2.0, 1.0, SMALL.worker_memory_mb, SMALL.ps_memory_mb)
-    assert resize_cost_s(SMALL, more_workers) == C.WORKER_RESIZE_COST_S
-    assert resize_cost_s(SMALL, more_ps) == C.PS_RESIZE_COST_S
-    assert resize_cost_s(SMALL, more_cpu) == C.NODE_RELAUNCH_COST_S
+    def cost(target, current=SMALL, **kwargs):
+        return resize_cost_s(current, Configuration(**{**current.to_row(), **target}), transitions=TABLE, **kwargs)
+
+    assert cost({"workers": 4}) == 2 and cost({"workers": 1}) == 1
+    assert cost({"ps": 2}) == 17 and cost({"ps": 2}, state_mb=1000) == 17 + 10 + 5  # checkpoint, restore
+    assert cost({"worker_cpu": 1.5}) == 0.5  # one torch thread either way: in place
+    assert cost({"worker_cpu": 2.0}) == 7  # two threads: the workers relaunch
+    assert cost({"worker_cpu": 1.5}, in_place=False) == 7
+    assert cost({"ps_cpu": 3.0}) == 0.5 and cost({"ps_cpu": 3.0}, in_place=False) == 17  # a PS re-partitions
+    assert cost({"worker_memory_mb": 4096}) == 0.25
+    assert cost({"workers": 4, "ps": 2}) == 17  # the largest of what happens at once
+    assert cost({"workers": 4, "worker_cpu": 2.0}) == 7
+    assert resize_cost_s(None, SMALL, transitions=TABLE) == 11
+    assert resize_cost_s(SMALL, Configuration(4, 1, 1.0, 1.0, 0, 0), restart_cost_s=3.0, transitions=TABLE) == 3.0
+    assert TABLE.on_kubernetes(5.0).of(SMALL, Configuration(**{**SMALL.to_row(), "workers": 4})) == 7
+    assert TABLE.on_kubernetes(5.0).worker_leave_s == 1  # nothing starts: no pod start
+
+
+def test_the_measured_table_is_valid_and_a_bad_one_is_refused():
+    from airflow_dlrover.optimizer.transitions import measured
+
+    table = measured()
+    assert table.ps_change_s > table.worker_join_s >= 0 and table.source
+    with pytest.raises(InvalidInputError, match="ps_change_s"):
+        replace(TABLE, ps_change_s=-1.0)
+    with pytest.raises(InvalidInputError, match="restore_mb_per_s"):
+        replace(TABLE, restore_mb_per_s=0.0)
 
 
 def test_bad_measurements_are_refused():
@@ -187,10 +217,10 @@ AR_MEMORY = MemoryModel(None, None, 1500, 0.5)
 
 def test_an_allreduce_jobs_worker_count_change_restarts_its_ring():
     ring = Configuration(4, 0, 1.0, 0.0, 2048, 0)
-    assert resize_cost_s(ring, Configuration(8, 0, 1.0, 0.0, 2048, 0)) == C.ALLREDUCE_RESIZE_COST_S
-    assert resize_cost_s(ring, Configuration(4, 0, 2.0, 0.0, 2048, 0)) == C.NODE_RELAUNCH_COST_S
-    assert resize_cost_s(SMALL, Configuration(4, 1, 1.0, 1.0, SMALL.worker_memory_mb, SMALL.ps_memory_mb)) \
-        == C.WORKER_RESIZE_COST_S  # a PS job's other workers keep training
+    assert resize_cost_s(ring, Configuration(8, 0, 1.0, 0.0, 2048, 0), transitions=TABLE) == TABLE.relaunch_s
+    assert resize_cost_s(ring, Configuration(4, 0, 2.0, 0.0, 2048, 0), transitions=TABLE) == TABLE.node_relaunch_s
+    assert resize_cost_s(SMALL, Configuration(4, 1, 1.0, 1.0, SMALL.worker_memory_mb, SMALL.ps_memory_mb),
+                         transitions=TABLE) == TABLE.worker_join_s  # a PS job's other workers keep training
 
 
 @settings(max_examples=30, deadline=None)
@@ -213,7 +243,7 @@ def test_the_fine_tune_proposes_only_the_jobs_own_kind(cpu, memory_gb, remaining
 
 
 def test_a_job_that_restarts_as_a_whole_resizes_when_its_measured_restart_pays():
-    """The same resize is not worth the default all-reduce cost (60 s) and is worth a measured
+    """The same resize is not worth a table's group restart of 60 s and is worth a measured
     restart of 2 s: the saving is set between the two by the number of samples left."""
     from sim.synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA, model_samples, true_throughput
 
@@ -227,9 +257,10 @@ def test_a_job_that_restarts_as_a_whole_resizes_when_its_measured_restart_pays()
     assert probe.action == "keep" and probe.reason == Reason.NOT_WORTH_IT
     gain_per_keep_s = 1 - 1 / probe.numbers["speedup_low"]
     remaining = 30.0 / gain_per_keep_s * x  # saving = 30 s − cost
-    default = decide(model.throughput, model.memory, quota, current, [x] * 3, remaining, 0.0)
+    slow = replace(TABLE, relaunch_s=60.0)
+    default = decide(model.throughput, model.memory, quota, current, [x] * 3, remaining, 0.0, transitions=slow)
     measured = decide(model.throughput, model.memory, quota, current, [x] * 3, remaining, 0.0, restart_cost_s=2.0)
-    assert default.action == "keep" and default.resize_cost_s == C.ALLREDUCE_RESIZE_COST_S
+    assert default.action == "keep" and default.resize_cost_s == 60.0
     assert measured.action == "resize" and measured.resize_cost_s == 2.0
     assert measured.predicted_saving_s == pytest.approx(28.0, rel=1e-6)
 
@@ -256,8 +287,9 @@ def test_an_unsure_gain_the_pessimistic_test_refuses_is_explored_when_it_pays_an
     assert explore.numbers["band"] >= C.EXPLORE_MIN_BAND
     assert explore.predicted_saving_s >= C.RESIZE_GAIN_MULTIPLE * 2 * explore.resize_cost_s
     assert "exploring" in Reason.EXPLORE.describe(explore.numbers)
-    # Too little left to pay for a resize and its revert: no exploration.
-    short = decide(model, MEMORY, quota, current, [x] * 3, remaining_samples=5e5, now_s=0, may_explore=True)
+    # Too little left to pay for a resize and its revert (keeping takes twice the cost): no exploration.
+    short = decide(model, MEMORY, quota, current, [x] * 3, remaining_samples=2 * explore.resize_cost_s * x, now_s=0,
+                   may_explore=True)
     assert short.action == "keep"
 
 

@@ -14,6 +14,7 @@ from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.controller import Probe, begin
 from airflow_dlrover.optimizer.types import Configuration, Phase
 from airflow_dlrover.optimizer.finetune import shape
+from airflow_dlrover.optimizer.transitions import measured as measured_transitions
 from sim.bound import bound_table, check, peak_throughput
 from sim.cluster import CheckPlan, Cluster, Policy, QuotaExceededError, Resize, SetHotPsCpu, Start, rate_factor
 from sim.dlrover_bridge import DLRoverUnavailable, default_venv, venv_python
@@ -328,6 +329,12 @@ class ReplayedJob:
     def restart_cost_s(self, job_id):
         return None
 
+    def transition_costs(self):
+        return measured_transitions()
+
+    def can_resize_in_place(self):
+        return True
+
     def apply(self, job_id, actions):
         return []
 
@@ -595,15 +602,20 @@ class CheckingPolicy(Policy):
 
 @pytest.mark.parametrize("final", [CheckingPolicy.PLAN, CheckingPolicy.OTHER])
 def test_a_plan_check_measures_the_plan_on_the_job_and_only_another_plan_relaunches(final):
-    cfg = SMALL.without_instability()
+    # checkpoints and restores too fast to count: every transition's cost is the table's own figure
+    free_state = replace(measured_transitions(), checkpoint_mb_per_s=1e15, restore_mb_per_s=1e15)
+    cfg = replace(SMALL.without_instability(), transitions=free_state)
     policy = CheckingPolicy(final)
     job = Cluster(cfg, generate_trace(cfg)[:1], policy).run()[0]
     assert job.phase == "done"
     # two windows of the probe, then two of the plan: the check is a probe of the profile
     assert [(r["workers"], r["ps"]) for r in policy.rows] == [(2, 1), (2, 1), (4, 2), (4, 2)]
-    assert job.profile_s == pytest.approx(2 * (cfg.launch_s / 2 + cfg.probe_s))
+    costs = cfg.transitions
+    probe, plan = (replace(c, **policy.memory) for c in (CheckingPolicy.PROBE, CheckingPolicy.PLAN))
+    assert job.profile_s == pytest.approx(costs.cold_launch_s + cfg.probe_s + costs.of(probe, plan) + cfg.probe_s)
     first_check_at, config = policy.checks_at[0]
-    relaunch = 0.0 if final == CheckingPolicy.PLAN else cfg.launch_s  # the checked plan runs on as it is
+    # the checked plan runs on as it is; another is a resize from it
+    relaunch = 0.0 if final == CheckingPolicy.PLAN else costs.of(plan, replace(final, **policy.memory))
     assert first_check_at == pytest.approx(policy.profiled_at + relaunch + cfg.check_s)
     assert shape(config) == shape(final)
 
