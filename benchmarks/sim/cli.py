@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1000)
     p.add_argument("--days", type=int, default=1, help="days of the trace: families recur daily (default 1)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--policies", default="user,dlrover,ours,oracle", help="comma-separated: user, dlrover, ours, oracle")
+    p.add_argument("--policies", default="user,dlrover,ours,oracle", help="comma-separated: user, user-adapts, dlrover, ours, oracle, oracle-jct")
     p.add_argument("--out", required=True, help="folder for summary.csv, summary_ci.csv, jobs.csv, utilisation.csv, PNGs")
     p.add_argument("--objective", choices=("efficiency", "throughput"), default="efficiency",
                    help="the pre-tune objective of ours and the oracle (default efficiency: the knee)")

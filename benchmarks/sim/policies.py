@@ -24,6 +24,9 @@
              start, from the family's earlier runs in this simulation, has none), and its prior
              is ``job_model.choose_prior`` over the family's earlier models, as the history
              store's. The policy decides nothing itself.
+``oracle-jct`` the least-JCT plan on the truth: the configuration of most true throughput under
+             the job's quota (memory for the true peak, instability healed at onset as ``oracle``
+             heals it): the reference for speed, where ``oracle`` is the reference for efficiency.
 ``oracle``   the *knee reference*, not a bound: the same objective as ``ours`` (the efficiency
              knee by default) evaluated on the true function over every configuration the planner
              searches under the job's quota (``planner.search_range``), memory sized
@@ -71,7 +74,7 @@ from sim.cluster import (
 )
 from sim.truth import BATCH
 
-POLICIES = ("user", "dlrover", "ours", "oracle")
+POLICIES = ("user", "user-adapts", "dlrover", "ours", "oracle", "oracle-jct")
 
 
 def _config(w, p, lw, lp, wm, pm) -> Configuration:
@@ -94,6 +97,41 @@ class UserPolicy(Policy):
 
     def start(self, job: JobRun) -> Start:
         return Start(config=users_config(job))
+
+
+class AdaptingUserPolicy(UserPolicy):
+    """An owner who learns from the job's own runs: after an OOM kill the killed role's memory
+    doubles (within the job's quota), and each day's run copies the fastest configuration that
+    completed in the last ``WEEK_DAYS`` days (memory as raised), else the last one it ran."""
+
+    name = "user-adapts"
+    WEEK_DAYS = 7
+
+    def __init__(self):
+        self.runs: dict[int, list[tuple[int, Configuration, float]]] = {}  # family → (day, config, run s)
+
+    def start(self, job: JobRun) -> Start:
+        runs = [r for r in self.runs.get(job.spec.family.index, ()) if job.spec.day - r[0] <= self.WEEK_DAYS]
+        if not runs:
+            return Start(config=users_config(job))
+        done = [r for r in runs if math.isfinite(r[2])]
+        config = min(done, key=lambda r: r[2])[1] if done else runs[-1][1]
+        return Start(config=config)
+
+    def on_oom(self, job: JobRun, obs: Observation, node: str) -> SetMemory | None:
+        c = obs.config
+        count, memory = (c.ps, c.ps_memory_mb) if node == "ps" else (c.workers, c.worker_memory_mb)
+        room = (job.limit.memory_mb - (c.memory_mb - count * memory)) / count
+        grown = min(2.0 * memory, math.floor(room / C.MEMORY_GRANULARITY_MB) * C.MEMORY_GRANULARITY_MB)
+        if grown <= memory:
+            return SetMemory()  # nothing more fits: retried as is
+        return SetMemory(ps_memory_mb=grown) if node == "ps" else SetMemory(worker_memory_mb=grown)
+
+    def finish(self, job: JobRun) -> None:
+        run_s = job.end_s - job.start_s if job.phase == "done" else math.inf
+        config = getattr(job, "config_final", None) or job.config
+        if config is not None:
+            self.runs.setdefault(job.spec.family.index, []).append((job.spec.day, config, run_s))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,12 +176,11 @@ def true_plan(job: JobRun, objective: str, quota: Quota, truth_on_grid: np.ndarr
 class OraclePolicy(Policy):
     """The knee reference: ``ours``' objective planned on the truth (not a bound on run time)."""
 
-    name = "oracle"
     #: Families' truths over their quota's configurations kept (the runs of a family on one day share it).
     KEPT_TRUTHS = 8
 
-    def __init__(self, objective: str = "efficiency"):
-        self.objective = objective
+    def __init__(self, objective: str = "efficiency", name: str = "oracle"):
+        self.objective, self.name = objective, name
         self._truth_on_grid: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
 
     def start(self, job: JobRun) -> Start:
@@ -444,6 +481,10 @@ def make_policy(name: str, *, objective: str = "efficiency", bridge=None) -> Pol
         return UserPolicy()
     if name == "oracle":
         return OraclePolicy(objective)
+    if name == "oracle-jct":
+        return OraclePolicy("throughput", name="oracle-jct")
+    if name == "user-adapts":
+        return AdaptingUserPolicy()
     if name == "ours":
         return OursPolicy(objective)
     if name == "dlrover":
@@ -453,5 +494,6 @@ def make_policy(name: str, *, objective: str = "efficiency", bridge=None) -> Pol
     raise InvalidInputError("policies", name, " | ".join(POLICIES))
 
 
-__all__ = ["POLICIES", "DLRoverPolicy", "OraclePolicy", "OursPolicy", "UserPolicy", "is_allreduce", "make_policy",
+__all__ = ["POLICIES", "AdaptingUserPolicy", "DLRoverPolicy", "OraclePolicy", "OursPolicy", "UserPolicy", "is_allreduce",
+           "make_policy",
            "true_plan"]

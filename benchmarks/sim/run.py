@@ -40,6 +40,8 @@ JOB_COLUMNS = ("policy", "job", "family", "day", "truth", "arrival_s", "samples"
                "resizes", "deferred", "refused", "failures", "ooms", "wasted_samples", "trained_samples",
                "peak_true_rate", "bound_run_s")
 BOUND = "bound"
+#: The policies from the slowest to simulate to the fastest.
+POLICY_COST = ("dlrover", "ours", "oracle", "oracle-jct", "user-adapts", "user")
 
 
 @dataclass
@@ -361,7 +363,7 @@ def simulate(cfg: SimConfig, policies=POLICIES, *, objective: str = "efficiency"
         import multiprocessing
 
         # Longest first (dlrover, ours), so that the pool finishes together.
-        order = sorted(range(len(jobs)), key=lambda i: ("dlrover", "ours", "oracle", "user").index(policies[i]))
+        order = sorted(range(len(jobs)), key=lambda i: POLICY_COST.index(policies[i]))
         with multiprocessing.get_context("fork").Pool(min(processes, len(jobs))) as pool:
             results = pool.map(_run_one, [jobs[i] for i in order], chunksize=1)
         runs = [None] * len(jobs)
