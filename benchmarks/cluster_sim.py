@@ -4,6 +4,7 @@
                                      [--scenarios congested uncongested]
                                      [--policies user,user-adapts,dlrover,ours,oracle,oracle-jct]
                                      [--objective efficiency] [--large-fraction 0.05]
+                                     [--one-off-fraction 0.1] [--shift-fraction 0.1]
                                      [--processes 2] [--out benchmarks/out/cluster] [--write-docs PAGE]
 
 Scenarios: ``congested`` is the default cluster (8,000 cores, 40,000 GiB for 1,000 jobs a day:
@@ -20,8 +21,8 @@ dlrover-venv``; ``--setup-dlrover`` creates it). Nothing here is asserted: it pr
 Seeds: ``TUNING_SEEDS`` are those the product's constants were tuned on; the published page
 (``--write-docs``, which refuses them) uses only ``REPORT_SEEDS``, which no tuning ever ran on. The
 page is generated whole: the command, the commit, the tables (mean over seeds per scenario and
-cold / warm), the targets met or missed, the median JCT per truth family, and the JCT CDF and
-utilisation plots of the first seed.
+cold / warm), the targets met or missed, the median JCT per truth family and per recurrence
+(daily, one-off, shifted), and the JCT CDF and utilisation plots of the first seed.
 """
 
 from __future__ import annotations
@@ -102,10 +103,11 @@ def targets(mean: pd.DataFrame, label: str) -> list[tuple[str, str, bool | None]
     return out
 
 
-def by_family(jobs: pd.DataFrame) -> pd.DataFrame:
-    """Median JCT (s) per truth family and policy over ``jobs`` (a failed job counts as ∞), and the jobs."""
-    table = jobs.groupby(["truth", "policy"], sort=True)["jct_s"].median().unstack("policy")
-    table.insert(0, "jobs", jobs[jobs["policy"] == jobs["policy"].iloc[0]].groupby("truth").size())
+def by_family(jobs: pd.DataFrame, column: str = "truth") -> pd.DataFrame:
+    """Median JCT (s) per value of ``column`` (the truth family, or the recurrence: daily, one-off,
+    what shifted it) and policy over ``jobs`` (a failed job counts as ∞), with the jobs counted."""
+    table = jobs.groupby([column, "policy"], sort=True)["jct_s"].median().unstack("policy")
+    table.insert(0, "jobs", jobs[jobs["policy"] == jobs["policy"].iloc[0]].groupby(column).size())
     return table
 
 
@@ -160,9 +162,8 @@ def write_page(page: Path, args: argparse.Namespace, sections: list, families: d
         lines += [f"| {goal} | {value} | {'—' if ok is None else ('met' if ok else '**missed**')} |"
                   for goal, value, ok in met]
         lines.append("")
-    for scenario, table in families.items():
-        lines += [f"## Median JCT (s) per truth family, {scenario}, every seed and day", "",
-                  _markdown(table.reset_index().round(0)), ""]
+    for label, table in families.items():
+        lines += [f"## Median JCT (s), {label}, every seed and day", "", _markdown(table.reset_index().round(0)), ""]
     for path in plots:
         target = images / f"cluster-{path.parent.parent.name}-{path.name}"
         shutil.copyfile(path, target)
@@ -181,6 +182,10 @@ def main() -> None:
     parser.add_argument("--objective", default="efficiency", choices=("efficiency", "throughput"))
     parser.add_argument("--large-fraction", type=float, default=0.05,
                         help="share of the families that are large PS jobs (default 0.05)")
+    parser.add_argument("--one-off-fraction", type=float, default=0.1,
+                        help="share of the families whose every run is a new job, no history ever (default 0.1)")
+    parser.add_argument("--shift-fraction", type=float, default=0.1,
+                        help="share of the families that shift once: tables or data × 2, or a new model (default 0.1)")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--setup-dlrover", action="store_true")
     parser.add_argument("--out", default="benchmarks/out/cluster")
@@ -193,15 +198,17 @@ def main() -> None:
     families: dict[str, pd.DataFrame] = {}
     plots: list[Path] = []
     policies = args.policies.split(",")
-    if not 0.0 <= args.large_fraction <= 1.0:
-        parser.error(f"--large-fraction={args.large_fraction}: a fraction in [0, 1]")
+    for name in ("large_fraction", "one_off_fraction", "shift_fraction"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)}: a fraction in [0, 1]")
 
     tables = []
     for scenario in args.scenarios:
         cpu, memory = (max(v * args.jobs / 1000, floor) for v, floor in zip(SCENARIOS[scenario], FLOOR))
         for seed in args.seeds:
             cfg = SimConfig(jobs=args.jobs, days=args.days, seed=seed, cluster_cpu=cpu, cluster_memory_mb=memory,
-                            large_fraction=args.large_fraction)
+                            large_fraction=args.large_fraction, one_off_fraction=args.one_off_fraction,
+                            shift_fraction=args.shift_fraction)
             start = time.perf_counter()
             summary, cis, runs = simulate(cfg, policies, objective=args.objective, setup_dlrover=args.setup_dlrover,
                                           processes=args.processes)
@@ -233,9 +240,10 @@ def main() -> None:
         for goal, value, ok in met:
             print(f"  {goal}: {value} ({'reported' if ok is None else ('met' if ok else 'MISSED')})")
         sections.append(((scenario, label), mean, met))
-    per_family = {scenario: by_family(jobs) for scenario, jobs in families.items()}
-    for scenario, family_table in per_family.items():
-        print(f"\n== {scenario}: median JCT (s) per truth family, every seed and day")
+    per_family = {f"{scenario}, per {column}": by_family(jobs, column) for scenario, jobs in families.items()
+                  for column in ("truth", "recurrence")}
+    for label, family_table in per_family.items():
+        print(f"\n== {label}: median JCT (s), every seed and day")
         print(family_table.round(0).to_string())
     Path(args.out).mkdir(parents=True, exist_ok=True)
     table.to_csv(Path(args.out) / "by_seed.csv", index=False)

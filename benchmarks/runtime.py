@@ -182,7 +182,11 @@ def cmd_recovery(args) -> None:
         print(f"lost {summary['samples_lost']}, duplicated {summary['samples_duplicated']}")
 
 
-def equivalent_pause_s(series: pd.DataFrame, at: float, window_s: float, tail_s: float = 6.0) -> float:
+#: The rate after a window is its mean over this many seconds (each transition leaves room for it).
+TAIL_S = 8.0
+
+
+def equivalent_pause_s(series: pd.DataFrame, at: float, window_s: float, tail_s: float = TAIL_S) -> float:
     """``W − S / r`` (``optimizer.transitions``): ``S`` the samples trained in ``[at, at + W]``,
     ``r`` the rate over the ``tail_s`` after it. A restore's fall back to its checkpoint is lost
     work, charged apart: only progress counts (the positive steps of ``samples_done``)."""
@@ -197,16 +201,16 @@ def equivalent_pause_s(series: pd.DataFrame, at: float, window_s: float, tail_s:
 #: its measurement window, the change). The job starts as 2 workers × 0.5 + 1 PS × 0.5 CPU.
 BASE = Configuration(2, 1, 0.5, 0.5, 2048, 1024)
 TRANSITIONS = [
-    ("worker_join_s", 30.0, 10.0, Configuration(3, 1, 0.5, 0.5, 2048, 1024)),
-    ("worker_leave_s", 46.0, 10.0, BASE),
-    ("cpu_in_place_s", 62.0, 8.0, Configuration(2, 1, 0.75, 0.5, 2048, 1024)),
-    ("cpu_in_place_s", 76.0, 8.0, BASE),
-    ("memory_in_place_s", 90.0, 8.0, Configuration(2, 1, 0.5, 0.5, 3072, 1536)),
-    ("node_relaunch_s", 104.0, 14.0, "worker-0"),
-    ("ps_change_s", 124.0, 18.0, Configuration(2, 2, 0.5, 0.25, 3072, 1536)),
-    ("ps_change_s", 148.0, 18.0, Configuration(2, 1, 0.5, 0.5, 3072, 1536)),
-    ("ps_recovery_s", 172.0, 20.0, "kill ps-0"),
-    ("relaunch_s", 198.0, 20.0, "relaunch"),
+    ("worker_join_s", 34.0, 10.0, Configuration(3, 1, 0.5, 0.5, 2048, 1024)),
+    ("worker_leave_s", 54.0, 10.0, BASE),
+    ("cpu_in_place_s", 74.0, 8.0, Configuration(2, 1, 0.75, 0.5, 2048, 1024)),
+    ("cpu_in_place_s", 92.0, 8.0, BASE),
+    ("memory_in_place_s", 110.0, 8.0, Configuration(2, 1, 0.5, 0.5, 3072, 1536)),
+    ("node_relaunch_s", 128.0, 14.0, "worker-0"),
+    ("ps_change_s", 152.0, 18.0, Configuration(2, 2, 0.5, 0.25, 3072, 1536)),
+    ("ps_change_s", 180.0, 18.0, Configuration(2, 1, 0.5, 0.5, 3072, 1536)),
+    ("ps_recovery_s", 208.0, 20.0, "kill ps-0"),
+    ("relaunch_s", 238.0, 20.0, "relaunch"),
 ]
 COLD_WINDOW_S = 24.0
 
@@ -285,7 +289,7 @@ def cmd_transitions(args) -> None:
             started = time.time()
             sampler = threading.Thread(target=_sample_progress, args=(launcher, spec.job_id, started, rows, stop))
             sampler.start()
-            end = TRANSITIONS[-1][1] + TRANSITIONS[-1][2] + 8.0
+            end = TRANSITIONS[-1][1] + TRANSITIONS[-1][2] + TAIL_S + 1.0
             try:  # the supervisor recovers what a transition kills, as it does for any job
                 run_job(launcher, spec, BASE, Path(tmp) / f"r{repeat}" / "out", series_points=None,
                         interventions=[(at, _transition(change)) for _, at, _, change in TRANSITIONS] + [(end, finish)])

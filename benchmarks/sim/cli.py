@@ -37,10 +37,12 @@ def run(args: argparse.Namespace) -> None:
         kwargs["cluster_memory_mb"] = parse_memory_mb(args.cluster_memory, "cluster_memory")
     if not 0.0 <= args.allreduce_fraction <= 1.0:
         raise InvalidInputError("allreduce-fraction", args.allreduce_fraction, "a fraction in [0, 1]")
-    if not 0.0 <= args.large_fraction <= 1.0:
-        raise InvalidInputError("large-fraction", args.large_fraction, "a fraction in [0, 1]")
+    for name in ("large_fraction", "one_off_fraction", "shift_fraction"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            raise InvalidInputError(name.replace("_", "-"), getattr(args, name), "a fraction in [0, 1]")
     cfg = SimConfig(jobs=args.jobs, days=args.days, seed=args.seed, allreduce_fraction=args.allreduce_fraction,
-                    large_fraction=args.large_fraction, **kwargs)
+                    large_fraction=args.large_fraction, one_off_fraction=args.one_off_fraction,
+                    shift_fraction=args.shift_fraction, **kwargs)
     if args.no_instability:
         cfg = cfg.without_instability()
     start = time.perf_counter()
@@ -92,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="share of the job families that train data-parallel without PS (default 0)")
     p.add_argument("--large-fraction", type=float, default=0.0,
                    help="share of the job families that are large PS jobs: hundreds of workers, > 64 PS (default 0)")
+    p.add_argument("--one-off-fraction", type=float, default=0.0,
+                   help="share of the families whose every run is a new job, with no history (default 0)")
+    p.add_argument("--shift-fraction", type=float, default=0.0,
+                   help="share of the families that shift once: tables or data × 2, or a new model (default 0)")
     p.add_argument("--no-instability", action="store_true", help="no failures, hot PS, stragglers, under-sized users")
     p.add_argument("--processes", type=int, default=2, help="policies simulated in parallel (default 2)")
     p.add_argument("--dlrover-venv", default=None, help="venv with dlrover==0.6.1 (default $AIRFLOW_DLROVER_DLROVER_VENV or ./.venv-dlrover)")

@@ -34,7 +34,7 @@ from sim.workload import SimConfig, generate_trace
 
 SUMMARY_COLUMNS = ("policy", "median_jct_s", "p90_jct_s", "median_run_s", "cpu_util", "mem_util", "completion_rate",
                    "resource_hours", "queue_delay_s")
-JOB_COLUMNS = ("policy", "job", "family", "day", "truth", "arrival_s", "samples", "status", "jct_s", "run_s", "queue_s",
+JOB_COLUMNS = ("policy", "job", "family", "day", "truth", "recurrence", "arrival_s", "samples", "status", "jct_s", "run_s", "queue_s",
                "profile_s", "profile_cost_s", "cpu_alloc_core_h", "cpu_used_core_h", "mem_alloc_gb_h", "mem_used_gb_h",
                "cpu_util", "mem_util", "workers", "ps", "worker_cpu", "ps_cpu", "worker_memory_mb", "ps_memory_mb",
                "resizes", "deferred", "refused", "failures", "ooms", "wasted_samples", "trained_samples",
@@ -60,6 +60,7 @@ def job_table(name: str, jobs: list[JobRun], bounds: dict | None = None) -> pd.D
         spec, c = job.spec, getattr(job, "config_final", None) or job.config
         rows.append(dict(
             policy=name, job=spec.id, family=spec.family.index, day=spec.day, truth=_truth_name(spec.family.truth),
+            recurrence=spec.family.recurrence,
             arrival_s=spec.arrival_s, samples=spec.samples, status=job.phase,
             jct_s=(job.end_s - spec.arrival_s) if job.phase == "done" else np.inf,
             run_s=(job.end_s - job.start_s) if job.phase == "done" else np.inf, queue_s=job.queue_s,

@@ -11,6 +11,10 @@ same jobs, the same hidden truths and the same instability draws (common random 
   its samples (``data_growth`` a day); a truth with a ``day`` field is told the day. A policy
   that keeps history has it from the family's earlier runs in the simulation only, so
   ``days = 1`` is the cold scenario (a family's first runs) and days 2… the warm one.
+* **Harder work.** A fraction ``one_off_fraction`` of the families are **one-off** jobs: each
+  day's run is a job nobody ran before (a family index of its own: no history, ever). A fraction
+  ``shift_fraction`` **shift** once, on a day ≥ 2 drawn for each: its tables double, or its data
+  doubles, or (a PS job not large) its model changes: a fresh truth. Both from streams of their own.
 * **Arrivals.** Each of a family's daily runs has an hour of the day drawn once from a diurnal
   density (busier in the working hours), plus a jitter each day (``arrival_jitter_s``).
 * **Truth** families: ``queueing`` tables (three physics), the ``measured`` roofline, random
@@ -73,6 +77,10 @@ class SimConfig:
     drift_sigma: float = 0.05
     table_growth: tuple[float, float] = (0.0, 0.03)
     data_growth: tuple[float, float] = (0.0, 0.04)
+    #: Families whose every run is new (no history ever), and families that shift once (tables or
+    #: data × 2, or a new model) on a day ≥ 2.
+    one_off_fraction: float = 0.0
+    shift_fraction: float = 0.0
     #: σ of a run's arrival around its family's hour of the day.
     arrival_jitter_s: float = 900.0
     #: Samples per job: lognormal median and σ, clipped.
@@ -127,6 +135,8 @@ class Family:
     #: The tables a run starts from (MB): what its layout and checkpoint tell the job, not how
     #: they will grow (``memory`` is the truth).
     start_tables_mb: float
+    #: ``daily``, ``one-off`` (each run a new job) or what shifted it: ``tables×2``, ``data×2``, ``model``.
+    recurrence: str = "daily"
 
 
 @dataclass(frozen=True)
@@ -366,6 +376,20 @@ def generate_trace(config: SimConfig) -> list[JobSpec]:
         steps[:, 1:, 1] = 1.0 + drift.uniform(*config.table_growth, (n_families, 1))
         steps[:, 1:, 2] = (1.0 + drift.uniform(*config.data_growth, (n_families, 1))) \
             * drift.lognormal(0.0, 0.1, (n_families, config.days - 1))
+    shifts = {}  # family index → (day, what, the new truth of a model change)
+    for family in families:
+        one_off = np.random.default_rng([config.seed, 23, family.index])
+        shift = np.random.default_rng([config.seed, 29, family.index])
+        if one_off.random() < config.one_off_fraction:
+            families[family.index] = replace(family, recurrence="one-off")
+        elif shift.random() < config.shift_fraction and config.days > 2:
+            kinds = ["tables×2", "data×2"] if family.user.ps == 0 or family.truth.family == "large" else [
+                "tables×2", "data×2", "model"]  # a new model of an all-reduce or large job is not drawn
+            day, what = int(shift.integers(2, config.days)), str(shift.choice(kinds))
+            shifts[family.index] = (day, what, _truth(shift) if what == "model" else None)
+            if what != "model":
+                steps[family.index, day, 1 if what == "tables×2" else 2] *= 2.0
+    slots = [(families[f.index], hour) for f, hour in slots]
     steps = np.cumprod(steps, axis=1)
 
     runs = []
@@ -373,7 +397,12 @@ def generate_trace(config: SimConfig) -> list[JobSpec]:
         jitter = rng.normal(0.0, config.arrival_jitter_s, len(slots)) if day else np.zeros(len(slots))
         for (family, hour), dt in zip(slots, jitter):
             s = steps[family.index, day]
+            shift = shifts.get(family.index)
+            if shift is not None and day >= shift[0]:
+                family = replace(family, recurrence=shift[1], truth=shift[2] or family.truth)
             today = on_day(family, day, *s) if day else family
+            if family.recurrence == "one-off":  # a job of its own every day: no history links its runs
+                today = replace(today, index=family.index + (day + 1) * len(families))
             runs.append((day * config.day_s + float(np.clip(hour + dt, 0.0, config.day_s - 1.0)), day, today))
     runs.sort(key=lambda r: r[0])
 
