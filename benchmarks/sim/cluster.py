@@ -187,13 +187,96 @@ class JobRun:
         return 0.0 if self.config is None else self.config.memory_mb
 
 
+@dataclass(frozen=True)
+class FamilyView:
+    """What a job's owner declares of its family: its identity, configuration, quota and the size of
+    the tables a run starts from (its layout, its checkpoint) — not its truth."""
+
+    index: int
+    user: Configuration
+    limit_cpu: float
+    limit_memory_mb: float
+    start_tables_mb: float
+
+
+@dataclass(frozen=True)
+class SpecView:
+    id: int
+    day: int
+    arrival_s: float
+    samples: float
+    family: FamilyView
+
+
+class JobView:
+    """A policy's read-only view of its job: its declaration (``spec``, ``limit``), what it shows
+    (phase, configuration, progress, probes and their rows, OOM kills, resizes applied and
+    deferred, times) and the policy's own ``state``.
+    No path leads from it to the truth, the cluster or another job (the ``_job`` it reads is the
+    cluster's, not the policy's); ``refuse`` counts a plan the policy's own quota rule turned down."""
+
+    __slots__ = ("_job", "spec", "limit", "state")
+
+    def __init__(self, job: "JobRun"):
+        f = job.spec.family
+        self._job, self.limit, self.state = job, job.limit, job.state
+        self.spec = SpecView(job.spec.id, job.spec.day, job.spec.arrival_s, job.spec.samples,
+                             FamilyView(f.index, f.user, f.limit_cpu, f.limit_memory_mb, f.start_tables_mb))
+
+    phase = property(lambda self: self._job.phase)
+    config = property(lambda self: self._job.config)
+    config_final = property(lambda self: getattr(self._job, "config_final", None))
+    hot_ps_cpu = property(lambda self: self._job.hot_ps_cpu)
+    alloc_cpu = property(lambda self: self._job.alloc_cpu)
+    samples_done = property(lambda self: self._job.samples_done)
+    probes = property(lambda self: tuple(self._job.probes))
+    probe_index = property(lambda self: self._job.probe_index)
+    probe_rows = property(lambda self: tuple(self._job.probe_rows))
+    ooms = property(lambda self: self._job.ooms)
+    resizes = property(lambda self: self._job.resizes)
+    deferred = property(lambda self: self._job.deferred)  # resizes that waited for room (pods Pending)
+    start_s = property(lambda self: self._job.start_s)
+    end_s = property(lambda self: self._job.end_s)
+
+    def refuse(self) -> None:
+        self._job.refused += 1
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """What a policy may read of the cluster: the clock, the simulation's settings and the
+    cluster's capacity (a quota its users know), not its jobs or free room."""
+
+    _cluster: "Cluster"
+
+    @property
+    def now(self) -> float:
+        return self._cluster.now
+
+    @property
+    def cfg(self) -> SimConfig:
+        return self._cluster.cfg
+
+    @property
+    def capacity(self) -> Quota:
+        return self._cluster.capacity
+
+
+#: True while a policy that may not read the truth is being asked something (``Cluster._ask``):
+#: the information test fails any read of the truth meanwhile, whichever module makes it.
+IN_POLICY_CALL = [False]
+
+
 class Policy:
-    """Base class: every hook may be overridden; the defaults do nothing."""
+    """Base class: every hook may be overridden; the defaults do nothing. A policy is handed a
+    :class:`JobView` of each job and a :class:`ClusterView`, unless it ``reads_truth`` (an oracle:
+    the job's :class:`JobRun` and the cluster itself)."""
 
     name = "policy"
     windows = 3  # measurement windows reported per control period
+    reads_truth = False
 
-    def begin(self, cluster: "Cluster") -> None:
+    def begin(self, cluster: "Cluster | ClusterView") -> None:
         self.cluster = cluster
 
     def start(self, job: JobRun) -> Start:  # pragma: no cover - interface
@@ -262,11 +345,12 @@ class Cluster:
         self.rngs = {job.spec.id: np.random.default_rng([job.spec.seed, 11]) for job in self.jobs}
         self.rate_factors = {job.spec.id: rate_factor(cfg, job.spec) for job in self.jobs}
         self._truth_cache: dict = {}
+        self._views = {job.spec.id: job if policy.reads_truth else JobView(job) for job in self.jobs}
         self.bins: dict[str, np.ndarray] = {k: np.zeros(16) for k in ("cpu_alloc", "cpu_used", "mem_alloc", "mem_used", "queued")}
 
     # --- public
     def run(self) -> list[JobRun]:
-        self.policy.begin(self)
+        self._ask("begin", None, self if self.policy.reads_truth else ClusterView(self))
         for job in self.jobs:
             self._push(job.spec.arrival_s, job, "arrive")
         while self.events:
@@ -278,8 +362,18 @@ class Cluster:
                 self._arrive(job)
             else:
                 self._wake(job)
-        self.policy.end()
+        self._ask("end", None)
         return self.jobs
+
+    def _ask(self, hook: str, job: JobRun | None, *args: Any) -> Any:
+        """The policy's ``hook``, given its view of ``job`` (none for ``begin`` and ``end``), with
+        ``IN_POLICY_CALL`` set for its whole extent unless the policy ``reads_truth``."""
+        call = getattr(self.policy, hook)
+        IN_POLICY_CALL[0] = not self.policy.reads_truth
+        try:
+            return call(*args) if job is None else call(self._views[job.spec.id], *args)
+        finally:
+            IN_POLICY_CALL[0] = False
 
     def free_quota(self, job: JobRun) -> Quota:
         """What ``job`` may grow to now: its quota, capped by its allocation plus the free cluster."""
@@ -295,7 +389,7 @@ class Cluster:
     def _arrive(self, job: JobRun) -> None:
         job.last_t = self.now
         job.hazard_left = job.spec.failure_exponentials[0] if job.spec.failure_exponentials else math.inf
-        decision = self.policy.start(job)
+        decision = self._ask("start", job)
         if decision.probes:
             job.probes = list(decision.probes)
             self._check_quota(job, max(c.cores for c in job.probes), max(c.memory_mb for c in job.probes))
@@ -350,7 +444,7 @@ class Cluster:
                     job.config = config
                     job.phase = "running"
                     job.pause_until = self.now + cost
-                    job.next_check = self.now + cost + self.policy.check_interval(job)
+                    job.next_check = self.now + cost + self._ask("check_interval", job)
                     self._set_rate(job)
                 job.request = None
                 self._schedule(job)
@@ -544,18 +638,18 @@ class Cluster:
                 job.oom_streak = 0
             obs = self.observe(job, self.policy.windows)
             job.memory_history.append((self.now, obs.ps_memory_used_mb))
-            actions = self.policy.check(job, obs)
+            actions = self._ask("check", job, obs)
             self._apply(job, actions)
-            job.next_check = self.now + self.policy.check_interval(job)
+            job.next_check = self.now + self._ask("check_interval", job)
         elif reason == "hot_ps":
             job.hot_active = True
             job.hot_ps_cpu = max(job.hot_ps_cpu, self._config(job).ps_cpu)
             self._set_rate(job)
-            self._apply(job, self.policy.on_onset(job, "hot_ps"))
+            self._apply(job, self._ask("on_onset", job, "hot_ps"))
         elif reason == "straggler":
             job.straggler_active = True
             self._set_rate(job)
-            self._apply(job, self.policy.on_onset(job, "straggler"))
+            self._apply(job, self._ask("on_onset", job, "straggler"))
         elif reason == "failure":
             job.failures += 1
             self._lose_since_checkpoint(job)
@@ -584,7 +678,7 @@ class Cluster:
         job.probe_index += 1
         job.oom_streak = 0
         if job.probe_index < len(job.probes):
-            probe = self.policy.next_probe(job)
+            probe = self._ask("next_probe", job)
             if probe is None:
                 del job.probes[job.probe_index:]
             else:
@@ -595,7 +689,7 @@ class Cluster:
             self._begin_probe(job)
             self._schedule(job)
             return
-        decision = self.policy.after_profile(job, job.probe_rows)
+        decision = self._ask("after_profile", job, list(job.probe_rows))
         job.state.pop("check_window_s", None)
         if decision is None:  # the policy launches nothing
             self._finish(job, "failed")
@@ -612,7 +706,7 @@ class Cluster:
             job.state.pop("probe", None)
             if config == job.config:  # the checked plan: it runs on as it is, no relaunch
                 job.phase = "running"
-                job.next_check = self.now + self.policy.check_interval(job)
+                job.next_check = self.now + self._ask("check_interval", job)
                 self._set_rate(job)
                 self._schedule(job)
                 return
@@ -653,7 +747,7 @@ class Cluster:
             obs.ps_memory_used_mb = config.ps_memory_mb
         job.oom_at = job.samples_done
         self._lose_since_checkpoint(job)
-        answer = self.policy.on_oom(job, obs, node) if job.oom_streak <= self.cfg.max_oom_retries else None
+        answer = self._ask("on_oom", job, obs, node) if job.oom_streak <= self.cfg.max_oom_retries else None
         if answer is None:
             self._finish(job, "failed")
             return
@@ -687,7 +781,7 @@ class Cluster:
         job.rate = 0.0
         self._release(job)
         job.config_final = job.config
-        self.policy.finish(job)
+        self._ask("finish", job)
         self._schedule(job)
         self._dispatch()
 

@@ -64,6 +64,7 @@ from airflow_dlrover.optimizer.types import (
 from sim.cluster import (
     CheckPlan,
     JobRun,
+    JobView,
     Observation,
     Policy,
     ReplaceWorker,
@@ -86,7 +87,7 @@ def _config(w, p, lw, lp, wm, pm) -> Configuration:
 # ---------------------------------------------------------------------------------------------
 
 
-def users_config(job: JobRun) -> Configuration:
+def users_config(job: JobView) -> Configuration:
     """The configuration the job's owner wrote."""
     u = job.spec.family.user
     return _config(u.workers, u.ps, u.worker_cpu, u.ps_cpu, u.worker_memory_mb, u.ps_memory_mb)
@@ -95,7 +96,7 @@ def users_config(job: JobRun) -> Configuration:
 class UserPolicy(Policy):
     name = "user"
 
-    def start(self, job: JobRun) -> Start:
+    def start(self, job: JobView) -> Start:
         return Start(config=users_config(job))
 
 
@@ -110,7 +111,7 @@ class AdaptingUserPolicy(UserPolicy):
     def __init__(self):
         self.runs: dict[int, list[tuple[int, Configuration, float]]] = {}  # family → (day, config, run s)
 
-    def start(self, job: JobRun) -> Start:
+    def start(self, job: JobView) -> Start:
         runs = [r for r in self.runs.get(job.spec.family.index, ()) if job.spec.day - r[0] <= self.WEEK_DAYS]
         if not runs:
             return Start(config=users_config(job))
@@ -118,7 +119,7 @@ class AdaptingUserPolicy(UserPolicy):
         config = min(done, key=lambda r: r[2])[1] if done else runs[-1][1]
         return Start(config=config)
 
-    def on_oom(self, job: JobRun, obs: Observation, node: str) -> SetMemory | None:
+    def on_oom(self, job: JobView, obs: Observation, node: str) -> SetMemory | None:
         c = obs.config
         count, memory = (c.ps, c.ps_memory_mb) if node == "ps" else (c.workers, c.worker_memory_mb)
         room = (job.limit.memory_mb - (c.memory_mb - count * memory)) / count
@@ -127,7 +128,7 @@ class AdaptingUserPolicy(UserPolicy):
             return SetMemory()  # nothing more fits: retried as is
         return SetMemory(ps_memory_mb=grown) if node == "ps" else SetMemory(worker_memory_mb=grown)
 
-    def finish(self, job: JobRun) -> None:
+    def finish(self, job: JobView) -> None:
         run_s = job.end_s - job.start_s if job.phase == "done" else math.inf
         config = getattr(job, "config_final", None) or job.config
         if config is not None:
@@ -139,7 +140,7 @@ class AdaptingUserPolicy(UserPolicy):
 # ---------------------------------------------------------------------------------------------
 
 
-def is_allreduce(job: JobRun) -> bool:
+def is_allreduce(job: JobView | JobRun) -> bool:
     """The job's family trains without PS (its owner says so: ``trainer.kind``)."""
     return job.spec.family.user.ps == 0
 
@@ -175,6 +176,8 @@ def true_plan(job: JobRun, objective: str, quota: Quota, truth_on_grid: np.ndarr
 
 class OraclePolicy(Policy):
     """The knee reference: ``ours``' objective planned on the truth (not a bound on run time)."""
+
+    reads_truth = True
 
     #: Families' truths over their quota's configurations kept (the runs of a family on one day share it).
     KEPT_TRUTHS = 8
@@ -219,7 +222,7 @@ class OursPolicy(Policy):
         self.steps = 0
 
     # --- the profile, fit and launch tasks: the controller's phases before training
-    def start(self, job: JobRun) -> Start:
+    def start(self, job: JobView) -> Start:
         family = job.spec.family
         prior = choose_prior(self.history.get(family.index, ()))  # only this simulation's earlier runs
         # A real job knows the size of the tables it starts from (its layout, its checkpoint), not
@@ -236,14 +239,14 @@ class OursPolicy(Policy):
             return Start(config=action.plan.config)
         return Start()
 
-    def next_probe(self, job: JobRun) -> Configuration | None:
+    def next_probe(self, job: JobView) -> Configuration | None:
         action = self._advance(job, self._profile_seen(job, job.state.get("probe")))
         if isinstance(action, Probe) and job.state["controller"].phase == Phase.PROFILING:
             return action.config
         job.state["after_profile"] = action
         return None
 
-    def after_profile(self, job: JobRun, samples: list[dict]) -> Configuration | CheckPlan | None:
+    def after_profile(self, job: JobView, samples: list[dict]) -> Configuration | CheckPlan | None:
         if "after_profile" in job.state:
             action = job.state.pop("after_profile")
         else:
@@ -252,13 +255,13 @@ class OursPolicy(Policy):
             return CheckPlan(action.config, action.window_s)
         return action.plan.config if isinstance(action, Launch) else None
 
-    def _profile_seen(self, job: JobRun, config: Configuration | None) -> Seen:
+    def _profile_seen(self, job: JobView, config: Configuration | None) -> Seen:
         """What a profiling job shows: the probe rows measured since the last step."""
         windows = tuple(job.probe_rows[job.state["fed"]:])
         job.state["fed"] = len(job.probe_rows)
         return _seen(self.cluster.cfg, job, self.cluster.now, config, job.samples_done, windows=windows)
 
-    def _advance(self, job: JobRun, seen: Seen):
+    def _advance(self, job: JobView, seen: Seen):
         """Step while the phase changes without an action to carry out (as the fit task's step
         is followed by the launch task's); returns the probe, launch or failure asked for, or None."""
         while True:
@@ -270,7 +273,7 @@ class OursPolicy(Policy):
                 return action
 
     # --- the fine-tune and the guard: observe, step, apply
-    def check(self, job: JobRun, obs: Observation) -> list:
+    def check(self, job: JobView, obs: Observation) -> list:
         config = obs.config
         ps = bool(config.ps)  # an all-reduce job's rows have no PS usage (as a trainer's reports)
         windows = tuple(dict(config.to_row(), throughput=x, worker_cpu_used=obs.worker_cpu_used,
@@ -290,7 +293,7 @@ class OursPolicy(Policy):
                 out.append(ReplaceWorker(int(action.node.split("-")[1])))
         return out
 
-    def on_oom(self, job: JobRun, obs: Observation, node: str) -> SetMemory | None:
+    def on_oom(self, job: JobView, obs: Observation, node: str) -> SetMemory | None:
         """Every node of the killed role is OOM-killed (they hold equal shares): the guard's try
         reports it, its retry relaunches them with the memory the controller gives."""
         killed = _seen(self.cluster.cfg, job, obs.now_s, obs.config, obs.samples_done, obs.hot_ps_cpu, oom_role=node)
@@ -303,7 +306,7 @@ class OursPolicy(Policy):
             return None
         return SetMemory(worker_memory_mb=min(grown)) if node == "worker" else SetMemory(ps_memory_mb=min(grown))
 
-    def _step(self, job: JobRun, seen: Seen) -> list:
+    def _step(self, job: JobView, seen: Seen) -> list:
         self.steps += 1
         before: ControllerState = job.state["controller"]
         job.state["controller"], actions = step(before, seen)
@@ -311,13 +314,13 @@ class OursPolicy(Policy):
             self.fits += 1
         return actions
 
-    def finish(self, job: JobRun) -> None:
+    def finish(self, job: JobView) -> None:
         state: ControllerState | None = job.state.get("controller")
         if state is not None and state.model is not None:  # the run's model joins the history store's
             self.history.setdefault(job.spec.family.index, []).insert(0, state.model)
 
 
-def _seen(cfg, job: JobRun, now_s: float, config: Configuration | None, samples_done: float,
+def _seen(cfg, job: JobView, now_s: float, config: Configuration | None, samples_done: float,
           hot_ps_cpu: float = 0.0, *,
           windows: tuple = (), usage: tuple = (), oom_role: str | None = None) -> Seen:
     """The controller's observation of a simulated job (``cfg``: the simulation's, whose transition
@@ -369,7 +372,7 @@ class DLRoverPolicy(Policy):
     def __init__(self, bridge):
         self.bridge = bridge
 
-    def check_interval(self, job: JobRun) -> float:
+    def check_interval(self, job: JobView) -> float:
         # DLRover asks its optimizer every 300 s; when its stage machine can only answer with an
         # empty plan until its PS interval passes (it says so), the next ask is then.
         quiet = job.state.get("quiet_until")
@@ -378,7 +381,7 @@ class DLRoverPolicy(Policy):
             return quiet - now + 1.0
         return _DLROVER_OPT_INTERVAL_S
 
-    def start(self, job: JobRun) -> Start:
+    def start(self, job: JobView) -> Start:
         if is_allreduce(job):  # AllreduceJobResourceOptimizer: the owner's worker resources
             return Start(config=users_config(job))
         user = users_config(job)  # the ElasticJob's per-node resources; DLRover chooses the counts
@@ -392,7 +395,7 @@ class DLRoverPolicy(Policy):
                          worker["memory_mb"] or _DLROVER_DEFAULT_MEMORY_MB, ps["memory_mb"] or _DLROVER_DEFAULT_MEMORY_MB)
         return Start(config=config)
 
-    def _reports(self, job: JobRun, obs: Observation) -> list[dict]:
+    def _reports(self, job: JobView, obs: Observation) -> list[dict]:
         c = obs.config
         out = []
         for k, speed in enumerate(obs.windows):  # five windows: DLRover's _LATEST_SAMPLE_COUNT
@@ -405,7 +408,7 @@ class DLRoverPolicy(Policy):
                         "step": int(obs.samples_done / BATCH), "ps": ps, "workers": workers})
         return out
 
-    def check(self, job: JobRun, obs: Observation) -> list:
+    def check(self, job: JobView, obs: Observation) -> list:
         if is_allreduce(job):  # get_job_resource_plan: no free GPU node ever, the same workers
             return []
         requests = self._reports(job, obs) + [{"op": "plan", "job": str(job.spec.id), "now": obs.now_s}]
@@ -437,7 +440,7 @@ class DLRoverPolicy(Policy):
                 actions.append(Resize(Configuration(**{**target.to_row(), "ps_cpu": float(max(others))}), "dlrover ps cpu"))
         return self._guarded(job, actions)
 
-    def _guarded(self, job: JobRun, actions: list) -> list:
+    def _guarded(self, job: JobView, actions: list) -> list:
         """A plan past the job's quota is refused by the cluster (like a ResourceQuota)."""
         kept = []
         cpu = min(job.limit.cpu, self.cluster.capacity.cpu)
@@ -446,15 +449,15 @@ class DLRoverPolicy(Policy):
             if isinstance(action, Resize):
                 extra = max(job.hot_ps_cpu - action.config.ps_cpu, 0.0)
                 if action.config.cores + extra > cpu or action.config.memory_mb > mem:
-                    job.refused += 1
+                    job.refuse()
                     continue
             if isinstance(action, SetHotPsCpu) and job.alloc_cpu + action.cpu - max(job.hot_ps_cpu, job.config.ps_cpu) > cpu:
-                job.refused += 1
+                job.refuse()
                 continue
             kept.append(action)
         return kept
 
-    def on_oom(self, job: JobRun, obs: Observation, node: str) -> SetMemory | None:
+    def on_oom(self, job: JobView, obs: Observation, node: str) -> SetMemory | None:
         c = obs.config
         if is_allreduce(job):  # adjust_oom_resource does nothing: relaunched as it was
             return SetMemory(worker_memory_mb=c.worker_memory_mb)
@@ -467,11 +470,11 @@ class DLRoverPolicy(Policy):
         count = c.ps if kind == "ps" else c.workers
         other = c.memory_mb - count * memory
         if other + count * new > job.limit.memory_mb:
-            job.refused += 1
+            job.refuse()
             return None
         return SetMemory(ps_memory_mb=new) if kind == "ps" else SetMemory(worker_memory_mb=new)
 
-    def finish(self, job: JobRun) -> None:
+    def finish(self, job: JobView) -> None:
         if not is_allreduce(job):
             self.bridge.call([{"op": "close", "job": str(job.spec.id)}])
 

@@ -9,6 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import sim.cluster
+
 from sim.cli import main
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.controller import Probe, begin
@@ -18,7 +20,7 @@ from airflow_dlrover.optimizer.transitions import measured as measured_transitio
 from sim.bound import bound_table, check, peak_throughput
 from sim.cluster import CheckPlan, Cluster, Policy, QuotaExceededError, Resize, SetHotPsCpu, Start, rate_factor
 from sim.dlrover_bridge import DLRoverUnavailable, default_venv, venv_python
-from sim.policies import OursPolicy, planner_configurations
+from sim.policies import OursPolicy, make_policy, planner_configurations
 from sim.run import SUMMARY_COLUMNS, run_policy, summarise
 from sim.truth import BATCH, AllReduce, MovingHotShard, QueueingTable, Roofline, measured_roofline
 from sim.workload import SimConfig, generate_trace
@@ -43,7 +45,7 @@ def small_run():
     return run
 
 
-@pytest.mark.parametrize("policy", ["user", "ours", "oracle"])
+@pytest.mark.parametrize("policy", ["user", "user-adapts", "ours", "oracle", "oracle-jct"])
 def test_work_is_conserved(policy, small_run):
     run = small_run(policy)
     jobs = run.jobs
@@ -125,7 +127,8 @@ def default_tenth():
     return bound_table(cfg, trace), run
 
 
-@pytest.mark.parametrize("policy", ["user", "ours", "oracle", pytest.param("dlrover", marks=pytest.mark.jobs)])
+@pytest.mark.parametrize("policy", ["user", "user-adapts", "ours", "oracle", "oracle-jct",
+                                    pytest.param("dlrover", marks=pytest.mark.jobs)])
 def test_no_policy_beats_the_bound_on_any_job(policy, default_tenth):
     """The bound (sim.bound) is one: per job, run time and JCT at or above it, exactly, for every
     policy on the default scenario's settings; and X* is at or above every true rate any job ran at."""
@@ -441,23 +444,26 @@ TRUTH_READERS = {"sim.cluster", "sim.truth", "sim.workload", "sim.run", "sim.bou
 
 @pytest.fixture
 def truth_tripwire(monkeypatch):
-    """Reading the truth from any other module raises (the frame that asked names it)."""
+    """Reading the truth raises for the whole extent of a call to a policy that may not read it
+    (``sim.cluster.IN_POLICY_CALL``), whichever module reads it, and at any time from a module not
+    in ``TRUTH_READERS`` (the frame that asked names it)."""
     import sys
 
+    import sim.cluster
     import sim.workload
 
     for cls_name, names in HIDDEN.items():
         def guarded(self, name, _names=names):
             if name in _names:
                 caller = sys._getframe(1).f_globals.get("__name__")
-                if caller not in TRUTH_READERS:
+                if sim.cluster.IN_POLICY_CALL[0] or caller not in TRUTH_READERS:
                     raise AssertionError(f"{caller} read the truth: {type(self).__name__}.{name}")
             return object.__getattribute__(self, name)
 
         monkeypatch.setattr(getattr(sim.workload, cls_name), "__getattribute__", guarded)
 
 
-@pytest.mark.parametrize("policy", ["user", "ours", pytest.param("dlrover", marks=pytest.mark.jobs)])
+@pytest.mark.parametrize("policy", ["user", "user-adapts", "ours", pytest.param("dlrover", marks=pytest.mark.jobs)])
 def test_no_policy_but_the_oracle_reads_the_truth(policy, truth_tripwire):
     cfg = replace(SMALL, allreduce_fraction=0.3)
     if policy == "dlrover":
@@ -477,11 +483,29 @@ def test_the_tripwire_catches_a_policy_that_reads_the_truth(truth_tripwire):
         name = "peeking"
 
         def start(self, job):
-            job.spec.family.memory.worker_mb()  # what the job will need: a real job cannot know
+            assert not hasattr(job.spec.family, "memory")  # the view has no path to the truth
+            job._job.spec.family.memory.worker_mb()  # around the view: what a real job cannot know
             return Start(config=job.spec.family.user)
 
-    with pytest.raises(AssertionError, match=r"test_cluster read the truth: Family.memory"):
+    with pytest.raises(AssertionError, match=r"read the truth: Family.memory"):
         Cluster(SMALL, generate_trace(SMALL)[:2], Peeking()).run()
+
+
+def test_a_policy_sees_its_job_through_a_read_only_view():
+    class Looking(Policy):
+        name = "looking"
+        seen = []
+
+        def start(self, job):
+            self.seen.append((job, self.cluster))
+            return Start(config=job.spec.family.user)
+
+    Cluster(SMALL, generate_trace(SMALL)[:2], Looking()).run()
+    view, cluster = Looking.seen[0]
+    assert isinstance(view, sim.cluster.JobView) and isinstance(cluster, sim.cluster.ClusterView)
+    with pytest.raises(AttributeError):
+        view.config = None  # nothing of the job can be written through it
+    assert not hasattr(cluster, "jobs") and not hasattr(cluster, "free_cpu")  # no other job, no free room
 
 
 def test_a_job_that_never_completes_counts_as_an_infinite_time():
@@ -636,9 +660,11 @@ def test_ours_checks_an_extrapolating_plan_as_the_launch_task_does():
 
 
 class HealThenResize(Policy):
-    """Heal the hot PS (4 cores over the group's 2), then resize to 6 workers and ``target_ps`` PS."""
+    """Heal the hot PS (4 cores over the group's 2), then resize to 6 workers and ``target_ps`` PS.
+    An instrument, not a contender: it reads the cluster's record of the job (when the PS ran hot)."""
 
     name = "heal-then-resize"
+    reads_truth = True
 
     def __init__(self, target_ps):
         self.target_ps, self.after, self.hot_after = target_ps, None, None
@@ -670,3 +696,57 @@ def test_a_heal_survives_a_resize_only_where_the_ps_stay_as_they_are(target_ps, 
     job = Cluster(cfg, [spec], policy).run()[0]
     assert job.phase == "done" and job.config_final == policy.after
     assert policy.hot_after == (hot_cpu, policy.after.cores + hot_cpu - policy.after.ps_cpu)
+
+
+def test_the_least_jct_oracle_plans_the_fastest_truth_and_the_knee_no_faster():
+    """Per job, oracle-jct's plan has the largest true throughput of the planner's range within the
+    quota (memory for the true peak): at least the knee's; the knee never uses more cores."""
+    from sim.policies import true_plan
+
+    cfg = SMALL.without_instability()
+    cluster = Cluster(cfg, generate_trace(cfg), make_policy("oracle-jct"))
+    for job in cluster.jobs:
+        fastest, knee = true_plan(job, "throughput", job.limit), true_plan(job, "efficiency", job.limit)
+        truth = job.spec.family.truth
+        speed = [float(truth.throughput(c.workers, c.ps, c.worker_cpu, c.ps_cpu)) for c in (fastest, knee)]
+        assert speed[0] >= speed[1] and knee.cores <= fastest.cores + 1e-9
+    run = run_policy(cfg, "oracle-jct")
+    assert run.name == "oracle-jct" and (run.jobs["status"] == "done").all()
+
+
+def test_an_owner_who_adapts_raises_memory_after_an_oom_and_keeps_the_fastest_config():
+    cfg = replace(SMALL.without_instability(), days=3, user_underprovision=1.0)  # every owner's PS too small
+    owner, adapting = run_policy(cfg, "user").jobs, run_policy(cfg, "user-adapts").jobs
+    assert (owner["status"] == "failed").any()  # retried as is: fails again
+    assert adapting["status"].eq("done").sum() > owner["status"].eq("done").sum()
+    for family, runs in adapting.sort_values("day").groupby("family"):
+        first = runs.iloc[0]
+        if first["ooms"] and first["status"] == "done":  # its raised memory is what the next days start with
+            assert (runs.iloc[1:]["ps_memory_mb"] >= first["ps_memory_mb"]).all()
+            assert (runs.iloc[1:]["ooms"] == 0).all()
+
+
+def test_one_off_jobs_share_no_family_and_a_shift_changes_its_family_from_its_day_on():
+    cfg = replace(SMALL, days=4, one_off_fraction=0.3, shift_fraction=0.5)
+    trace = generate_trace(cfg)
+    one_off = [spec for spec in trace if spec.family.recurrence == "one-off"]
+    assert one_off and len({spec.family.index for spec in one_off}) == len(one_off)  # never the same family
+    daily = {spec.family.index for spec in trace if spec.family.recurrence != "one-off"}
+    assert not daily & {spec.family.index for spec in one_off}
+    shifted = [spec for spec in trace if spec.family.recurrence not in ("daily", "one-off")]
+    assert shifted and all(spec.day >= 2 for spec in shifted)
+    by_day = {(spec.family.index, spec.day): spec for spec in trace}
+    shift_days = [spec for spec in shifted if by_day[(spec.family.index, spec.day - 1)].family.recurrence == "daily"]
+    assert shift_days
+    for spec in shift_days:  # against the same family the day before
+        before = by_day[(spec.family.index, spec.day - 1)].family
+        if spec.family.recurrence == "tables×2":
+            assert spec.family.start_tables_mb >= 1.9 * before.start_tables_mb
+        elif spec.family.recurrence == "data×2":
+            assert spec.family.typical_samples >= 1.5 * before.typical_samples
+        else:
+            assert spec.family.truth != before.truth
+    assert {spec.family.recurrence for spec in shifted} <= {"tables×2", "data×2", "model"}
+    # the other families are the same whatever the fractions (their own random streams)
+    plain = generate_trace(replace(cfg, one_off_fraction=0.0, shift_fraction=0.0))
+    assert [s.arrival_s for s in plain] == [s.arrival_s for s in trace]
