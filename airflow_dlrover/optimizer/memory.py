@@ -319,10 +319,14 @@ def _fit_curve(terms: dict[str, np.ndarray], share: np.ndarray, seen: np.ndarray
     t0 = min(line[start], top) if start else 0.0
     rise = line["growth"] * np.ptp(seen) / 1e6
     best = None
+    tried = set()
     for g_factor, rise_factor in itertools.product((1.0, 3.0), (0.5, 1.0, 3.0)):
         headroom = rise * rise_factor
         s0 = min(headroom / max(top - t0, 1e-9), 1.0) if capacity is not None else headroom
         theta0 = [line[k] for k in names] + ([t0] if start else []) + [line["growth"] * g_factor, s0]
+        if tuple(theta0) in tried:  # a start the capacity clipped to one tried already: the same result
+            continue
+        tried.add(tuple(theta0))
         result = least_squares(lambda th: predict(th) - y, theta0, bounds=(lower, upper), x_scale="jac")
         if best is None or result.cost < best.cost:
             best = result
