@@ -68,7 +68,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Iterable
 
 import numpy as np
@@ -362,6 +362,7 @@ class _Grid:
         W, P = rng.max_workers, rng.max_ps
         self.nodes = quota.max_nodes if quota.max_nodes is not None else W + P + 1
         self._least_mem = None
+        self._plans: OrderedDict[tuple, tuple[ThroughputModel, Plan]] = OrderedDict()
         if rng.allreduce:  # enumerated: no branch and bound
             return
         lw_s, lp_s, _ = rng.shapes()
@@ -377,6 +378,26 @@ class _Grid:
         self.next_from = np.minimum.accumulate(np.where(fits_from, p_idx, np.int32(P + 1))[:, ::-1], axis=1)[:, ::-1]
         most_w = np.where(fits.any(axis=0), W - np.argmax(fits[::-1], axis=0), 0)  # [p]: the most workers that fit p
         self.most_w_from = np.maximum.accumulate(most_w[::-1])[::-1]  # ... for some p' ≥ p
+
+    def kept_plan(self, memo: tuple, model: ThroughputModel) -> "Plan | None":
+        """A copy of the plan kept under ``memo`` for this very ``model`` object (None: none)."""
+        with _GRIDS_LOCK:
+            kept = self._plans.get(memo)
+            if kept is None or kept[0] is not model:
+                return None
+            self._plans.move_to_end(memo)
+        plan = kept[1]
+        return replace(plan, alternatives=[dict(r) for r in plan.alternatives],
+                       pareto_front=[dict(r) for r in plan.pareto_front], extrapolation=dict(plan.extrapolation))
+
+    def keep_plan(self, memo: tuple, model: ThroughputModel, plan: "Plan") -> "Plan":
+        """Keep ``plan`` of ``model`` under ``memo`` (the latest ``_PLANS_KEPT``, the model held with it
+        so that its ``id`` in ``memo`` stays its own); returns a copy (the caller's to change)."""
+        with _GRIDS_LOCK:
+            self._plans[memo] = (model, plan)
+            while len(self._plans) > _PLANS_KEPT:
+                self._plans.popitem(last=False)
+        return self.kept_plan(memo, model)
 
     def least_mem(self) -> np.ndarray:
         """[w, p]: the least memory of a configuration that fits at w' ≥ w, p' ≥ p (the deadline's bound)."""
@@ -409,6 +430,8 @@ class _Grid:
 _GRIDS_KEPT = 16
 _GRIDS: OrderedDict[tuple, _Grid] = OrderedDict()
 _GRIDS_LOCK = threading.Lock()
+#: Plans kept a grid (:meth:`_Grid.keep_plan`): the fine-tune's model's, between the posterior draws'.
+_PLANS_KEPT = 4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,6 +512,13 @@ def plan(
             f"No configuration within {quota.cpu:g} cores fits the memory{growth}.",
         )
 
+    # The plan depends on the samples and the deadline only through the memory (the grid's) but for
+    # the deadline objective: an equal plan of this model object on this grid is kept and copied.
+    memo = (id(model), objective, exhaustive) + ((repr(float(samples)), repr(float(deadline_s)))
+                                                 if objective == "deadline" else ())
+    kept = grid_of.kept_plan(memo, model)
+    if kept is not None:
+        return kept
     sep = _Separable.of(model, rng, batch)
     needed = samples / deadline_s if objective == "deadline" else None
     price_core = quota.price_per_core_hour if quota.price_per_core_hour is not None else C.DEFAULT_PRICE_PER_CORE_HOUR
@@ -537,7 +567,7 @@ def plan(
     _, lower, upper = model.predict_features(row, columns=kind_columns(allreduce))
     alternatives = _alternatives(score, front, best)
     outside = extrapolation(model, config)
-    return Plan(
+    return grid_of.keep_plan(memo, model, Plan(
         config=config,
         predicted_throughput=float(x[best]),
         lower_throughput=float(lower[0]),
@@ -549,7 +579,7 @@ def plan(
         alternatives=_rows(grid, np.asarray(alternatives, dtype=int), x, total_mem),
         pareto_front=_rows(grid, front, x, total_mem),
         extrapolation=outside,
-    )
+    ))
 
 
 def _surest_of_the_fastest(model: ThroughputModel, grid: "Configurations", x: np.ndarray, batch: int,
