@@ -394,12 +394,18 @@ def theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 def theil_sen_many(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``theil_sen`` of each row of ``x`` and ``y`` (shape: series × points; every row has two
-    distinct times) at once: the detectors fit a few points of every node each window."""
+    distinct times; NaN where one has not) at once: the detectors fit a few points of every node
+    each window."""
     dx = x[:, None, :] - x[:, :, None]
     dy = y[:, None, :] - y[:, :, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        pairwise = np.where(dx > 0, dy / dx, np.nan).reshape(len(x), -1)
-    slopes = np.nanmedian(pairwise, axis=1)
+    pair = (dx > 0).reshape(len(x), -1)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        pairwise = np.sort(np.where(pair, (dy / dx).reshape(len(x), -1), np.inf), axis=1)  # the pairs first
+    # The median of each row's pairs, as np.nanmedian takes it: the middle one, or half the sum of the two
+    counts = pair.sum(axis=1)
+    rows, high = np.arange(len(x)), counts // 2
+    low = np.where(counts % 2 == 1, high, high - 1)
+    slopes = np.where(counts > 0, (pairwise[rows, low] + pairwise[rows, high]) / 2.0, np.nan)
     return slopes, np.median(y, axis=1) - slopes * np.median(x, axis=1)
 
 
