@@ -62,6 +62,8 @@ class InstabilityEvent:
 
 
 _TEXT_COLUMNS = ("node", "role")
+#: The types of a metrics column that ``_column`` converts without pandas.
+_PLAIN_NUMBERS = {float, int, np.float64, type(None)}
 
 
 class _Table(dict):
@@ -95,8 +97,7 @@ def _check(metrics: pd.DataFrame | Mapping[str, Any], columns) -> _Table:
 def _column(values: Any, name: str) -> np.ndarray:
     if name in _TEXT_COLUMNS:
         return np.asarray(values).astype(str)
-    if isinstance(values, (list, tuple)) and all(v is None or (isinstance(v, (float, int)) and not isinstance(v, bool))
-                                                 for v in values):
+    if isinstance(values, (list, tuple)) and {type(v) for v in values} <= _PLAIN_NUMBERS:
         return np.array(values, dtype=float)  # numbers and None (NaN): what to_numeric makes of them, without pandas
     return pd.to_numeric(pd.Series(values, dtype=object) if not isinstance(values, pd.Series) else values,
                          errors="coerce").to_numpy(dtype=float)
