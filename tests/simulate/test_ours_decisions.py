@@ -6,7 +6,7 @@ configuration, resizes, failures, JCT, status and the allocated core- and GB-hou
 with any change of a decision or of its timing. Regenerate it, after a change that is meant to
 change decisions (the simulator's costs, a tuning constant), from the repository root with
 
-    PYTHONPATH=benchmarks python tests/simulate/test_ours_decisions.py
+    PYTHONPATH=.:benchmarks python tests/simulate/test_ours_decisions.py
 """
 
 from __future__ import annotations
