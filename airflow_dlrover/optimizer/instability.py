@@ -62,6 +62,8 @@ class InstabilityEvent:
 
 
 _TEXT_COLUMNS = ("node", "role")
+#: The types of a metrics column that ``_column`` converts without pandas.
+_PLAIN_NUMBERS = {float, int, np.float64, type(None)}
 
 
 class _Table(dict):
@@ -95,6 +97,8 @@ def _check(metrics: pd.DataFrame | Mapping[str, Any], columns) -> _Table:
 def _column(values: Any, name: str) -> np.ndarray:
     if name in _TEXT_COLUMNS:
         return np.asarray(values).astype(str)
+    if isinstance(values, (list, tuple)) and {type(v) for v in values} <= _PLAIN_NUMBERS:
+        return np.array(values, dtype=float)  # numbers and None (NaN): what to_numeric makes of them, without pandas
     return pd.to_numeric(pd.Series(values, dtype=object) if not isinstance(values, pd.Series) else values,
                          errors="coerce").to_numpy(dtype=float)
 
@@ -200,6 +204,8 @@ def detect_oom_risk(
         series.append((node, times[rows], used_all[rows], float(limits[rows][-1]), roles[rows][-1] == "ps"))
     trends = _trends([(t, y) for _, t, y, _, _ in series])
     ahead = remaining_s if remaining_s is not None else horizon_s
+    if ps_growth_mb is not None:  # the PS share one curve, often one level and limit: each forecast once
+        ps_growth_mb, on_curve = _remembered(ps_growth_mb), {}
     events = []
     for (node, t, y, limit, ps), trend in zip(series, trends):
         used = float(y[-1])
@@ -207,7 +213,9 @@ def detect_oom_risk(
             continue
         if ps and ps_growth_mb is not None:
             level = max(used, trend.at(trend.last_time_s)) if trend else used
-            seconds = _seconds_on_curve(ps_growth_mb, level, limit, (horizon_s, ahead))
+            if (level, limit) not in on_curve:
+                on_curve[level, limit] = _seconds_on_curve(ps_growth_mb, level, limit, (horizon_s, ahead))
+            seconds = on_curve[level, limit]
             slope = float(ps_growth_mb(60.0)) / 60.0
             peak = max(used, level + float(ps_growth_mb(ahead)))
         else:
@@ -237,6 +245,18 @@ def detect_oom_risk(
              "forecast": forecast},
         ))
     return events
+
+
+def _remembered(function: Callable[[float], float]) -> Callable[[float], float]:
+    """``function`` (pure) computed once per argument."""
+    values: dict[float, float] = {}
+
+    def remembered(seconds: float) -> float:
+        if seconds not in values:
+            values[seconds] = function(seconds)
+        return values[seconds]
+
+    return remembered
 
 
 def _seconds_on_curve(growth_mb: Callable[[float], float], level: float, limit: float,

@@ -314,30 +314,65 @@ def _fit_curve(terms: dict[str, np.ndarray], share: np.ndarray, seen: np.ndarray
         c, t0, g, headroom = parts(theta)
         return x @ c + share * (t0 - headroom * np.expm1(-g * seen / (1e6 * max(headroom, 1e-12))))
 
+    start_mb = line[start] if start else 0.0
+    line_sse = float(np.sum((x @ [line[k] for k in names] + share * (start_mb + line["growth"] * seen / 1e6) - y) ** 2))
+    dof = len(y) - (len(names) + bool(start) + 2)  # less the curve's parameters
+    if dof < 1:
+        return line, None, f"no more rows than the curve's parameters: {bound}"
+    not_slowing = line, None, f"growth not seen slowing (F-test at {C.MEMORY_CURVE_SIGNIFICANCE:g}): {bound}"
+    floor = _curve_sse_floor(x, share, seen, y, start is not None)
+    if floor is not None and _line_kept(line_sse, floor, dof):  # the F-test keeps the line at the curve's best
+        return not_slowing
     lower = [0.0] * (len(names) + bool(start) + 2)
     upper = [np.inf] * len(names) + ([top] if start else []) + [np.inf, 1.0 if capacity is not None else np.inf]
     t0 = min(line[start], top) if start else 0.0
     rise = line["growth"] * np.ptp(seen) / 1e6
     best = None
+    tried = set()
     for g_factor, rise_factor in itertools.product((1.0, 3.0), (0.5, 1.0, 3.0)):
         headroom = rise * rise_factor
         s0 = min(headroom / max(top - t0, 1e-9), 1.0) if capacity is not None else headroom
         theta0 = [line[k] for k in names] + ([t0] if start else []) + [line["growth"] * g_factor, s0]
+        if tuple(theta0) in tried:  # a start the capacity clipped to one tried already: the same result
+            continue
+        tried.add(tuple(theta0))
         result = least_squares(lambda th: predict(th) - y, theta0, bounds=(lower, upper), x_scale="jac")
         if best is None or result.cost < best.cost:
             best = result
-    start_mb = line[start] if start else 0.0
-    line_sse = float(np.sum((x @ [line[k] for k in names] + share * (start_mb + line["growth"] * seen / 1e6) - y) ** 2))
-    curve_sse = 2.0 * float(best.cost)
-    dof = len(y) - len(best.x)
-    if dof < 1:
-        return line, None, f"no more rows than the curve's parameters: {bound}"
-    noise = max(curve_sse / dof, C.MEMORY_NOISE_FLOOR_MB ** 2)
-    if f_dist.sf((line_sse - curve_sse) / noise, 1, dof) >= C.MEMORY_CURVE_SIGNIFICANCE:
-        return line, None, f"growth not seen slowing (F-test at {C.MEMORY_CURVE_SIGNIFICANCE:g}): {bound}"
+    if _line_kept(line_sse, 2.0 * float(best.cost), dof):
+        return not_slowing
     c, t0, g, headroom = parts(best.x)
     values = dict(line) | dict(zip(names, map(float, c))) | {"growth": float(g)} | ({start: float(t0)} if start else {})
     return values, float(t0 + headroom), None
+
+
+def _line_kept(line_sse: float, curve_sse: float, dof: int) -> bool:
+    """The F-test of the curve (one parameter more) against the line does not reject the line at
+    ``MEMORY_CURVE_SIGNIFICANCE``; it keeps it for any curve_sse at least this one (the statistic
+    falls as curve_sse grows)."""
+    noise = max(curve_sse / dof, C.MEMORY_NOISE_FLOOR_MB ** 2)
+    return f_dist.sf((line_sse - curve_sse) / noise, 1, dof) >= C.MEMORY_CURVE_SIGNIFICANCE
+
+
+def _curve_sse_floor(x: np.ndarray, share: np.ndarray, seen: np.ndarray, y: np.ndarray, start: bool) -> float | None:
+    """At most the least squared error of ``_fit_curve``'s curve (None: no bound), without fitting it.
+    The curve is y = x·c + share·(T₀ + φ(n)), c, T₀ ≥ 0 (T₀ = 0 without ``start``) and φ(n) = G(n) − T₀
+    concave, non-decreasing, φ(0) = 0; at the rows' n ≥ 0, so is φ's piecewise-linear interpolant
+    through the distinct n_j > 0, Σ_j e_j·min(n, n_j) with every e_j ≥ 0. So the NNLS of y on x,
+    share and share·min(n, n_j) fits at least as well as any curve; its error, less a margin for
+    rounding (10⁻⁴ of it and 10⁻⁹ of Σy²), is the bound."""
+    if not ((seen >= 0).all() and np.isfinite(y).all() and np.isfinite(x).all() and np.isfinite(share).all()):
+        return None
+    knots = np.unique(seen[seen > 0])
+    interpolant = share[:, None] * np.minimum(seen[:, None], knots) / 1e6
+    design = np.hstack([x] + ([share[:, None]] if start else []) + [interpolant])
+    scale = np.linalg.norm(design, axis=0)
+    scale[scale == 0] = 1.0
+    try:
+        _, residual = nnls(design / scale, y, maxiter=50 * design.shape[1])
+    except (RuntimeError, ValueError, np.linalg.LinAlgError):
+        return None
+    return max(float(residual) ** 2 * (1.0 - 1e-4) - 1e-9 * float(y @ y), 0.0)
 
 
 def _fit_allreduce_memory(table: pd.DataFrame, table_capacity_mb: float | None) -> MemoryModel:
@@ -390,12 +425,18 @@ def theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 def theil_sen_many(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``theil_sen`` of each row of ``x`` and ``y`` (shape: series × points; every row has two
-    distinct times) at once: the detectors fit a few points of every node each window."""
+    distinct times; NaN where one has not) at once: the detectors fit a few points of every node
+    each window."""
     dx = x[:, None, :] - x[:, :, None]
     dy = y[:, None, :] - y[:, :, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        pairwise = np.where(dx > 0, dy / dx, np.nan).reshape(len(x), -1)
-    slopes = np.nanmedian(pairwise, axis=1)
+    pair = (dx > 0).reshape(len(x), -1)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        pairwise = np.sort(np.where(pair, (dy / dx).reshape(len(x), -1), np.inf), axis=1)  # the pairs first
+    # The median of each row's pairs, as np.nanmedian takes it: the middle one, or half the sum of the two
+    counts = pair.sum(axis=1)
+    rows, high = np.arange(len(x)), counts // 2
+    low = np.where(counts % 2 == 1, high, high - 1)
+    slopes = np.where(counts > 0, (pairwise[rows, low] + pairwise[rows, high]) / 2.0, np.nan)
     return slopes, np.median(y, axis=1) - slopes * np.median(x, axis=1)
 
 

@@ -66,7 +66,9 @@ Objectives:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, fields, replace
 from typing import Iterable
 
 import numpy as np
@@ -344,6 +346,94 @@ class _NodeMemory:
         return cls(*np.broadcast_arrays(worker, ps), total, fits, source)
 
 
+class _Grid:
+    """What a plan computes from its range, quota, memory model, samples and exclusions alone,
+    whatever the throughput model: node memory (:class:`_NodeMemory`), the smallest job's needs, the
+    exclusions' keys and (w, p) pairs, and what the branch and bound reads of [w, p]. The latest
+    ``_GRIDS_KEPT`` are kept by their inputs' values (:meth:`of`): the fine-tune plans a job again
+    every window, and on posterior draws of its model, mostly on the same inputs."""
+
+    def __init__(self, rng: SearchRange, quota: Quota, memory, batch, samples, worker_memory_mb, ps_memory_mb,
+                 exclude: tuple[Configuration, ...]):
+        self.minimum = minimum_requirement(memory, batch, rng.allreduce, worker_memory_mb, ps_memory_mb)
+        self.mem = mem = _NodeMemory.of(rng, quota, memory, batch, samples, worker_memory_mb, ps_memory_mb)
+        self.excluded = _excluded_keys(rng, exclude)
+        self.allowed = _allowed_pairs(rng, quota, exclude)
+        W, P = rng.max_workers, rng.max_ps
+        self.nodes = quota.max_nodes if quota.max_nodes is not None else W + P + 1
+        self._least_mem = None
+        self._plans: OrderedDict[tuple, tuple[ThroughputModel, Plan]] = OrderedDict()
+        if rng.allreduce:  # enumerated: no branch and bound
+            return
+        lw_s, lp_s, _ = rng.shapes()
+        budget = quota.cpu + _CORES_EPS
+        # [w, p]: something fits in memory, and in the cores and nodes at the smallest node size ...
+        w_all, p_all = np.arange(W + 1)[:, None], np.arange(P + 1)[None, :]
+        fits = mem.fits & (w_all * lw_s.min() + p_all * lp_s.min() <= budget) & (w_all + p_all <= self.nodes)
+        self.fits = fits
+        p_idx = np.arange(P + 1, dtype=np.int32)
+        self.last_fit = np.maximum.accumulate(np.where(fits, p_idx, np.int32(0)), axis=1)  # the most PS ≤ p that fit w
+        fits_from = np.logical_or.accumulate(fits[::-1], axis=0)[::-1]  # ... for some w' ≥ w
+        self.last_from = np.maximum.accumulate(np.where(fits_from, p_idx, np.int32(0)), axis=1)
+        self.next_from = np.minimum.accumulate(np.where(fits_from, p_idx, np.int32(P + 1))[:, ::-1], axis=1)[:, ::-1]
+        most_w = np.where(fits.any(axis=0), W - np.argmax(fits[::-1], axis=0), 0)  # [p]: the most workers that fit p
+        self.most_w_from = np.maximum.accumulate(most_w[::-1])[::-1]  # ... for some p' ≥ p
+
+    def kept_plan(self, memo: tuple, model: ThroughputModel) -> "Plan | None":
+        """A copy of the plan kept under ``memo`` for this very ``model`` object (None: none)."""
+        with _GRIDS_LOCK:
+            kept = self._plans.get(memo)
+            if kept is None or kept[0] is not model:
+                return None
+            self._plans.move_to_end(memo)
+        plan = kept[1]
+        return replace(plan, alternatives=[dict(r) for r in plan.alternatives],
+                       pareto_front=[dict(r) for r in plan.pareto_front], extrapolation=dict(plan.extrapolation))
+
+    def keep_plan(self, memo: tuple, model: ThroughputModel, plan: "Plan") -> "Plan":
+        """Keep ``plan`` of ``model`` under ``memo`` (the latest ``_PLANS_KEPT``, the model held with it
+        so that its ``id`` in ``memo`` stays its own); returns a copy (the caller's to change)."""
+        with _GRIDS_LOCK:
+            self._plans[memo] = (model, plan)
+            while len(self._plans) > _PLANS_KEPT:
+                self._plans.popitem(last=False)
+        return self.kept_plan(memo, model)
+
+    def least_mem(self) -> np.ndarray:
+        """[w, p]: the least memory of a configuration that fits at w' ≥ w, p' ≥ p (the deadline's bound)."""
+        if self._least_mem is None:
+            least = np.where(self.fits, self.mem.total, np.inf)
+            self._least_mem = np.minimum.accumulate(np.minimum.accumulate(least[::-1], axis=0)[:, ::-1],
+                                                    axis=1)[::-1, ::-1]
+        return self._least_mem
+
+    @classmethod
+    def of(cls, rng: SearchRange, quota: Quota, memory: MemoryModel | None, batch: int, samples: float,
+           worker_memory_mb: float | None, ps_memory_mb: float | None, exclude: tuple[Configuration, ...]) -> "_Grid":
+        """The grid of these inputs, kept or made (keyed by their values; floats by ``repr``: exact)."""
+        memory_key = None if memory is None else repr(tuple(getattr(memory, f.name) for f in fields(memory)))
+        key = (rng, quota, memory_key, batch, repr(float(samples)), worker_memory_mb, ps_memory_mb, exclude)
+        with _GRIDS_LOCK:
+            grid = _GRIDS.get(key)
+            if grid is not None:
+                _GRIDS.move_to_end(key)
+                return grid
+        grid = cls(rng, quota, memory, batch, samples, worker_memory_mb, ps_memory_mb, exclude)
+        with _GRIDS_LOCK:
+            _GRIDS[key] = grid
+            while len(_GRIDS) > _GRIDS_KEPT:
+                _GRIDS.popitem(last=False)
+        return grid
+
+
+#: The grids kept (:meth:`_Grid.of`): a few jobs' worth (each at most (1,025 × 257) cells of a few arrays).
+_GRIDS_KEPT = 16
+_GRIDS: OrderedDict[tuple, _Grid] = OrderedDict()
+_GRIDS_LOCK = threading.Lock()
+#: Plans kept a grid (:meth:`_Grid.keep_plan`): the fine-tune's model's, between the posterior draws'.
+_PLANS_KEPT = 4
+
+
 # ---------------------------------------------------------------------------------------------
 # The plan
 # ---------------------------------------------------------------------------------------------
@@ -400,13 +490,13 @@ def plan(
     largest = model.report.largest_node_cpu if model.report is not None else None
     rng = search_range(quota.cpu, allreduce=allreduce, gpu_values=gpu_values, largest_node_cpu=largest,
                        max_nodes=quota.max_nodes)
-    minimum = minimum_requirement(memory, batch, allreduce, worker_memory_mb, ps_memory_mb)
     if rng.max_workers < 1 or (not allreduce and rng.max_ps < 1):
-        raise InfeasibleQuotaError("cpu", quota.cpu, minimum)
+        raise InfeasibleQuotaError("cpu", quota.cpu,
+                                   minimum_requirement(memory, batch, allreduce, worker_memory_mb, ps_memory_mb))
 
-    mem = _NodeMemory.of(rng, quota, memory, batch, samples_done + (samples or 0.0), worker_memory_mb, ps_memory_mb)
-    excluded = _excluded_keys(rng, exclude)
-    allowed = _allowed_pairs(rng, quota, exclude)
+    grid_of = _Grid.of(rng, quota, memory, batch, samples_done + (samples or 0.0), worker_memory_mb, ps_memory_mb,
+                       exclude)
+    minimum, mem, excluded, allowed = grid_of.minimum, grid_of.mem, grid_of.excluded, grid_of.allowed
     if not allowed.any():
         raise InvalidInputError("exclude", len(exclude), "exclusions that leave a configuration")
     if not (allowed & mem.fits).any():
@@ -422,6 +512,13 @@ def plan(
             f"No configuration within {quota.cpu:g} cores fits the memory{growth}.",
         )
 
+    # The plan depends on the samples and the deadline only through the memory (the grid's) but for
+    # the deadline objective: an equal plan of this model object on this grid is kept and copied.
+    memo = (id(model), objective, exhaustive) + ((repr(float(samples)), repr(float(deadline_s)))
+                                                 if objective == "deadline" else ())
+    kept = grid_of.kept_plan(memo, model)
+    if kept is not None:
+        return kept
     sep = _Separable.of(model, rng, batch)
     needed = samples / deadline_s if objective == "deadline" else None
     price_core = quota.price_per_core_hour if quota.price_per_core_hour is not None else C.DEFAULT_PRICE_PER_CORE_HOUR
@@ -430,7 +527,7 @@ def plan(
     if exhaustive or allreduce:
         found = configurations(rng, quota.cpu)
     else:
-        found = _branch_and_bound(sep, rng, quota, mem, excluded, objective, needed, cost)
+        found = _branch_and_bound(sep, rng, quota, grid_of, objective, needed, cost)
     keys = _keys(rng, found.shape, found.workers, found.ps)
     keep = mem.fits[found.workers, found.ps] & ~np.isin(keys, excluded)
     if quota.max_nodes is not None:
@@ -470,7 +567,7 @@ def plan(
     _, lower, upper = model.predict_features(row, columns=kind_columns(allreduce))
     alternatives = _alternatives(score, front, best)
     outside = extrapolation(model, config)
-    return Plan(
+    return grid_of.keep_plan(memo, model, Plan(
         config=config,
         predicted_throughput=float(x[best]),
         lower_throughput=float(lower[0]),
@@ -482,7 +579,7 @@ def plan(
         alternatives=_rows(grid, np.asarray(alternatives, dtype=int), x, total_mem),
         pareto_front=_rows(grid, front, x, total_mem),
         extrapolation=outside,
-    )
+    ))
 
 
 def _surest_of_the_fastest(model: ThroughputModel, grid: "Configurations", x: np.ndarray, batch: int,
@@ -661,27 +758,16 @@ def _halve(s, lo, hi, *others):
     return (s[idx], new_lo, new_hi, *(a[idx] for a in others))
 
 
-def _branch_and_bound(sep: _Separable, rng: SearchRange, quota: Quota, mem: _NodeMemory, excluded: np.ndarray,
-                      objective: str, needed: float | None, cost: _Cost | None) -> Configurations:
+def _branch_and_bound(sep: _Separable, rng: SearchRange, quota: Quota, grid_of: "_Grid", objective: str,
+                      needed: float | None, cost: _Cost | None) -> Configurations:
     """The configurations the plan depends on, and a few more (see the module docstring)."""
     W, P = rng.max_workers, rng.max_ps
     lw_s, lp_s, g_s = rng.shapes()
     budget = quota.cpu + _CORES_EPS
-    nodes = quota.max_nodes if quota.max_nodes is not None else W + P + 1
-    # [w, p]: something fits in memory, and in the cores and nodes at the smallest node size ...
-    w_all, p_all = np.arange(W + 1)[:, None], np.arange(P + 1)[None, :]
-    fits = mem.fits & (w_all * lw_s.min() + p_all * lp_s.min() <= budget) & (w_all + p_all <= nodes)
-    p_idx = np.arange(P + 1, dtype=np.int32)
-    last_fit = np.maximum.accumulate(np.where(fits, p_idx, np.int32(0)), axis=1)  # the most PS ≤ p that fit w
-    fits_from = np.logical_or.accumulate(fits[::-1], axis=0)[::-1]  # ... for some w' ≥ w
-    last_from = np.maximum.accumulate(np.where(fits_from, p_idx, np.int32(0)), axis=1)
-    next_from = np.minimum.accumulate(np.where(fits_from, p_idx, np.int32(P + 1))[:, ::-1], axis=1)[:, ::-1]
-    most_w = np.where(fits.any(axis=0), W - np.argmax(fits[::-1], axis=0), 0)  # [p]: the most workers that fit p
-    most_w_from = np.maximum.accumulate(most_w[::-1])[::-1]  # ... for some p' ≥ p
-    least_mem = None
-    if cost is not None:  # [w, p]: the least memory of a configuration that fits at w' ≥ w, p' ≥ p
-        least_mem = np.where(fits, mem.total, np.inf)
-        least_mem = np.minimum.accumulate(np.minimum.accumulate(least_mem[::-1], axis=0)[:, ::-1], axis=1)[::-1, ::-1]
+    nodes = grid_of.nodes
+    mem, excluded, fits, last_fit = grid_of.mem, grid_of.excluded, grid_of.fits, grid_of.last_fit
+    last_from, next_from, most_w_from = grid_of.last_from, grid_of.next_from, grid_of.most_w_from
+    least_mem = grid_of.least_mem() if cost is not None else None
 
     most_cores = min(budget, W * lw_s.max() + P * lp_s.max())  # (a quota may have more cores than the range can use)
     known = _Known(objective, C.PLAN_ALTERNATIVES, needed, cost, most_cores)

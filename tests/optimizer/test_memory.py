@@ -264,3 +264,30 @@ def test_an_allreduce_job_model_round_trips_and_kinds_are_not_mixed(tmp_path):
     with pytest.raises(InvalidInputError) as err:
         JobModel(ps_job.throughput, job.memory)
     assert err.value.field == "model.memory"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.booleans(), st.booleans())
+def test_the_curves_error_floor_is_at_most_the_error_of_any_curve(seed, start, capacity):
+    """``_curve_sse_floor`` (which lets the fit skip a curve the F-test would refuse anyway) is at
+    most the squared error of every admissible curve, at the line's and at random parameters."""
+    from airflow_dlrover.optimizer.memory import _curve_sse_floor
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(5, 30))
+    x = np.column_stack([np.ones(n), rng.choice([256.0, 512.0, 1024.0], n)])
+    share = 1.0 / rng.integers(1, 9, n) if start else np.ones(n)
+    seen = np.round(rng.uniform(0, 5e8, n), -int(rng.integers(0, 8)))
+    y = x @ [rng.uniform(100, 3000), rng.uniform(0, 1)] + share * 300 * (1 - np.exp(-seen / 2e8))  # a curve
+    noise = rng.normal(0, rng.choice([0.0, 1.0, 30.0]), n)
+    floor = _curve_sse_floor(x, share, seen, y + noise, start)
+    assert floor <= np.sum(noise ** 2)
+    y = y + noise
+    top = rng.uniform(100, 5000) if capacity else np.inf
+    for _ in range(50):
+        c = rng.uniform(0, [3000, 1]) * rng.integers(0, 2, 2)
+        t0 = min(rng.uniform(0, 500), top) if start else 0.0
+        g = rng.exponential(500) * rng.integers(0, 2)
+        headroom = rng.uniform(0, 1) * (top - t0) if capacity else rng.exponential(1000)
+        curve = x @ c + share * (t0 - headroom * np.expm1(-g * seen / (1e6 * max(headroom, 1e-12))))
+        assert floor <= np.sum((curve - y) ** 2)

@@ -213,9 +213,9 @@ def test_the_structured_search_evaluates_a_small_part_of_the_range():
     quota = Quota(1024.0, 1e9)
     search = search_range(quota.cpu)
     memory = MemoryModel(400.0, 8000.0, 900.0, 0.5)
-    nodes = planner._NodeMemory.of(search, quota, memory, 512, None, None, None)
+    grid = planner._Grid(search, quota, memory, 512, None, None, None, ())
     sep = planner._Separable.of(model, search, 512)
-    found = planner._branch_and_bound(sep, search, quota, nodes, np.zeros(0, np.int64), "efficiency", None, None)
+    found = planner._branch_and_bound(sep, search, quota, grid, "efficiency", None, None)
     assert isinstance(found, Configurations)
     assert 0 < len(found) < 0.01 * search.size
 
