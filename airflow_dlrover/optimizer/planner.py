@@ -426,8 +426,9 @@ class _Grid:
         return grid
 
 
-#: The grids kept (:meth:`_Grid.of`): a few jobs' worth (each at most (1,025 × 257) cells of a few arrays).
-_GRIDS_KEPT = 16
+#: The grids kept (:meth:`_Grid.of`): one step's plans (the model's and its posterior draws') share one;
+#: each holds a few arrays of at most 1,025 × 257 cells (~10 MB at the largest range).
+_GRIDS_KEPT = 4
 _GRIDS: OrderedDict[tuple, _Grid] = OrderedDict()
 _GRIDS_LOCK = threading.Lock()
 #: Plans kept a grid (:meth:`_Grid.keep_plan`): the fine-tune's model's, between the posterior draws'.
