@@ -89,12 +89,12 @@ def measure(example: str, quota: Quota, window_s: float, out: Path, reports: str
                           timeout_s=1800)
         runs[name] = {"config": config.describe(), "wall_s": summary["wall_s"],
                       "median_throughput": summary["median_throughput"], "samples_done": summary["samples_done"]}
+    table = measured_transitions()
     return {
         "example": example, "reports": reports, "probes": len(probes), "measured": len(table), "profile_s": profile_s,
         "loco_mape": model.throughput.report.out_of_sample_mape, "in_sample_mape": model.throughput.report.in_sample_mape,
         "restart_s": restarts, "charged_s": charged,
-        "default_charge_s": (measured_transitions().relaunch_s if kind == "allreduce"
-                             else measured_transitions().ps_change_s),
+        "default_charge_s": table.relaunch_s if kind == "allreduce" else table.ps_change_s,
         "predicted": chosen.predicted_throughput, "runs": runs,
     }
 

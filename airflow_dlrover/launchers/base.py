@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import threading
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ from typing import Any, Iterable
 from airflow_dlrover.launchers.contract import TrainerSpec
 from airflow_dlrover.launchers.kinds import JobKind, job_kind
 from airflow_dlrover import timings as T
-from airflow_dlrover.optimizer.transitions import TransitionCosts, measured as measured_transitions
+from airflow_dlrover.optimizer.transitions import TransitionCosts, measured as measured_transitions, torch_threads
 from airflow_dlrover.optimizer.types import FAILED_STATES, Configuration, NodeState, NodeStatus
 from airflow_dlrover.runtime.auth import call_master
 from airflow_dlrover.runtime.spec import JobSpec
@@ -59,11 +58,6 @@ def exclusive(operation):
         with self._job_lock(job if isinstance(job, str) else job.job_id):
             return operation(self, job, *args, **kwargs)
     return locked
-
-
-def torch_threads(cpu: float | None) -> int:
-    """Torch threads of a node: its whole cores (more threads than the cores a node owns contend and run slower)."""
-    return max(1, math.floor(cpu or 1))
 
 
 class Launcher:

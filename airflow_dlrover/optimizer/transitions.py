@@ -18,6 +18,7 @@ container's cgroup as the local launcher does: the runtime's figure, not verifie
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
 from pathlib import Path
@@ -116,7 +117,7 @@ class TransitionCosts:
                          if in_place else repartition)
         worker = (target.worker_cpu, target.worker_memory_mb, target.worker_gpu)
         if worker != (current.worker_cpu, current.worker_memory_mb, current.worker_gpu):
-            same_threads = _threads(target.worker_cpu) == _threads(current.worker_cpu)
+            same_threads = torch_threads(target.worker_cpu) == torch_threads(current.worker_cpu)
             costs.append(self._in_place(current.worker_cpu, target.worker_cpu, current.worker_memory_mb,
                                         target.worker_memory_mb)
                          if in_place and same_threads and target.worker_gpu == current.worker_gpu
@@ -131,9 +132,9 @@ class TransitionCosts:
         return json.dumps(asdict(self), indent=2) + "\n"
 
 
-def _threads(cpu: float) -> int:
-    """A node's torch threads (``launchers.base.torch_threads``): its whole cores, at least one."""
-    return max(1, int(cpu or 1))
+def torch_threads(cpu: float | None) -> int:
+    """Torch threads of a node: its whole cores (more threads than the cores a node owns contend and run slower)."""
+    return max(1, math.floor(cpu or 1))
 
 
 @lru_cache(maxsize=1)
@@ -146,4 +147,4 @@ def measured() -> TransitionCosts:
                                 "the table benchmarks/runtime.py transitions writes", str(err)) from None
 
 
-__all__ = ["MEASURED_PATH", "POD_START_S", "TransitionCosts", "measured"]
+__all__ = ["MEASURED_PATH", "POD_START_S", "TransitionCosts", "measured", "torch_threads"]
