@@ -1,12 +1,20 @@
-"""Accuracy of the throughput model on samples from a *different* family: the queueing simulation.
+"""Accuracy of the throughput model on performance it was not written for.
 
-    python benchmarks/accuracy.py [--held-out 60] [--write-example PATH]
+    python benchmarks/accuracy.py [--held-out 60] [--grid PATH …] [--write-example PATH]
 
-For each simulated system (default physics; a hot-PS skew; a PS-heavy model) and each training
-design, fit the model and report: the sharpness q chosen, in-sample MAPE, leave-one-configuration-
-out (LOCO) MAPE, MAPE on held-out configurations (noise-free simulation, within 64 cores), and how
-often the 90 % band covers the truth. Then a warm start: yesterday's model (of the same system, or
-of one whose dense part is 25 % slower) plus the 2 warm probes, against a cold start on the cold probes.
+1. **The queueing simulation**: for each simulated system (default physics; a hot-PS skew; a
+   PS-heavy model) and each training design, the sharpness q chosen, in-sample MAPE, leave-one-
+   configuration-out (LOCO) MAPE, MAPE on held-out configurations (noise-free simulation, within
+   64 cores), and how often the 90 % band covers the truth.
+2. **Held-out families** (``sim.heldout``: generators and seeds frozen before the model was tuned
+   on them): the model fitted on the cold probes (three windows, 5 % noise each) and scored on
+   ``HELD_OUT_CONFIGS`` configurations up to 32 workers × 8 PS within 64 cores.
+3. **Measured grids**: LOCO of the fit on each measured sample table: the runtime's grid on this
+   machine (``benchmarks/runtime.py grid``) and any ``--grid`` (e.g. the example trainers'
+   profiles that ``benchmarks/trainers.py`` writes).
+4. **A warm start**: yesterday's model (of the same system, or of one whose dense part is 25 %
+   slower) plus the warm probes, against a cold start on the cold probes.
+
 ``--write-example`` also writes the demo's bundled profile table (airflow_dlrover/data/).
 """
 
@@ -23,7 +31,9 @@ import pandas as pd
 from airflow_dlrover.optimizer.model import fit_throughput
 from airflow_dlrover.optimizer.probes import design_probes
 from airflow_dlrover.optimizer.types import Quota
+from sim.heldout import HeldOutFamily, held_out_families
 from sim.queueing import Physics, simulate_samples
+from sim.truth import LOCAL_GRID
 
 QUOTA = Quota(cpu=64, memory_mb=256 * 1024)
 SYSTEMS = {
@@ -52,6 +62,53 @@ def designs(physics: Physics) -> dict[str, pd.DataFrame]:
     }
 
 
+#: The held-out families' test set: configurations up to 32 workers × 8 PS within the quota,
+#: drawn once (seed frozen with the families').
+HELD_OUT_CONFIGS = 80
+HELD_OUT_NOISE_CV = 0.05
+
+
+def held_out_configs() -> pd.DataFrame:
+    grid = pd.DataFrame(
+        list(itertools.product((1, 2, 3, 4, 6, 8, 12, 16, 24, 32), (1, 2, 3, 4, 6, 8), (0.5, 1, 2, 4), (0.5, 1, 2, 4))),
+        columns=["workers", "ps", "worker_cpu", "ps_cpu"],
+    )
+    grid = grid[grid.workers * grid.worker_cpu + grid.ps * grid.ps_cpu <= QUOTA.cpu]
+    table = grid.sample(HELD_OUT_CONFIGS, random_state=17).reset_index(drop=True)
+    return table.assign(worker_gpu=0, batch_size=512)
+
+
+def family_samples(family: HeldOutFamily, windows: int = 3, seed: int = 0) -> pd.DataFrame:
+    """The cold probes, ``windows`` windows each with ``HELD_OUT_NOISE_CV`` lognormal noise."""
+    probes = design_probes(QUOTA, batch_size=family.batch).reset_index(drop=True)
+    rows = pd.concat([probes] * windows, ignore_index=True)
+    truth = family.throughput(*(rows[c].to_numpy(float) for c in ("workers", "ps", "worker_cpu", "ps_cpu")))
+    rng = np.random.default_rng([family.seed, seed])
+    return rows.assign(throughput=truth * rng.lognormal(0.0, HELD_OUT_NOISE_CV, len(rows)))
+
+
+def held_out_table() -> pd.DataFrame:
+    """One row per held-out family: q, LOCO and held-out MAPE, band cover, fit time."""
+    configs = held_out_configs()
+    out = []
+    for family in held_out_families():
+        truth = family.throughput(*(configs[c].to_numpy(float) for c in ("workers", "ps", "worker_cpu", "ps_cpu")))
+        start = time.perf_counter()
+        model = fit_throughput(family_samples(family), leave_one_out=True)
+        elapsed = (time.perf_counter() - start) * 1000
+        mape, cover = evaluate(model, configs, truth)
+        out.append(dict(family=family.name, q=model.sharpness, loco=model.report.out_of_sample_mape,
+                        held_out=mape, cover=cover, fit_ms=elapsed))
+    return pd.DataFrame(out)
+
+
+def grid_loco(path) -> tuple[int, float, float]:
+    """(samples, q, LOCO MAPE) of the fit on a measured sample table."""
+    table = pd.read_csv(path)
+    model = fit_throughput(table, leave_one_out=True)
+    return len(table), model.sharpness, model.report.out_of_sample_mape
+
+
 def evaluate(model, held_out: pd.DataFrame, truth: np.ndarray) -> tuple[float, float]:
     x, lower, upper = model.predict(held_out)
     return float(np.mean(np.abs(x - truth) / truth)), float(np.mean((lower <= truth) & (truth <= upper)))
@@ -60,6 +117,7 @@ def evaluate(model, held_out: pd.DataFrame, truth: np.ndarray) -> tuple[float, f
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--held-out", type=int, default=60)
+    parser.add_argument("--grid", nargs="*", default=[], metavar="PATH", help="more measured sample tables")
     parser.add_argument("--write-example", metavar="PATH")
     args = parser.parse_args()
 
@@ -76,6 +134,17 @@ def main() -> None:
             mape, cover = evaluate(model, held_out, truth)
             r = model.report
             print(f"{name:24s} {design:28s} {model.sharpness:4g} {r.in_sample_mape:9.1%} {r.out_of_sample_mape:6.1%} {mape:8.1%} {cover:10.0%} {elapsed:7.0f}")
+
+    print(f"\nheld-out families (sim.heldout; {HELD_OUT_CONFIGS} configurations up to 32 workers × 8 PS)")
+    table = held_out_table()
+    print(table.to_string(index=False, formatters={"loco": "{:.1%}".format, "held_out": "{:.1%}".format,
+                                                   "cover": "{:.0%}".format, "fit_ms": "{:.0f}".format}))
+    print(f"worst held-out MAPE {table.held_out.max():.1%}; median {table.held_out.median():.1%}")
+
+    print("\nmeasured grids: leave-one-configuration-out MAPE")
+    for path in [LOCAL_GRID, *args.grid]:
+        n, q, loco = grid_loco(path)
+        print(f"{str(path):60s} {n:4d} samples  q={q:g}  LOCO {loco:.1%}")
 
     today = Physics()
     truth = simulate_samples(held_out, replace(today, noise_cv=0.0), seed=9)["throughput"].to_numpy()
