@@ -28,7 +28,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from airflow_dlrover.optimizer.model import fit_throughput
+from airflow_dlrover.optimizer.model import NO_SCALING, fit_throughput
 from airflow_dlrover.optimizer.probes import design_probes
 from airflow_dlrover.optimizer.types import Quota
 from sim.heldout import HeldOutFamily, held_out_families
@@ -36,6 +36,7 @@ from sim.queueing import Physics, simulate_samples
 from sim.truth import LOCAL_GRID
 
 QUOTA = Quota(cpu=64, memory_mb=256 * 1024)
+COLUMNS = ["workers", "ps", "worker_cpu", "ps_cpu"]
 SYSTEMS = {
     "default": Physics(),
     "hot PS (zipf 1.1)": Physics(zipf_skew=1.1),
@@ -68,37 +69,50 @@ HELD_OUT_CONFIGS = 80
 HELD_OUT_NOISE_CV = 0.05
 
 
-def held_out_configs() -> pd.DataFrame:
+def held_out_grid() -> pd.DataFrame:
+    """Every configuration up to 32 workers × 8 PS within the quota."""
     grid = pd.DataFrame(
         list(itertools.product((1, 2, 3, 4, 6, 8, 12, 16, 24, 32), (1, 2, 3, 4, 6, 8), (0.5, 1, 2, 4), (0.5, 1, 2, 4))),
-        columns=["workers", "ps", "worker_cpu", "ps_cpu"],
+        columns=COLUMNS,
     )
     grid = grid[grid.workers * grid.worker_cpu + grid.ps * grid.ps_cpu <= QUOTA.cpu]
-    table = grid.sample(HELD_OUT_CONFIGS, random_state=17).reset_index(drop=True)
-    return table.assign(worker_gpu=0, batch_size=512)
+    return grid.assign(worker_gpu=0, batch_size=512)
+
+
+def held_out_configs() -> pd.DataFrame:
+    return held_out_grid().sample(HELD_OUT_CONFIGS, random_state=17).reset_index(drop=True)
 
 
 def family_samples(family: HeldOutFamily, windows: int = 3, seed: int = 0) -> pd.DataFrame:
     """The cold probes, ``windows`` windows each with ``HELD_OUT_NOISE_CV`` lognormal noise."""
     probes = design_probes(QUOTA, batch_size=family.batch).reset_index(drop=True)
     rows = pd.concat([probes] * windows, ignore_index=True)
-    truth = family.throughput(*(rows[c].to_numpy(float) for c in ("workers", "ps", "worker_cpu", "ps_cpu")))
+    truth = family.throughput(*(rows[c].to_numpy(float) for c in COLUMNS))
     rng = np.random.default_rng([family.seed, seed])
     return rows.assign(throughput=truth * rng.lognormal(0.0, HELD_OUT_NOISE_CV, len(rows)))
 
 
-def held_out_table() -> pd.DataFrame:
-    """One row per held-out family: q, LOCO and held-out MAPE, band cover, fit time."""
+def held_out_table(dense: int = 200) -> pd.DataFrame:
+    """One row per held-out family: the cold probes' model (q, LOCO and held-out MAPE, band
+    cover, fit time), and the form error — the held-out MAPE of a fit on ``dense`` other
+    configurations without noise — with the core curve the fit chooses and with whole cores."""
     configs = held_out_configs()
+    grid = held_out_grid().merge(configs[COLUMNS], how="left", indicator=True).query("_merge == 'left_only'")
+    grid = grid.drop(columns="_merge").sample(dense, random_state=23)
     out = []
     for family in held_out_families():
-        truth = family.throughput(*(configs[c].to_numpy(float) for c in ("workers", "ps", "worker_cpu", "ps_cpu")))
+        truth = family.throughput(*(configs[c].to_numpy(float) for c in COLUMNS))
         start = time.perf_counter()
         model = fit_throughput(family_samples(family), leave_one_out=True)
         elapsed = (time.perf_counter() - start) * 1000
         mape, cover = evaluate(model, configs, truth)
+        rows = grid.assign(throughput=family.throughput(*(grid[c].to_numpy(float) for c in COLUMNS)))
+        curve = fit_throughput(rows, leave_one_out=False)
+        whole = fit_throughput(rows, scaling=NO_SCALING, leave_one_out=False)
         out.append(dict(family=family.name, q=model.sharpness, loco=model.report.out_of_sample_mape,
-                        held_out=mape, cover=cover, fit_ms=elapsed))
+                        held_out=mape, cover=cover, fit_ms=elapsed, dense=evaluate(curve, configs, truth)[0],
+                        curve=" ".join(f"{v:g}" for v in curve.scaling),
+                        dense_whole_cores=evaluate(whole, configs, truth)[0]))
     return pd.DataFrame(out)
 
 
@@ -137,8 +151,11 @@ def main() -> None:
 
     print(f"\nheld-out families (sim.heldout; {HELD_OUT_CONFIGS} configurations up to 32 workers × 8 PS)")
     table = held_out_table()
-    print(table.to_string(index=False, formatters={"loco": "{:.1%}".format, "held_out": "{:.1%}".format,
-                                                   "cover": "{:.0%}".format, "fit_ms": "{:.0f}".format}))
+    print(table.to_string(index=False, formatters={
+        "loco": "{:.1%}".format, "held_out": "{:.1%}".format, "cover": "{:.0%}".format, "fit_ms": "{:.0f}".format,
+        "dense": "{:.1%}".format, "dense_whole_cores": "{:.1%}".format}))
+    print("(held_out: the cold probes' model; dense: the form error, a fit on 200 noise-free configurations, "
+          "with the core curve (a_w a_p ℓ) it chose and with whole cores)")
     print(f"worst held-out MAPE {table.held_out.max():.1%}; median {table.held_out.median():.1%}")
 
     print("\nmeasured grids: leave-one-configuration-out MAPE")

@@ -77,6 +77,9 @@ def pytest_configure(config):
     # croniter (Airflow's cron timetables) runs `file` on the interpreter when first imported
     # (``platform.architecture``): imported here, before any test is guarded, not by the first one.
     import croniter  # noqa: F401
+    # matplotlib (the simulator's figures) runs `fc-list` to build its font cache the first time
+    # it is imported on a machine with fontconfig (Chromium brings it): likewise.
+    import matplotlib.font_manager  # noqa: F401
 
 
 def tier_of(item) -> str | None:

@@ -15,6 +15,31 @@ from __future__ import annotations
 #: the fit. 1 = stages add up; larger = stages overlap and the knee is sharp. (ours, measured on
 #: the queueing simulation: q = 2–3 fits best; benchmarks/accuracy.py)
 SHARPNESS_CANDIDATES = (1.0, 1.5, 2.0, 3.0, 4.0)
+#: Exponents a of a node's effective cores λ^a, tried in the fit after q: a worker's or a PS's
+#: threads rarely use added cores whole (a serial fraction, lock and memory-bandwidth limits;
+#: on this machine a worker at a whole core used 0.68 of it, FIELD-NOTES). 1 = every core
+#: counts. (ours; judged on the held-out families of benchmarks/accuracy.py)
+SCALING_CANDIDATES = (1.0, 0.85, 0.7, 0.55)
+#: Throttle ℓ below one core: a node on λ < 1 core under a CFS quota works at λ·(1 − ℓ·(1 − λ))
+#: of a core (model.effective_cores). (ours: on this machine a PS at 0.25 core is throttled,
+#: FIELD-NOTES)
+THROTTLE_CANDIDATES = (0.0, 0.2, 0.4)
+#: A core curve other than whole cores must cut the cross-validated MAPE of whole cores by this fraction. (ours:
+#: the CV of ~10 configurations scatters by a few per cent; the simpler form wins a tie)
+SCALING_CV_MARGIN = 0.05
+#: The least number of configurations for the fit to choose a core curve at all. (ours, measured:
+#: chosen by cross-validation on a cold profile's ~10 probes, the curve cut the form error on a
+#: dense grid but raised the error of the probes' model off them — 3.6 → 11.3 % on the measured
+#: roofline, benchmarks/fit_error.py —: so few configurations, each an extrapolation for the
+#: others, cannot tell a curve from noise; a grid or a history of twice the parameters can)
+SCALING_MIN_CONFIGURATIONS = 20
+#: Rounds of the coordinate descent over the core curve's three axes. (ours: a second round
+#: corrects an exponent chosen while the throttle was still 0; a third changed nothing on the
+#: held-out families' dense grids)
+SCALING_ROUNDS = 3
+#: The least number of CPU values of a role for its exponent to be tried. (with two, λ^a and
+#: the terms constant in λ cannot be told apart)
+SCALING_MIN_CPU_VALUES = 3
 #: q when the samples are too few to choose (fewer than #free parameters + 2 configurations).
 DEFAULT_SHARPNESS = 2.0
 #: Up to this many configurations the fit measures its out-of-sample error leaving one

@@ -40,7 +40,7 @@ import numpy as np
 
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel
-from airflow_dlrover.optimizer.model import PARAMETERS, ThroughputModel, features
+from airflow_dlrover.optimizer.model import PARAMETERS, ThroughputModel
 from airflow_dlrover.optimizer.planner import plan
 from airflow_dlrover.optimizer.transitions import TransitionCosts, measured as measured_transitions
 from airflow_dlrover.optimizer.types import (
@@ -187,7 +187,7 @@ def decide(
     target = best.config
     if shape(target) == shape(current):
         return explore(None) or Decision("keep", Reason.AT_BEST)
-    x_current = float(model.predict_features(_features(current), band=False)[0])
+    x_current = float(model.predict_features(model.features(current), band=False)[0])
     speedup = best.predicted_throughput / x_current
     speedup_low = best.lower_throughput / x_current
     cost = cost_of(current, target)
@@ -218,10 +218,11 @@ def _exploration(option: Plan, predictor: ThroughputModel, model: ThroughputMode
     target = option.config
     if shape(target) == shape(current):
         return None
-    x_target, lower, upper = (float(v[0]) for v in model.predict_features(_features(target)))
-    x_current = float(model.predict_features(_features(current), band=False)[0])
+    x_target, lower, upper = (float(v[0]) for v in model.predict_features(model.features(target)))
+    x_current = float(model.predict_features(model.features(current), band=False)[0])
     band = (upper - lower) / x_target
-    speedup = option.predicted_throughput / float(predictor.predict_features(_features(current), band=False)[0])
+    x_predictor = float(predictor.predict_features(predictor.features(current), band=False)[0])
+    speedup = option.predicted_throughput / x_predictor
     cost = cost_of(current, target)
     keep_s = remaining_samples / x_now
     expected_saving = keep_s - (cost + keep_s / speedup)
@@ -283,6 +284,3 @@ def plan_within_quota(model: ThroughputModel, memory: MemoryModel | None, quota:
         return replace(chosen, reason=f"{chosen.reason}; planned without the PS tables' growth, which does not "
                                       f"fit the quota ({err.detail or err})")
 
-
-def _features(config: Configuration) -> np.ndarray:
-    return features(config.workers, config.ps, config.worker_cpu, config.ps_cpu, config.worker_gpu, config.batch_size)[None, :]

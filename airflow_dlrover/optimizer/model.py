@@ -62,7 +62,12 @@ benchmarks/accuracy.py). For a given q the model is *linear* in φ_k = θ_k^q �
     (1/X)^q = Σ_k φ_k · f_k(x)^q
 
 so each fit is one NNLS problem (``scipy.optimize.nnls``); q is chosen from ``SHARPNESS_CANDIDATES``
-by grouped cross-validation over configurations. Rows are weighted by X^q so that residuals are
+by grouped cross-validation over configurations. A node's cores enter as its *effective* cores
+(:func:`effective_cores`): λ^a from one core up (a_w for workers, a_p for PS: their threads'
+efficiency), λ·(1 − ℓ·(1 − λ)) below one (ℓ: a CFS quota's throttling), whole cores (1, 1, 0)
+by default. The core curve (a_w, a_p, ℓ) is chosen like q, by the same cross-validation, once the
+samples hold ``SCALING_MIN_CONFIGURATIONS`` configurations (a grid, a history; not a cold
+profile's few probes, on which it does not generalise: benchmarks/accuracy.py, fit_error.py). Rows are weighted by X^q so that residuals are
 relative errors (≈ q × the relative error of X), and recent rows weigh more. Parameters the
 samples cannot identify (``gpu_compute`` with no GPU sample; ``ps_service`` against ``network``
 when λp never varies; the terms of the other kind of job) are pinned — to the prior when there is
@@ -99,6 +104,20 @@ PARAMETERS = (
     "overhead", "worker_compute", "gpu_compute", "ps_latency", "ps_service", "ps_request", "network",
     "contention", "io", *ALLREDUCE_TERMS,
 )
+#: The core curve (a_w, a_p, ℓ) of :func:`effective_cores` where every core counts whole: that
+#: of a model fitted without one, or written before them.
+NO_SCALING = (1.0, 1.0, 0.0)
+
+
+def effective_cores(cores: Any, exponent: float, throttle: float) -> np.ndarray:
+    """What λ cores give a node, in whole cores: λ^a from one core up (its threads' efficiency:
+    a serial part, locks, memory bandwidth), λ·(1 − ℓ·(1 − λ)) below one (a CFS quota: the
+    throttled thread also loses the period's tail and its cache). 1 at λ = 1 either way."""
+    cores = np.asarray(cores, dtype=float)
+    if exponent == 1.0 and throttle == 0.0:
+        return cores
+    return np.where(cores >= 1.0, np.maximum(cores, 1.0) ** exponent, cores * (1.0 - throttle * (1.0 - cores)))
+
 #: The parameters of the models written before all-reduce jobs (their covariance is 9 × 9): the
 #: first ones of ``PARAMETERS``, in its order.
 _LEGACY_PARAMETERS = PARAMETERS[:9]
@@ -126,15 +145,16 @@ def kind_columns(allreduce: bool) -> np.ndarray:
 
 def features(
     workers: Any, ps: Any, worker_cpu: Any, ps_cpu: Any, worker_gpu: Any, batch_size: Any,
-    columns: Any = None,
+    columns: Any = None, scaling: tuple[float, float, float] = NO_SCALING,
 ) -> np.ndarray:
     """The design row f(x) of each configuration, so that 1/X = f(x)·θ. Shape (n, 11), columns in
     ``PARAMETERS``' order: the PS features are 0 where p = 0, the all-reduce features where p ≥ 1.
-    ``columns``: only these (indices in ``PARAMETERS``, e.g. ``kind_columns``), in that order."""
+    ``columns``: only these (indices in ``PARAMETERS``, e.g. ``kind_columns``), in that order.
+    ``scaling``: the core curve (a_w, a_p, ℓ): λw and λp enter as :func:`effective_cores`."""
     w = np.asarray(workers, dtype=float)
     p = np.asarray(ps, dtype=float)
-    lw = np.asarray(worker_cpu, dtype=float)
-    lp = np.asarray(ps_cpu, dtype=float)
+    lw = effective_cores(worker_cpu, scaling[0], scaling[2])
+    lp = effective_cores(ps_cpu, scaling[1], scaling[2])
     g = np.asarray(worker_gpu, dtype=float)
     b = np.asarray(batch_size, dtype=float)
     w, p, lw, lp, g, b = np.broadcast_arrays(w, p, lw, lp, g, b)
@@ -162,10 +182,11 @@ def features(
     return np.stack(design if columns is None else [design[j] for j in columns], axis=-1)
 
 
-def table_features(table: pd.DataFrame) -> np.ndarray:
+def table_features(table: pd.DataFrame, scaling: tuple[float, float, float] = NO_SCALING) -> np.ndarray:
     gpu = table["worker_gpu"] if "worker_gpu" in table else 0
     return features(
-        table["workers"], table["ps"], table["worker_cpu"], table["ps_cpu"], gpu, table["batch_size"]
+        table["workers"], table["ps"], table["worker_cpu"], table["ps_cpu"], gpu, table["batch_size"],
+        scaling=scaling,
     )
 
 
@@ -182,6 +203,8 @@ class FitReport:
     pinned: dict[str, str]
     warm_start: bool
     sharpness_cv_mape: dict[str, float] | None = None
+    #: The cross-validated MAPE of each point of the core curve tried ("worker_cpu^0.7": …).
+    scaling_cv_mape: dict[str, float] | None = None
     #: The largest ``worker_cpu`` and ``ps_cpu`` the model rests on (its samples', and its
     #: prior's): the planner does not extrapolate node sizes far past them.
     largest_node_cpu: dict[str, float] | None = None
@@ -207,6 +230,7 @@ class ThroughputModel:
     report: FitReport | None = None
     identified: tuple[str, ...] = field(default=PARAMETERS)
     allreduce: bool = False
+    scaling: tuple[float, float, float] = NO_SCALING
 
     @property
     def theta(self) -> np.ndarray:
@@ -243,7 +267,12 @@ class ThroughputModel:
             table["worker_gpu"] = 0
         if "batch_size" not in table:
             table["batch_size"] = self.batch_size
-        return self.predict_features(table_features(table), band=band)
+        return self.predict_features(table_features(table, self.scaling), band=band)
+
+    def features(self, config) -> np.ndarray:
+        """The design row of one ``Configuration`` at this model's scaling, shape (1, 11)."""
+        return features(config.workers, config.ps, config.worker_cpu, config.ps_cpu, config.worker_gpu,
+                        config.batch_size, scaling=self.scaling)[None, :]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -254,6 +283,7 @@ class ThroughputModel:
             "batch_size": self.batch_size,
             "identified": list(self.identified),
             "allreduce": self.allreduce,
+            "scaling": list(self.scaling),
             "report": self.report.to_dict() if self.report else None,
         }
 
@@ -284,6 +314,7 @@ class ThroughputModel:
                 report=report,
                 identified=tuple(data.get("identified", kind_parameters(allreduce))),
                 allreduce=allreduce,
+                scaling=_scaling(data.get("scaling", NO_SCALING)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise InvalidInputError(
@@ -301,6 +332,9 @@ class ThroughputModel:
             pinned = self.report.pinned.get(name) if self.report else None
             note = f"  (pinned: {pinned})" if pinned else ""
             lines.append(f"{name:15s} {theta:.4e} ± {sd:.1e}{note}")
+        a_w, a_p, throttle = self.scaling
+        lines.append(f"{'core curve':15s} worker λw^{a_w:g}, PS λp^{a_p:g} from one core; "
+                     f"throttle {throttle:g} below")
         return lines
 
 
@@ -359,16 +393,21 @@ class _Problem:
     """The arrays every fit of one sample table shares (numpy only: folds slice it often)."""
 
     codes: np.ndarray  # configuration of each row
-    feats: np.ndarray
+    raw: np.ndarray  # (w, p, λw, λp, g, B) of each row
+    feats: np.ndarray  # their design rows at ``scaling``
     observed: np.ndarray
     weights: np.ndarray  # sqrt of the recency weights
     batch: int
     allreduce: bool
+    scaling: tuple[float, float, float] = NO_SCALING
 
     @classmethod
     def of(cls, table: pd.DataFrame, half_life: float) -> "_Problem":
+        gpu = table["worker_gpu"] if "worker_gpu" in table else 0
+        raw = np.stack(np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (
+            table["workers"], table["ps"], table["worker_cpu"], table["ps_cpu"], gpu, table["batch_size"]))), axis=1)
         return cls(
-            configuration_codes(table), table_features(table), table["throughput"].to_numpy(dtype=float),
+            configuration_codes(table), raw, features(*raw.T), table["throughput"].to_numpy(dtype=float),
             np.sqrt(_recency_weights(table, half_life)), _most_common(table["batch_size"].to_numpy()),
             is_allreduce(table),
         )
@@ -378,8 +417,14 @@ class _Problem:
         return len(np.unique(self.codes))
 
     def subset(self, rows: np.ndarray) -> "_Problem":
-        return _Problem(self.codes[rows], self.feats[rows], self.observed[rows], self.weights[rows], self.batch,
-                        self.allreduce)
+        return replace(self, codes=self.codes[rows], raw=self.raw[rows], feats=self.feats[rows],
+                       observed=self.observed[rows], weights=self.weights[rows])
+
+    def scaled(self, scaling: tuple[float, float, float]) -> "_Problem":
+        """The same rows with the design at the core curve ``scaling``."""
+        if scaling == self.scaling:
+            return self
+        return replace(self, feats=features(*self.raw.T, scaling=scaling), scaling=scaling)
 
 
 def _solve(problem: _Problem, q: float, prior: ThroughputModel | None, prior_weight: float) -> ThroughputModel:
@@ -435,6 +480,7 @@ def _solve(problem: _Problem, q: float, prior: ThroughputModel | None, prior_wei
         batch_size=problem.batch,
         identified=tuple(PARAMETERS[j] for j in free),
         allreduce=problem.allreduce,
+        scaling=problem.scaling,
     )
 
 
@@ -461,11 +507,67 @@ def _folds(codes: np.ndarray, count: int) -> list[np.ndarray]:
     return [np.isin(codes, np.arange(f, n, count)) for f in range(count)]
 
 
+def _choose_sharpness(problem: _Problem, folds, default: float, prior_weight: float) -> tuple[float, dict | None]:
+    """q of ``SHARPNESS_CANDIDATES`` with the least grouped-CV MAPE (``default`` when none can be
+    scored), and the score of each."""
+    scores = {c: _held_out_mape(problem, folds, c, None, prior_weight) for c in C.SHARPNESS_CANDIDATES}
+    cv = {f"{c:g}": score for c, score in scores.items() if score is not None}
+    if not cv:
+        return default, None
+    return min((score, c) for c, score in scores.items() if score is not None)[1], cv
+
+
+def _choose_scaling(problem: _Problem, folds, q: float, prior_weight: float) -> tuple[_Problem, dict | None]:
+    """The core curve (a_w, a_p, ℓ), one axis after the other (``SCALING_CANDIDATES`` for the
+    exponents, ``THROTTLE_CANDIDATES`` for ℓ) in up to ``SCALING_ROUNDS`` rounds (coordinate
+    descent: an axis chosen while another was still whole is chosen again), by the same grouped
+    CV as q; the scores are the last round's. An exponent is tried
+    only where its role's CPU takes ≥ ``SCALING_MIN_CPU_VALUES`` values of at least one core, ℓ
+    where a role does below one core (else their effect and the terms constant in λ cannot be
+    told apart); a value other than whole cores is kept only when it cuts the CV MAPE of whole
+    cores by ``SCALING_CV_MARGIN`` (the simpler form wins a tie)."""
+    scores: dict[str, float] = {}
+    cpus = [np.unique(problem.raw[:, 2]), np.unique(problem.raw[:, 3])]
+    axes = [("worker_cpu^", C.SCALING_CANDIDATES, (cpus[0] >= 1).sum() >= C.SCALING_MIN_CPU_VALUES),
+            ("ps_cpu^", C.SCALING_CANDIDATES, (cpus[1] >= 1).sum() >= C.SCALING_MIN_CPU_VALUES),
+            ("throttle ", C.THROTTLE_CANDIDATES, any(((c > 0) & (c < 1)).any() for c in cpus))]
+    for _ in range(C.SCALING_ROUNDS):
+        before = problem.scaling
+        for axis, (label, candidates, identifiable) in enumerate(axes):
+            if not identifiable:
+                continue
+            whole = NO_SCALING[axis]
+            tried = {}
+            for value in candidates:
+                scaling = tuple(value if i == axis else problem.scaling[i] for i in range(3))
+                score = _held_out_mape(problem.scaled(scaling), folds, q, None, prior_weight)
+                if score is not None:
+                    tried[value] = scores[f"{label}{value:g}"] = score
+            if whole not in tried:
+                continue
+            best = min(tried, key=tried.get)
+            keep = best if tried[best] <= (1.0 - C.SCALING_CV_MARGIN) * tried[whole] else whole
+            problem = problem.scaled(tuple(keep if i == axis else problem.scaling[i] for i in range(3)))
+        if problem.scaling == before:
+            break
+    return problem, scores or None
+
+
+def _scaling(value: Any) -> tuple[float, float, float]:
+    """A stored model's core curve, checked: exponents in (0, 1], a throttle in [0, 1). A model
+    written with exponents only has no throttle."""
+    a_w, a_p, throttle = (*(float(v) for v in value), 0.0)[:3]
+    if not (0.0 < a_w <= 1.0 and 0.0 < a_p <= 1.0 and 0.0 <= throttle < 1.0):
+        raise ValueError(f"scaling {value!r}: exponents in (0, 1] and a throttle in [0, 1)")
+    return a_w, a_p, throttle
+
+
 def fit_throughput(
     samples: pd.DataFrame,
     prior: ThroughputModel | None = None,
     *,
     sharpness: float | None = None,
+    scaling: tuple[float, float, float] | None = None,
     half_life: float = C.RECENCY_HALF_LIFE_SAMPLES,
     prior_weight: float = C.WARM_START_PRIOR_WEIGHT,
     leave_one_out: bool | None = None,
@@ -474,7 +576,8 @@ def fit_throughput(
     """Fit θ ≥ 0 and q to a sample table; see the module docstring.
 
     ``prior``: an earlier model of the same job (warm start; its q is kept). ``sharpness``: fix q
-    instead of choosing it by grouped cross-validation. ``half_life``: recency weighting, in
+    instead of choosing it by grouped cross-validation; ``scaling`` the core curve likewise
+    (:func:`effective_cores`; chosen only from ``SCALING_MIN_CONFIGURATIONS``). ``half_life``: recency weighting, in
     samples. The out-of-sample error (which also floors the band's noise) is measured leaving
     one configuration out when ``leave_one_out`` is True, or None and there are at most
     ``LOCO_MAX_CONFIGURATIONS`` configurations; else by grouped ``SHARPNESS_CV_FOLDS``-fold CV.
@@ -493,6 +596,10 @@ def fit_throughput(
         )
     folds = _folds(problem.codes, C.SHARPNESS_CV_FOLDS)
     cv: dict[str, float] | None = None
+    scaling_cv: dict[str, float] | None = None
+    if scaling is not None or prior is not None:
+        problem = problem.scaled(_scaling(scaling) if scaling is not None else prior.scaling)
+    choose_q = sharpness is None and prior is None
     if sharpness is not None:
         q = float(sharpness)
     elif prior is not None:
@@ -500,11 +607,13 @@ def fit_throughput(
     else:
         q = C.DEFAULT_SHARPNESS
         free = len(_select_identifiable(problem.feats, list(range(len(PARAMETERS)))))
-        if n_configs >= free + 2:
-            scores = {c: _held_out_mape(problem, folds, c, None, prior_weight) for c in C.SHARPNESS_CANDIDATES}
-            cv = {f"{c:g}": score for c, score in scores.items() if score is not None}
-            if cv:
-                q = min((score, c) for c, score in scores.items() if score is not None)[1]
+        choose_q = n_configs >= free + 2
+        if choose_q:
+            q, cv = _choose_sharpness(problem, folds, q, prior_weight)
+    if scaling is None and prior is None and n_configs >= C.SCALING_MIN_CONFIGURATIONS:
+        problem, scaling_cv = _choose_scaling(problem, folds, q, prior_weight)
+        if choose_q and problem.scaling != NO_SCALING:
+            q, cv = _choose_sharpness(problem, folds, q, prior_weight)
     model = _solve(problem, q, prior, prior_weight)
 
     if leave_one_out or (leave_one_out is None and n_configs <= C.LOCO_MAX_CONFIGURATIONS):
@@ -532,6 +641,7 @@ def fit_throughput(
         pinned=pinned,
         warm_start=prior is not None,
         sharpness_cv_mape=cv,
+        scaling_cv_mape=scaling_cv,
         largest_node_cpu=_largest_node_cpu(table, prior),
         probed_range=_probed_range(table, prior),
     )

@@ -75,7 +75,7 @@ import numpy as np
 
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel
-from airflow_dlrover.optimizer.model import ThroughputModel, features, kind_columns
+from airflow_dlrover.optimizer.model import ThroughputModel, effective_cores, features, kind_columns
 from airflow_dlrover.optimizer.types import (
     Configuration,
     InfeasibleQuotaError,
@@ -235,7 +235,8 @@ class _Separable:
         phi = {name: value**q for name, value in model.params.items()}
         lw, lp, g = rng.shapes()
         has_ps = lp > 0
-        lp_ = np.where(has_ps, lp, 1.0)
+        lw = effective_cores(lw, model.scaling[0], model.scaling[2])  # as model.features
+        lp_ = effective_cores(np.where(has_ps, lp, 1.0), model.scaling[1], model.scaling[2])
         with np.errstate(divide="ignore"):
             a = phi["overhead"] * B**-q + np.where(g > 0, phi["gpu_compute"] * np.maximum(g, 1.0) ** -q,
                                                     phi["worker_compute"] * lw**-q)
@@ -564,7 +565,7 @@ def plan(
         ps_memory_mb=float(mem.ps[w[best], p[best]]), worker_gpu=int(grid.worker_gpu[best]), batch_size=batch,
     )
     row = features(config.workers, config.ps, config.worker_cpu, config.ps_cpu, config.worker_gpu, batch,
-                   kind_columns(allreduce))[None, :]
+                   kind_columns(allreduce), scaling=model.scaling)[None, :]
     _, lower, upper = model.predict_features(row, columns=kind_columns(allreduce))
     alternatives = _alternatives(score, front, best)
     outside = extrapolation(model, config)
@@ -593,7 +594,7 @@ def _surest_of_the_fastest(model: ThroughputModel, grid: "Configurations", x: np
     if len(near) == 1:
         return int(near[0])
     rows = features(grid.workers[near], grid.ps[near], grid.worker_cpu[near], grid.ps_cpu[near],
-                    grid.worker_gpu[near], batch, kind_columns(allreduce))
+                    grid.worker_gpu[near], batch, kind_columns(allreduce), scaling=model.scaling)
     _, lower, _ = model.predict_features(rows, columns=kind_columns(allreduce))
     return int(near[int(np.argmax(lower))])
 

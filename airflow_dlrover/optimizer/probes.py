@@ -26,7 +26,7 @@ import pandas as pd
 
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel, memory_request_mb
-from airflow_dlrover.optimizer.model import PARAMETERS, ThroughputModel, features
+from airflow_dlrover.optimizer.model import NO_SCALING, PARAMETERS, ThroughputModel, features
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError, Quota, check_kind
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,8 @@ def design_probes(
     if len(candidates) == 0:
         smallest = min(C.PROBE_CPU) * (1 if allreduce else 2)
         raise InvalidInputError("cpu", quota.cpu, f"≥ {smallest:g} cores to profile at all")
-    feats = features(candidates[:, 0], candidates[:, 1], candidates[:, 2], candidates[:, 3], worker_gpu, batch_size)
+    feats = features(candidates[:, 0], candidates[:, 1], candidates[:, 2], candidates[:, 3], worker_gpu, batch_size,
+                     scaling=prior.scaling if prior is not None else NO_SCALING)
     theta = prior.theta if prior is not None else np.array([DESIGN_GUESS[n] for n in PARAMETERS])
     unknown = [j for j in range(len(PARAMETERS)) if feats[:, j].any()]
     rows = feats[:, unknown] * (1.0 / (feats @ theta))[:, None]

@@ -6,7 +6,15 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
-from airflow_dlrover.optimizer.model import PARAMETERS, fit_throughput
+from airflow_dlrover.optimizer import constants as C
+from airflow_dlrover.optimizer.model import (
+    NO_SCALING,
+    PARAMETERS,
+    ThroughputModel,
+    effective_cores,
+    features,
+    fit_throughput,
+)
 from airflow_dlrover.optimizer.types import InvalidInputError
 from sim.synthetic import DIVERSE_CONFIGS, TRUE_THETA, model_samples, true_throughput
 
@@ -158,7 +166,7 @@ def test_job_model_round_trips_through_json(tmp_path):
 
 from pathlib import Path  # noqa: E402
 
-from airflow_dlrover.optimizer.model import ALLREDUCE_TERMS, PS_TERMS, ThroughputModel, features  # noqa: E402
+from airflow_dlrover.optimizer.model import ALLREDUCE_TERMS, PS_TERMS  # noqa: E402
 from sim.synthetic import ALLREDUCE_CONFIGS, ALLREDUCE_THETA  # noqa: E402
 
 AR_HELD_OUT = pd.DataFrame([(3, 0, 1, 0), (12, 0, 2, 0), (5, 0, 4, 0), (24, 0, 0.5, 0), (10, 0, 1, 0)],
@@ -280,3 +288,60 @@ def test_a_model_written_before_allreduce_jobs_loads_and_predicts_as_before():
     assert model.describe()[: len(legacy["describe"])] == legacy["describe"]
     # It warm-starts a fit of the same (PS) job.
     assert not fit_throughput(model_samples(configs=[(2, 1, 1, 1), (8, 2, 2, 2)]), model).allreduce
+
+
+# --- the core curve -----------------------------------------------------------------------------
+
+def test_effective_cores_is_a_power_from_one_core_and_a_throttled_share_below():
+    cores = np.array([0.25, 0.5, 1.0, 2.0, 4.0])
+    np.testing.assert_array_equal(effective_cores(cores, 1.0, 0.0), cores)
+    np.testing.assert_allclose(effective_cores(cores, 0.7, 0.4),
+                               [0.25 * (1 - 0.4 * 0.75), 0.5 * (1 - 0.4 * 0.5), 1.0, 2.0**0.7, 4.0**0.7])
+
+
+def _curve_samples(scaling, count=60):
+    """Noise-free samples of the synthetic job's θ at q = 2 on ``count`` configurations, with
+    λw and λp entering as ``scaling``'s effective cores."""
+    rng = np.random.default_rng(3)
+    configs = pd.DataFrame({"workers": rng.choice([1, 2, 4, 8, 16], count), "ps": rng.choice([1, 2, 4, 8], count),
+                            "worker_cpu": rng.choice([0.25, 0.5, 1, 2, 4, 8], count),
+                            "ps_cpu": rng.choice([0.25, 0.5, 1, 2, 4], count), "worker_gpu": 0, "batch_size": 512})
+    feats = features(configs.workers, configs.ps, configs.worker_cpu, configs.ps_cpu, 0, 512, scaling=scaling)
+    theta = np.array([TRUE_THETA.get(name, 0.0) for name in PARAMETERS])
+    return configs.assign(throughput=(feats**2 @ theta**2) ** -0.5)
+
+
+def test_a_dense_table_of_a_curved_job_gets_its_core_curve_back():
+    truth = (0.7, 0.85, 0.4)
+    model = fit_throughput(_curve_samples(truth), sharpness=2.0)
+    assert model.scaling == truth
+    assert model.report.out_of_sample_mape < 1e-6
+    assert set(model.report.scaling_cv_mape) >= {"worker_cpu^0.7", "ps_cpu^0.85", "throttle 0.4"}
+    whole = fit_throughput(_curve_samples(truth), sharpness=2.0, scaling=NO_SCALING)
+    assert whole.scaling == NO_SCALING and whole.report.out_of_sample_mape > 0.02
+
+
+def test_few_configurations_keep_whole_cores_however_curved_the_job():
+    few = _curve_samples((0.55, 0.55, 0.4), count=C.SCALING_MIN_CONFIGURATIONS - 5)
+    assert few[["workers", "ps", "worker_cpu", "ps_cpu"]].drop_duplicates().shape[0] < C.SCALING_MIN_CONFIGURATIONS
+    model = fit_throughput(few)
+    assert model.scaling == NO_SCALING and model.report.scaling_cv_mape is None
+
+
+def test_a_straight_job_keeps_whole_cores():
+    model = fit_throughput(_curve_samples(NO_SCALING), sharpness=2.0)
+    assert model.scaling == NO_SCALING
+    assert model.report.scaling_cv_mape  # tried, and not kept
+
+
+def test_the_core_curve_is_stored_kept_by_a_warm_start_and_checked_on_load():
+    curved = fit_throughput(_curve_samples((0.7, 1.0, 0.2)), sharpness=2.0)
+    again = ThroughputModel.from_dict(json.loads(json.dumps(curved.to_dict())))
+    assert again.scaling == curved.scaling
+    frame = _curve_samples((0.7, 1.0, 0.2)).iloc[:8]
+    np.testing.assert_allclose(again.predict(frame, band=False), curved.predict(frame, band=False), rtol=1e-12)
+    assert fit_throughput(frame, prior=again).scaling == curved.scaling  # the prior's curve, not chosen again
+    older = {k: v for k, v in curved.to_dict().items() if k != "scaling"}
+    assert ThroughputModel.from_dict(older).scaling == NO_SCALING
+    with pytest.raises(InvalidInputError, match="model.throughput"):
+        ThroughputModel.from_dict({**curved.to_dict(), "scaling": [1.5, 1.0, 0.0]})

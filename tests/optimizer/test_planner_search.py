@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer import planner
 from airflow_dlrover.optimizer.memory import MemoryModel
-from airflow_dlrover.optimizer.model import PARAMETERS, ThroughputModel, features, kind_parameters
+from airflow_dlrover.optimizer.model import NO_SCALING, PARAMETERS, ThroughputModel, features, kind_parameters
 from airflow_dlrover.optimizer.planner import Configurations, configurations, plan, predicted_throughput, search_range
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, Quota
 
@@ -23,7 +23,8 @@ SCALE = dict(overhead=0.02, worker_compute=4e-4, gpu_compute=2e-5, ps_latency=3e
              ps_request=2e-3, network=2e-5, contention=1e-5, io=5e-6, allreduce=0.05, allreduce_latency=2e-3)
 
 
-def make_model(params: dict, q: float, *, allreduce=False, gpu=False, largest=None, batch=512) -> ThroughputModel:
+def make_model(params: dict, q: float, *, allreduce=False, gpu=False, largest=None, batch=512,
+               scaling=NO_SCALING) -> ThroughputModel:
     from airflow_dlrover.optimizer.model import FitReport
 
     identified = tuple(n for n in kind_parameters(allreduce) if gpu or n != "gpu_compute")
@@ -33,7 +34,7 @@ def make_model(params: dict, q: float, *, allreduce=False, gpu=False, largest=No
     full = {name: float(params.get(name, 0.0)) if name in identified else 0.0 for name in PARAMETERS}
     return ThroughputModel(params=full, sharpness=q, covariance=np.zeros((len(PARAMETERS),) * 2),
                            relative_noise=0.05, batch_size=batch, report=report, identified=identified,
-                           allreduce=allreduce)
+                           allreduce=allreduce, scaling=scaling)
 
 
 @st.composite
@@ -51,7 +52,8 @@ def cases(draw, max_cpu: float = 48.0):
     q = draw(st.sampled_from(C.SHARPNESS_CANDIDATES))
     largest = draw(st.sampled_from([None, {"worker_cpu": 1.0, "ps_cpu": 4.0}, {"worker_cpu": 8.0, "ps_cpu": 0.5},
                                     {"worker_cpu": 32.0, "ps_cpu": 32.0}]))
-    model = make_model(params, q, allreduce=allreduce, gpu=gpu, largest=largest)
+    scaling = draw(st.sampled_from([NO_SCALING, NO_SCALING, (0.7, 0.85, 0.4), (1.0, 0.55, 0.2)]))
+    model = make_model(params, q, allreduce=allreduce, gpu=gpu, largest=largest, scaling=scaling)
     memory_kind = draw(st.sampled_from(["model", "model", "none", "given"]))
     memory, sizes = None, {}
     if memory_kind == "model":
@@ -176,12 +178,15 @@ def test_the_planners_evaluation_is_the_models_equation():
     rng = np.random.default_rng(4)
     for allreduce, gpu in ((False, False), (False, True), (True, True)):
         params = {name: SCALE[name] * 10 ** rng.uniform(-1, 1) for name in kind_parameters(allreduce)}
-        model = make_model(params, float(rng.choice(C.SHARPNESS_CANDIDATES)), allreduce=allreduce, gpu=gpu)
+        scaling = (float(rng.choice(C.SCALING_CANDIDATES)), float(rng.choice(C.SCALING_CANDIDATES)),
+                   float(rng.choice(C.THROTTLE_CANDIDATES)))
+        model = make_model(params, float(rng.choice(C.SHARPNESS_CANDIDATES)), allreduce=allreduce, gpu=gpu,
+                           scaling=scaling)
         search = search_range(300.0, allreduce=allreduce, gpu_values=(0, 1, 4) if gpu else (0,))
         grid = configurations(search, 300.0)
         pick = grid.take(rng.choice(len(grid), 3000, replace=False))
         ours = predicted_throughput(model, pick, 512)
-        feats = features(pick.workers, pick.ps, pick.worker_cpu, pick.ps_cpu, pick.worker_gpu, 512)
+        feats = features(pick.workers, pick.ps, pick.worker_cpu, pick.ps_cpu, pick.worker_gpu, 512, scaling=scaling)
         np.testing.assert_allclose(ours, model.predict_features(feats, band=False), rtol=1e-12)
 
 
