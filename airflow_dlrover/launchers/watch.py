@@ -45,6 +45,7 @@ class JobMeter:
         self.fingerprint, self.reports = _fingerprint(job), worker_reports(job, metrics)
         self.healthy = True
         self.samples_done = 0
+        self._interval_from = self.reports
 
     @property
     def elapsed_s(self) -> float:
@@ -54,6 +55,15 @@ class JobMeter:
         """One poll: the master's ``/status`` and whether every node runs."""
         self.healthy &= healthy
         self.samples_done = status["samples_done"]
+
+    def interval_rate(self) -> float | None:
+        """The job's rate over the interval since the last one ended (the window's start, first):
+        once every worker has reported again (:func:`job_throughput`), else None."""
+        now = worker_reports(self.launcher.read_job(self.job_id), self.launcher.metrics(self.job_id))
+        rate = job_throughput(self._interval_from, now)
+        if rate is not None:
+            self._interval_from = now
+        return rate
 
     def reported(self) -> bool:
         """Whether every active worker has reported since the window opened (a rate exists)."""
@@ -73,6 +83,7 @@ class JobMeter:
         row = profile_row(job["config"], nodes, throughput, self.samples_done) if clean else None
         self.opened, self.usage = metrics["usage_time"], metrics["usage"]
         self.fingerprint, self.reports, self.healthy = _fingerprint(job), reports, True
+        self._interval_from = reports
         return row, nodes
 
 

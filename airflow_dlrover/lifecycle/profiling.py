@@ -30,7 +30,7 @@ from airflow_dlrover.launchers.watch import JobMeter, all_running
 from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.controller import Action, ControllerState, Fail, Observation, Probe, begin, step
-from airflow_dlrover.optimizer.probes import visiting_order
+from airflow_dlrover.optimizer.probes import visiting_order, window_settled
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, JobFailed, Quota
 from airflow_dlrover.runtime.spec import JobSpec
 
@@ -68,7 +68,7 @@ def advance(launcher: Any, job_id: str, state: ControllerState, *, spec: JobSpec
             launcher.launch(spec, probe.config)  # adopts a running job
             started = True
         try:
-            row = measure_probe(launcher, job_id, probe.config, probe.window_s, state.quota)
+            row = measure_probe(launcher, job_id, probe.config, probe.window_s, state.quota, probe.halfwidth)
         except JobFinished:
             log.info("the job finished while %s", phase.value)
             row = None
@@ -99,9 +99,10 @@ class JobFinished(Exception):
 
 
 def measure_probe(launcher: Any, job_id: str, config: Configuration, window_s: float,
-                  quota: Quota) -> dict[str, Any] | None:
+                  quota: Quota, halfwidth: float = 0.0) -> dict[str, Any] | None:
     """Resize the running job to ``config`` (when it is not on it), wait until every worker reported
-    on it, and measure it for ``window_s``: a sample row with ``probe_s`` (seconds, resize
+    on it, and measure it for ``window_s`` — or less, once its interval rates settle within
+    ``halfwidth`` (``probes.window_settled``) —: a sample row with ``probe_s`` (seconds, resize
     included) and ``samples_trained`` (meanwhile; None where the job did not answer before); None
     when it was not measured cleanly. Raises :class:`JobFinished`. ``quota`` bounds the memory a
     node killed for it is relaunched with."""
@@ -113,9 +114,14 @@ def measure_probe(launcher: Any, job_id: str, config: Configuration, window_s: f
         raise JobFinished(job_id)
     meter = JobMeter(launcher, job_id)
     status = {"state": "training"}
-    while status["state"] != "done" and (meter.elapsed_s < window_s or not _window_reported(meter, window_s)):
+    rates: list[float] = []
+    while status["state"] != "done" and not window_settled(rates, halfwidth) and (
+            meter.elapsed_s < window_s or not _window_reported(meter, window_s)):
         status = launcher.progress(job_id, timeout=T.MASTER_POLL_TIMEOUT_S)
         meter.observe(status, healthy=all_running(launcher.status(job_id)))
+        rate = meter.interval_rate() if halfwidth > 0 else None
+        if rate is not None:
+            rates.append(rate)
         time.sleep(T.SUPERVISOR_POLL_S)
     row, _ = meter.close(time.monotonic() - started)
     if row is None:

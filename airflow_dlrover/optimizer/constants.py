@@ -266,6 +266,9 @@ MIN_PROBES_WARM = 0
 #: this fraction of the job's run time as it looks so far (``probes.profile_continues``): the
 #: paper profiles ~3 minutes of an hours-long job, 5 % of one hour; not tuned on the simulation.
 PROFILE_BUDGET_FRACTION = 0.05
+#: Up to this many probes their visiting order is the exact cheapest path (Held–Karp, 2ⁿ·n²:
+#: ~10 ms at 10); past it, nearest-neighbour. (ours: a profile always measures ~6–10)
+PROBE_ORDER_EXACT_MAX = 12
 #: Two candidate probes whose information gain is within this fraction count as equal, and the
 #: cheaper one (fewer cores) wins. (ours)
 PROBE_TIE_FRACTION = 0.02
@@ -375,6 +378,14 @@ OOM_TREND_EXTRAPOLATION = 10.0
 #: 6.6 % for 2 s, 6.5 % for 3 s, 4.9 % for 4 s (max 47 %, 20 %, 23 %, 11 %: windows across a
 #: periodic checkpoint). Beyond 1 s the median barely moves; each second costs every probe.
 PROBE_WINDOW_S = 2.0
+#: A probe window ends early once its mean rate is this tight: the ~95 % interval of the mean of its
+#: intervals' rates (each every worker's rate between two of its reports), t₀.₉₇₅,ₙ₋₁·s/√n, within
+#: this fraction of it (sequential stopping, the Chow–Robbins fixed-width rule; 0: never early).
+#: (ours: below the spread of repeated windows on a shared machine, DEFAULT_RELATIVE_NOISE, and of
+#: the fit's residuals, 5–8 %: a tighter window buys the fit nothing)
+PROBE_STOP_HALFWIDTH = 0.03
+#: ... and it has at least this many intervals (a sample standard deviation of fewer says little).
+PROBE_MIN_INTERVALS = 3
 #: A probe's measurement starts once every worker has reported this long after the resize
 #: (one report interval of the worker: its rate then covers the new configuration only) ...
 PROBE_REPORT_AFTER_S = 1.0

@@ -149,12 +149,14 @@ class Relaunch(NodeAction):
 
 @dataclass(frozen=True)
 class Probe(Action):
-    """Measure the job on ``config`` for ``window_s`` (a probe of the profile, or the plan's check),
-    starting the job on it when it does not run yet."""
+    """Measure the job on ``config`` for up to ``window_s`` (a probe of the profile, or the plan's
+    check), starting the job on it when it does not run yet; the window ends early once its rate is
+    within ``halfwidth`` (``probes.window_settled``; 0: never early)."""
 
     kind: ClassVar[str] = "probe"
     config: Configuration | None = None
     window_s: float = C.PROBE_WINDOW_S
+    halfwidth: float = C.PROBE_STOP_HALFWIDTH
 
 
 @dataclass(frozen=True)
@@ -191,7 +193,7 @@ class ControllerState:
     ``explorations``: the fine-tune's explorations so far (``EXPLORE_MAX_PER_RUN``).
 
     Before training (see :func:`begin`): ``phase``; ``probes``: the profile's probes in their
-    visiting order, of which ``probes_issued`` were asked for, each measured for ``window_s``;
+    visiting order, of which ``probes_issued`` were asked for, each measured for up to ``window_s``;
     ``batch_size`` and the layout's tables (``table_mb``, ``largest_table_mb``; None: unknown) the
     probes and the fit are sized by; ``table_start_mb``: the tables as the job starts (the export it
     continues: ``init_from``; None: empty), the least the memory model's T₀ may be — a prior or a
@@ -326,11 +328,16 @@ def plan_needs_check(plan: Plan) -> bool:
 
 
 def _profile(state: ControllerState, obs: Observation) -> tuple[ControllerState, list[Action]]:
-    """The next probe (``probes.next_probe``: in the visiting order, sized to what the probes so far
-    used) while ``probes.profile_continues`` keeps the profile in its budget; the windows observed
+    """The next probe (``probes.next_probe``: in the visiting order — ordered, before the first, at
+    the transition costs of the observation's backend —, sized to what the probes so far used)
+    while ``probes.profile_continues`` keeps the profile in its budget; the windows observed
     are the last probe's measurement (rows with ``probe_s``, the seconds it took). A job that
     trained every sample ends its profile."""
     state = replace(state, profile=state.profile + tuple(dict(w) for w in obs.windows))
+    if state.probes_issued == 0 and state.probes:  # ordered at the costs of the backend the observation knows
+        design = pd.DataFrame([c.to_row() for c in state.probes])
+        state = replace(state, probes=tuple(visiting_order(design, obs.transitions, in_place=obs.in_place,
+                                                           state_mb=state.table_start_mb or 0.0)))
     rows = pd.DataFrame(list(state.profile))
     index, designed = state.probes_issued, len(state.probes)
     elapsed_s = float(np.nansum(rows["probe_s"].to_numpy(float))) if "probe_s" in rows else 0.0

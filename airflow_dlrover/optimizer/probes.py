@@ -27,6 +27,7 @@ import pandas as pd
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel, memory_request_mb
 from airflow_dlrover.optimizer.model import NO_SCALING, PARAMETERS, ThroughputModel, features
+from airflow_dlrover.optimizer.transitions import TransitionCosts, measured
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError, Quota, check_kind
 
 log = logging.getLogger(__name__)
@@ -219,11 +220,9 @@ def next_probe(order: tuple[Configuration, ...], index: int, measured: pd.DataFr
     return order, None
 
 
-def order_probes(probes: pd.DataFrame) -> list[Configuration]:
-    """The cheapest order to visit the probes on one running job: a PS count change costs a
-    checkpoint and a PS restart, a new worker a process start (~4 s: torch import), a CPU or
-    memory change nothing (in place). So: by PS count; within it by worker count, ascending and
-    descending in turn (a snake: the job keeps its workers across the PS change); then by CPU."""
+def _rule_order(probes: pd.DataFrame) -> list[Configuration]:
+    """By PS count; within it by worker count, ascending and descending in turn (a snake: the job
+    keeps its workers across the PS change); then by CPU: the order ties fall back to."""
     table = probes.reindex(columns=list(CONFIG_COLUMNS))
     groups = []
     for turn, (_, group) in enumerate(table.groupby("ps", sort=True)):
@@ -232,15 +231,85 @@ def order_probes(probes: pd.DataFrame) -> list[Configuration]:
     return [Configuration(**row) for row in pd.concat(groups).to_dict("records")]
 
 
-def visiting_order(probes: pd.DataFrame) -> list[Configuration]:
+def path_cost_s(order: list[Configuration], transitions: TransitionCosts, *, in_place: bool = True,
+                state_mb: float = 0.0) -> float:
+    """What visiting ``order`` on one running job costs after its launch: Σ ``transitions.of``."""
+    return sum(transitions.of(a, b, in_place=in_place, state_mb=state_mb) for a, b in zip(order, order[1:]))
+
+
+def order_probes(probes: pd.DataFrame, transitions: TransitionCosts | None = None, *, in_place: bool = True,
+                 state_mb: float = 0.0) -> list[Configuration]:
+    """The cheapest order to visit the probes on one running job: the open path through them of
+    least Σ ``transitions.of`` (the launch costs the same wherever it starts), exactly by
+    Held–Karp's dynamic programme over subsets (O(2ⁿ·n²)) up to ``PROBE_ORDER_EXACT_MAX``
+    probes, else nearest-neighbour from the first. Ties go to the rule order (:func:`_rule_order`).
+    ``transitions``: the backend's table (None: the runtime's, ``transitions.measured``)."""
+    rule = _rule_order(probes)
+    n = len(rule)
+    if n < 3:
+        return rule
+    table = transitions if transitions is not None else measured()
+    cost = np.array([[table.of(a, b, in_place=in_place, state_mb=state_mb) if a is not b else 0.0 for b in rule]
+                     for a in rule])
+    if n > C.PROBE_ORDER_EXACT_MAX:
+        path, left = [0], list(range(1, n))
+        while left:
+            nearest = min(left, key=lambda j: (cost[path[-1], j], j))
+            path.append(nearest)
+            left.remove(nearest)
+        return [rule[i] for i in path]
+    full = (1 << n) - 1
+    best = np.full((1 << n, n), np.inf)
+    came = np.full((1 << n, n), -1, dtype=int)
+    for j in range(n):
+        best[1 << j, j] = 0.0
+    for mask in range(1, full + 1):
+        ends = [j for j in range(n) if mask >> j & 1 and np.isfinite(best[mask, j])]
+        for j in range(n):
+            if mask >> j & 1:
+                continue
+            options = [best[mask, i] + cost[i, j] for i in ends]
+            if options:
+                k = int(np.argmin(options))
+                if options[k] < best[mask | 1 << j, j]:
+                    best[mask | 1 << j, j], came[mask | 1 << j, j] = options[k], ends[k]
+    if sum(cost[i, i + 1] for i in range(n - 1)) <= best[full].min() + 1e-9:
+        return rule  # a tie keeps the rule order
+    end, mask, path = int(np.argmin(best[full])), full, []
+    while end >= 0:
+        path.append(end)
+        end, mask = came[mask, end], mask & ~(1 << end)
+    return [rule[i] for i in reversed(path)]
+
+
+def visiting_order(probes: pd.DataFrame, transitions: TransitionCosts | None = None, *, in_place: bool = True,
+                   state_mb: float = 0.0) -> list[Configuration]:
     """The order a profile measures the design's probes in: those it always measures
-    (:func:`probes_always_measured`) in the cheapest order (:func:`order_probes`), the rest in
-    the design's own order (the most informative first), so that wherever the budget ends the
-    profile (:func:`profile_continues`) it has measured a prefix of the design."""
+    (:func:`probes_always_measured`) in the cheapest order (:func:`order_probes`, on the
+    backend's ``transitions``), the rest in the design's own order (the most informative first),
+    so that wherever the budget ends the profile (:func:`profile_continues`) it has measured a
+    prefix of the design."""
     always = probes_always_measured(len(probes))
-    head = order_probes(probes.iloc[:always]) if always else []
+    head = order_probes(probes.iloc[:always], transitions, in_place=in_place, state_mb=state_mb) if always else []
     tail = probes.iloc[always:].reindex(columns=list(CONFIG_COLUMNS)).to_dict("records")
     return head + [Configuration(**row) for row in tail]
+
+
+def window_settled(rates: list[float] | np.ndarray, halfwidth: float = C.PROBE_STOP_HALFWIDTH) -> bool:
+    """Whether a probe window may end before its length (sequential stopping): its interval rates
+    r₁…rₙ (each every worker's rate between two of its reports) number at least
+    ``PROBE_MIN_INTERVALS`` and their mean's ~95 % interval is within ``halfwidth`` of the mean,
+
+        t₀.₉₇₅,ₙ₋₁ · s / √n ≤ halfwidth · r̄   (Chow & Robbins, Ann. Math. Stat. 1965).
+
+    The window's measurement stays the whole window's rate; the rule only says when it is enough."""
+    from scipy.stats import t
+
+    r = np.asarray(rates, dtype=float)
+    n = len(r)
+    if halfwidth <= 0 or n < max(C.PROBE_MIN_INTERVALS, 2) or not r.mean() > 0:
+        return False
+    return float(t.ppf(0.975, n - 1) * r.std(ddof=1) / np.sqrt(n)) <= halfwidth * float(r.mean())
 
 
 def best_throughput(rows: pd.DataFrame) -> float:

@@ -666,7 +666,7 @@ _REASON_TEXT = {
     Reason.UNSCHEDULABLE: "{node} cannot be placed ({detail}): the job trains on without it",
     Reason.OOM_PAST_QUOTA: ("{node} OOM-killed at {memory_limit_mb:g} MB and the quota leaves it no more "
                             "(at most {cap_mb:g} MB)"),
-    Reason.PROBE: "probe {index}/{designed}: measured for {window_s:g}s",
+    Reason.PROBE: "probe {index}/{designed}: measured for up to {window_s:g}s",
     Reason.PROFILED: "the profile ends: {measured} of {designed} probes measured in {elapsed_s:.0f}s ({why})",
     Reason.NOT_PROFILED: "no probe was measured cleanly and the job has no prior to plan from",
     Reason.FITTED: "fitted on {samples} samples{warm}",

@@ -312,10 +312,12 @@ def test_ours_decides_nothing_itself_the_products_controller_does(monkeypatch, s
 
 
 class ReplayedJob:
-    """A launcher over one job whose probes are measured as the simulation measured them."""
+    """A launcher over one job whose probes are measured as the simulation measured them, on the
+    simulation's backend (its transition table, in-place resizes or not)."""
 
-    def __init__(self, samples_total: float):
+    def __init__(self, samples_total: float, transitions=None, in_place: bool = True):
         self.config, self.samples_done, self.samples_total = None, 0.0, samples_total
+        self.transitions, self.in_place = transitions or measured_transitions(), in_place
 
     def exists(self, job_id):
         return self.config is not None
@@ -333,10 +335,10 @@ class ReplayedJob:
         return None
 
     def transition_costs(self):
-        return measured_transitions()
+        return self.transitions
 
     def can_resize_in_place(self):
-        return True
+        return self.in_place
 
     def apply(self, job_id, actions):
         return []
@@ -355,9 +357,9 @@ def test_the_simulated_and_the_product_profile_visit_the_same_probes_in_the_same
     for job in profiled[:3]:
         simulated = job.state["controller"]
         windows = list(job.probe_rows)
-        replay = ReplayedJob(job.spec.samples)
+        replay = ReplayedJob(job.spec.samples, cfg.transitions, cfg.in_place)
 
-        def measure_probe(launcher, job_id, config, window_s, quota):  # the simulation's two windows as one
+        def measure_probe(launcher, job_id, config, window_s, quota, halfwidth=0.0):  # two simulated windows as one
             first, second = windows.pop(0), windows.pop(0)
             launcher.config, launcher.samples_done = config, second["samples_seen"]
             return {**second, "throughput": (first["throughput"] + second["throughput"]) / 2,
