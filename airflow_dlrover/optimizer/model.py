@@ -67,9 +67,9 @@ by grouped cross-validation over configurations. A node's cores enter as its *ef
 efficiency), λ·(1 − ℓ·(1 − λ)) below one (ℓ: a CFS quota's throttling), whole cores (1, 1, 0)
 by default. The core curve (a_w, a_p, ℓ) is chosen like q, by the same cross-validation, once the
 samples hold ``SCALING_MIN_CONFIGURATIONS`` configurations (a grid, a history; not a cold
-profile's few probes, on which it does not generalise: benchmarks/accuracy.py, fit_error.py). Rows are weighted by X^q so that residuals are
-relative errors (≈ q × the relative error of X), and recent rows weigh more. Parameters the
-samples cannot identify (``gpu_compute`` with no GPU sample; ``ps_service`` against ``network``
+profile's few probes, on which it does not generalise: benchmarks/accuracy.py, fit_error.py).
+Rows are weighted by X^q so that residuals are relative errors (≈ q × the relative error of X),
+and recent rows weigh more. Parameters the samples cannot identify (``gpu_compute`` with no GPU sample; ``ps_service`` against ``network``
 when λp never varies; the terms of the other kind of job) are pinned — to the prior when there is
 one, else to 0 — and listed in the report. A prior (yesterday's model of the same job) enters as a ridge toward its parameters in
 relative terms (weight ``WARM_START_PRIOR_WEIGHT``), so that a few new probes correct the terms
@@ -220,7 +220,8 @@ class FitReport:
 class ThroughputModel:
     """Fitted θ and sharpness q (see the module docstring), the covariance of φ = θ^q, and the
     relative noise of a measurement around the model. ``allreduce``: the kind of job it models
-    (from its samples: ``types.is_allreduce``); the other kind's terms are 0 and not identified."""
+    (from its samples: ``types.is_allreduce``); the other kind's terms are 0 and not identified.
+    ``scaling``: its core curve (a_w, a_p, ℓ), how λw and λp enter (:func:`effective_cores`)."""
 
     params: dict[str, float]
     sharpness: float
@@ -554,9 +555,8 @@ def _choose_scaling(problem: _Problem, folds, q: float, prior_weight: float) -> 
 
 
 def _scaling(value: Any) -> tuple[float, float, float]:
-    """A stored model's core curve, checked: exponents in (0, 1], a throttle in [0, 1). A model
-    written with exponents only has no throttle."""
-    a_w, a_p, throttle = (*(float(v) for v in value), 0.0)[:3]
+    """A core curve, checked: exponents in (0, 1], a throttle in [0, 1)."""
+    a_w, a_p, throttle = (float(v) for v in value)
     if not (0.0 < a_w <= 1.0 and 0.0 < a_p <= 1.0 and 0.0 <= throttle < 1.0):
         raise ValueError(f"scaling {value!r}: exponents in (0, 1] and a throttle in [0, 1)")
     return a_w, a_p, throttle
@@ -573,7 +573,7 @@ def fit_throughput(
     leave_one_out: bool | None = None,
     validated: bool = False,
 ) -> ThroughputModel:
-    """Fit θ ≥ 0 and q to a sample table; see the module docstring.
+    """Fit θ ≥ 0, q and the core curve to a sample table; see the module docstring.
 
     ``prior``: an earlier model of the same job (warm start; its q is kept). ``sharpness``: fix q
     instead of choosing it by grouped cross-validation; ``scaling`` the core curve likewise
