@@ -266,6 +266,12 @@ MIN_PROBES_WARM = 0
 #: this fraction of the job's run time as it looks so far (``probes.profile_continues``): the
 #: paper profiles ~3 minutes of an hours-long job, 5 % of one hour; not tuned on the simulation.
 PROFILE_BUDGET_FRACTION = 0.05
+#: ... and the probes that identify the model's parameters while it stays within this fraction:
+#: past it the job is too short to pay for them, and it runs on a partial fit that no later run
+#: takes as its prior (``probes.profile_is_partial``). (ours, not tuned: a cold plan's gain over
+#: a plan from four probes is a few tens of per cent of the run — the cluster simulation's cold
+#: JCTs, docs/evaluation.md —, so probes past a quarter of it cannot pay for themselves)
+PROFILE_SHORT_JOB_FRACTION = 0.25
 #: Up to this many probes their visiting order is the exact cheapest path (Held–Karp, 2ⁿ·n²:
 #: ~10 ms at 10); past it, nearest-neighbour. (ours: a profile always measures ~6–10)
 PROBE_ORDER_EXACT_MAX = 12

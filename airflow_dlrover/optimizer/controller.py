@@ -69,7 +69,7 @@ from airflow_dlrover.optimizer.instability import METRIC_COLUMNS, detect
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
 from airflow_dlrover.optimizer.memory import fit_memory
 from airflow_dlrover.optimizer.probes import (
-    best_throughput, design_probes, next_probe, profile_continues, visiting_order,
+    best_throughput, design_probes, next_probe, profile_continues, profile_is_partial, visiting_order,
 )
 from airflow_dlrover.optimizer.transitions import TransitionCosts
 from airflow_dlrover.optimizer.types import (
@@ -346,7 +346,10 @@ def _profile(state: ControllerState, obs: Observation) -> tuple[ControllerState,
         why = "the job trained every sample"
     elif index and obs.remaining is not None and not profile_continues(index, designed, elapsed_s, obs.remaining,
                                                                          best_throughput(rows)):
-        why = f"one more would pass {C.PROFILE_BUDGET_FRACTION:.0%} of the job's run time"
+        why = (f"the job is too short to pay for the probes that identify the model (more would pass "
+               f"{C.PROFILE_SHORT_JOB_FRACTION:.0%} of its run time): a partial fit, which plans this run and "
+               f"is not the job's next prior" if profile_is_partial(index, designed) else
+               f"one more would pass {C.PROFILE_BUDGET_FRACTION:.0%} of the job's run time")
     else:
         order, probe = next_probe(state.probes, index, rows, state.quota)
         state = replace(state, probes=order)
@@ -375,8 +378,14 @@ def _fit(state: ControllerState, obs: Observation) -> tuple[ControllerState, lis
 
 
 def _fit_profile(state: ControllerState) -> JobModel:
-    return _with_start(fit_job_model(pd.DataFrame(list(state.profile)), state.prior, table_capacity_mb=state.table_mb,
-                                     largest_table_mb=state.largest_table_mb), state)
+    """The profile's fit; marked partial (``FitReport.partial``) when the profile ended before the
+    probes that identify the model (``probes.profile_is_partial``)."""
+    model = fit_job_model(pd.DataFrame(list(state.profile)), state.prior, table_capacity_mb=state.table_mb,
+                          largest_table_mb=state.largest_table_mb)
+    if state.prior is None and profile_is_partial(state.probes_issued, len(state.probes)):
+        throughput = model.throughput
+        model = replace(model, throughput=replace(throughput, report=replace(throughput.report, partial=True)))
+    return _with_start(model, state)
 
 
 def _with_start(model: JobModel, state: ControllerState) -> JobModel:

@@ -82,15 +82,18 @@ def fit_job_model(samples: pd.DataFrame, prior: JobModel | None = None, *, table
 def choose_prior(models: Iterable[JobModel]) -> JobModel | None:
     """The prior that warm-starts a run, from the job's earlier models (newest first): the
     throughput model of the newest *cold* fit (one without a prior, on a full profile) with the
-    newest memory model; None for a job never fitted.
+    newest memory model; None for a job never fitted, or fitted only on partial profiles.
 
     Warm-started fits never become priors: each is pulled toward its own prior, so a chain of them
     compounds the errors of a few probes run after run (measured in the cluster simulation:
-    ``benchmarks/simulate.py``)."""
+    ``benchmarks/simulate.py``). Nor do partial fits (``FitReport.partial``): a term their
+    profile did not identify is pinned at 0, a bottleneck every later plan would take for absent."""
     newest = cold = None
     for model in models:
-        newest = newest or model
         report = model.throughput.report
+        if report is not None and report.partial:
+            continue
+        newest = newest or model
         if report is None or not report.warm_start:
             cold = model
             break

@@ -211,6 +211,9 @@ class FitReport:
     #: [least, most] of ``workers``, ``ps``, ``worker_cpu`` and ``ps_cpu`` over the samples (and
     #: the prior's range): where the model interpolates (``planner.extrapolation``).
     probed_range: dict[str, list[float]] | None = None
+    #: Fitted on a profile that ended before the probes that identify the model (a job too short
+    #: to pay for them: ``probes.profile_is_partial``): it plans its run, never a later one's.
+    partial: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

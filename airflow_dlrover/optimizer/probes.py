@@ -151,9 +151,9 @@ def design_probes(
 
 
 def probes_always_measured(designed: int) -> int:
-    """How many of a cold design's probes its profile measures whatever they cost: those that
-    identify the model's parameters (the design less its ``PROBES_BEYOND_PARAMETERS``), at least
-    ``MIN_PROBES_COLD``. A term the probes cannot identify is pinned at 0 — a bottleneck the
+    """How many of a cold design's probes its profile measures unless the job is too short to pay
+    for them (:func:`profile_continues`): those that identify the model's parameters (the design
+    less its ``PROBES_BEYOND_PARAMETERS``), at least ``MIN_PROBES_COLD``. A term the probes cannot identify is pinned at 0 — a bottleneck the
     planner then takes for absent, and the next days' warm plans with it — so the budget cuts only
     the probes beyond the parameters (cross-validation of q, the out-of-sample error)."""
     return min(designed, max(C.MIN_PROBES_COLD, designed - C.PROBES_BEYOND_PARAMETERS))
@@ -163,21 +163,32 @@ def profile_continues(measured: int, designed: int, elapsed_s: float, samples_le
                       best_throughput: float) -> bool:
     """Whether a cold profile measures another of its ``designed`` probes after ``measured`` of them
     (in the design's order: the most informative first) took ``elapsed_s``: always below
-    :func:`probes_always_measured`; then while one more probe, at the mean time of those so far,
-    keeps the profile within ``PROFILE_BUDGET_FRACTION`` of the job's run time as measured so far,
+    ``MIN_PROBES_COLD``; then while one more probe, at the mean time of those so far, keeps the
+    profile within a fraction f of the job's run time as measured so far,
 
         elapsed + elapsed / measured ≤ f · (elapsed + samples_left / X_best),
 
     X_best the best throughput a probe measured (samples/s; the plan, chosen over a range that
-    holds the probes, is expected at least as fast)."""
+    holds the probes, is expected at least as fast): f = ``PROFILE_SHORT_JOB_FRACTION`` below
+    :func:`probes_always_measured` (past it the job is too short to pay for the probes that
+    identify the model: :func:`profile_is_partial`), ``PROFILE_BUDGET_FRACTION`` beyond."""
     if measured >= designed:
         return False
-    if measured < probes_always_measured(designed):
+    if measured < min(C.MIN_PROBES_COLD, designed):
         return True
     if not best_throughput > 0:
         return True
     run_s = elapsed_s + max(samples_left, 0.0) / best_throughput
-    return elapsed_s * (1.0 + 1.0 / measured) <= C.PROFILE_BUDGET_FRACTION * run_s
+    fraction = C.PROFILE_SHORT_JOB_FRACTION if measured < probes_always_measured(designed) else C.PROFILE_BUDGET_FRACTION
+    return elapsed_s * (1.0 + 1.0 / measured) <= fraction * run_s
+
+
+def profile_is_partial(measured: int, designed: int) -> bool:
+    """Whether a cold profile ended before the probes that identify the model
+    (:func:`probes_always_measured`): its fit plans this run and is not kept as the job's prior
+    (``job_model.choose_prior``) — a term it pinned at 0 would be a bottleneck every later run's
+    plan takes for absent."""
+    return measured < probes_always_measured(designed)
 
 
 def probe_sized(probe: Configuration, measured: pd.DataFrame, quota: Quota) -> Configuration | None:

@@ -78,9 +78,22 @@ def test_a_cold_job_is_probed_in_the_visiting_order_then_fitted_planned_checked_
 def test_the_budget_ends_a_short_jobs_profile_after_the_probes_that_identify_the_model():
     state = begin(QUOTA)
     designed = len(state.probes)
-    state, asked, _, _ = drive(state, samples=2e7, probe_s=60.0)
+    state, asked, _, _ = drive(state, samples=5e7, probe_s=60.0)
     profiled = [p for p in asked if p.reason == Reason.PROBE]
     assert len(profiled) == probes_always_measured(designed) < designed
+    assert not state.model.throughput.report.partial and choose_prior([state.model]) is not None
+
+
+def test_a_job_too_short_for_the_identifying_probes_runs_on_a_partial_fit_no_later_run_starts_from():
+    full, *_ = drive(begin(QUOTA), samples=5e7, probe_s=60.0)
+    state = begin(QUOTA)
+    designed = len(state.probes)
+    state, asked, _, launch = drive(state, samples=5e6, probe_s=60.0)
+    profiled = [p for p in asked if p.reason == Reason.PROBE]
+    assert C.MIN_PROBES_COLD <= len(profiled) < probes_always_measured(designed)
+    assert state.model.throughput.report.partial and launch.plan is not None  # it plans its own run
+    assert choose_prior([state.model]) is None  # but starts no later one
+    assert choose_prior([state.model, full.model]).throughput is full.model.throughput  # the full fit does
 
 
 def test_a_warm_start_probes_nothing_and_plans_on_its_prior():

@@ -4,7 +4,7 @@ from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel
 from airflow_dlrover.optimizer.model import ALLREDUCE_TERMS, fit_throughput
 from airflow_dlrover.optimizer.probes import (
-    design_probes, next_probe, probe_sized, probes_always_measured, profile_continues,
+    design_probes, next_probe, probe_sized, probes_always_measured, profile_continues, profile_is_partial,
 )
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError, Quota
 from sim.synthetic import TRUE_THETA, model_samples
@@ -147,8 +147,14 @@ def test_the_profile_budget_ends_a_short_jobs_profile_early_and_lets_a_long_one_
     designed = 10  # eight parameters and two beyond
     assert probes_always_measured(designed) == designed - C.PROBES_BEYOND_PARAMETERS == 8
     assert probes_always_measured(5) == C.MIN_PROBES_COLD and probes_always_measured(3) == 3
-    # The probes that identify the parameters always, whatever they cost.
-    assert all(profile_continues(k, designed, 1e6, 1.0, 1e6) for k in range(8))
+    # MIN_PROBES_COLD always, whatever they cost; the rest of those that identify the parameters
+    # while the profile stays within PROFILE_SHORT_JOB_FRACTION of the run (a partial fit past it)
+    assert all(profile_continues(k, designed, 1e6, 1.0, 1e6) for k in range(C.MIN_PROBES_COLD))
+    assert not any(profile_continues(k, designed, 1e6, 1.0, 1e6) for k in range(C.MIN_PROBES_COLD, designed))
+    assert profile_is_partial(C.MIN_PROBES_COLD, designed) and not profile_is_partial(8, designed)
+    # 4 probes in 360 s: a run of 1,500 s holds 375 s more at 25 %, 4,000 s 1,000 s
+    assert not profile_continues(4, designed, 360.0, 1140 * 1e5, 1e5)
+    assert profile_continues(4, designed, 360.0, 3640 * 1e5, 1e5)
     # 8 probes in 720 s, 4e8 samples left at 1e5 samples/s: a run of 4,720 s allows 236 s of profile.
     assert not profile_continues(8, designed, 720.0, 4e8, 1e5)
     # The same probes on a job 20× as long: 80 k s of run time allows 4 k s, so a ninth probe.
