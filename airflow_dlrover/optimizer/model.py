@@ -69,12 +69,14 @@ by default. The core curve (a_w, a_p, ℓ) is chosen like q, by the same cross-v
 samples hold ``SCALING_MIN_CONFIGURATIONS`` configurations (a grid, a history; not a cold
 profile's few probes, on which it does not generalise: benchmarks/accuracy.py, fit_error.py).
 Rows are weighted by X^q so that residuals are relative errors (≈ q × the relative error of X),
-and recent rows weigh more. Parameters the samples cannot identify (``gpu_compute`` with no GPU sample; ``ps_service`` against ``network``
-when λp never varies; the terms of the other kind of job) are pinned — to the prior when there is
-one, else to 0 — and listed in the report. A prior (yesterday's model of the same job) enters as a ridge toward its parameters in
-relative terms (weight ``WARM_START_PRIOR_WEIGHT``), so that a few new probes correct the terms
-they exercise and the prior keeps the rest; it also fixes q. Predictions carry a band from the covariance of φ plus the noise, which is at least the
-out-of-sample error (so that a model of the wrong form is not over-confident).
+and recent rows weigh more. Parameters the samples cannot identify (``gpu_compute`` with no GPU
+sample; ``ps_service`` against ``network`` when λp never varies; the terms of the other kind of job)
+are pinned — to the prior when there is one, else to 0 — and listed in the report. A prior
+(yesterday's model of the same job) enters as a ridge toward its parameters in relative terms
+(weight ``WARM_START_PRIOR_WEIGHT``), so that a few new probes correct the terms they exercise and
+the prior keeps the rest; it also fixes q. Predictions carry a band from the covariance of φ plus
+the noise, which is at least the out-of-sample error (so that a model of the wrong form is not
+over-confident).
 """
 
 from __future__ import annotations

@@ -153,9 +153,10 @@ def design_probes(
 def probes_always_measured(designed: int) -> int:
     """How many of a cold design's probes its profile measures unless the job is too short to pay
     for them (:func:`profile_continues`): those that identify the model's parameters (the design
-    less its ``PROBES_BEYOND_PARAMETERS``), at least ``MIN_PROBES_COLD``. A term the probes cannot identify is pinned at 0 — a bottleneck the
-    planner then takes for absent, and the next days' warm plans with it — so the budget cuts only
-    the probes beyond the parameters (cross-validation of q, the out-of-sample error)."""
+    less its ``PROBES_BEYOND_PARAMETERS``), at least ``MIN_PROBES_COLD``. A term the probes cannot
+    identify is pinned at 0 — a bottleneck the planner then takes for absent —, so the budget of an
+    ordinary job cuts only the probes beyond the parameters (cross-validation of q, the
+    out-of-sample error), and a short job's partial fit plans no later run (:func:`profile_is_partial`)."""
     return min(designed, max(C.MIN_PROBES_COLD, designed - C.PROBES_BEYOND_PARAMETERS))
 
 
@@ -179,7 +180,8 @@ def profile_continues(measured: int, designed: int, elapsed_s: float, samples_le
     if not best_throughput > 0:
         return True
     run_s = elapsed_s + max(samples_left, 0.0) / best_throughput
-    fraction = C.PROFILE_SHORT_JOB_FRACTION if measured < probes_always_measured(designed) else C.PROFILE_BUDGET_FRACTION
+    identifying = measured < probes_always_measured(designed)
+    fraction = C.PROFILE_SHORT_JOB_FRACTION if identifying else C.PROFILE_BUDGET_FRACTION
     return elapsed_s * (1.0 + 1.0 / measured) <= fraction * run_s
 
 
