@@ -17,15 +17,16 @@ from __future__ import annotations
 SHARPNESS_CANDIDATES = (1.0, 1.5, 2.0, 3.0, 4.0)
 #: Exponents a of a node's effective cores λ^a, tried in the fit after q: a worker's or a PS's
 #: threads rarely use added cores whole (a serial fraction, lock and memory-bandwidth limits;
-#: on this machine a worker at a whole core used 0.68 of it, FIELD-NOTES). 1 = every core
+#: measured on the runtime here: a worker at a whole core used 0.68 of it). 1 = every core
 #: counts. (ours; judged on the held-out families of benchmarks/accuracy.py)
 SCALING_CANDIDATES = (1.0, 0.85, 0.7, 0.55)
 #: Throttle ℓ below one core: a node on λ < 1 core under a CFS quota works at λ·(1 − ℓ·(1 − λ))
 #: of a core (model.effective_cores). (ours: on this machine a PS at 0.25 core is throttled,
-#: FIELD-NOTES)
+#: the runtime's grid here, benchmarks/runtime.py grid)
 THROTTLE_CANDIDATES = (0.0, 0.2, 0.4)
-#: A core curve other than whole cores must cut the cross-validated MAPE of whole cores by this fraction. (ours:
-#: the CV of ~10 configurations scatters by a few per cent; the simpler form wins a tie)
+#: A core curve other than whole cores must cut the cross-validated MAPE of whole cores by this
+#: fraction. (ours: the CV of a few tens of configurations scatters by a few per cent; the simpler
+#: form wins a tie)
 SCALING_CV_MARGIN = 0.05
 #: The least number of configurations for the fit to choose a core curve at all. (ours, measured:
 #: chosen by cross-validation on a cold profile's ~10 probes, the curve cut the form error on a
