@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from airflow_dlrover.history import migrate
 from airflow_dlrover.history.identity import ID_LENGTH, JobIdentity
+from airflow_dlrover.optimizer.constants import MEMORY_OOM_HISTORY_RUNS
 from airflow_dlrover.optimizer.job_model import JobModel, choose_prior
+from airflow_dlrover.optimizer.memory import margin_after_ooms
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, USAGE_COLUMNS, InvalidInputError
 
 SAMPLE_COLUMNS = (*CONFIG_COLUMNS, "throughput", *USAGE_COLUMNS, "samples_seen", "timestamp")
@@ -104,6 +107,8 @@ class Sample(Base):
     ps_cpu_used: Mapped[float | None] = mapped_column(Float, nullable=True)
     worker_memory_used_mb: Mapped[float | None] = mapped_column(Float, nullable=True)
     ps_memory_used_mb: Mapped[float | None] = mapped_column(Float, nullable=True)
+    worker_memory_peak_mb: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ps_memory_peak_mb: Mapped[float | None] = mapped_column(Float, nullable=True)
     samples_seen: Mapped[float | None] = mapped_column(Float, nullable=True)
     timestamp: Mapped[float | None] = mapped_column(Float, nullable=True)
 
@@ -230,10 +235,32 @@ class HistoryStore:
 
     def prior_model(self, job: JobIdentity | str, *, before_run: int | None = None) -> JobModel | None:
         """The prior that warm-starts a run (``job_model.choose_prior`` over the job's models,
-        newest first; none of ``before_run``)."""
+        newest first; none of ``before_run``), its memory margins those the job's OOM history
+        justifies (:meth:`oom_runs`, ``memory.margin_after_ooms``)."""
         with Session(self.engine) as session:
             records = session.scalars(self._models(session, job, before_run))
-            return choose_prior(JobModel.from_dict(record.document) for record in records)
+            prior = choose_prior(JobModel.from_dict(record.document) for record in records)
+        if prior is None or prior.memory is None:
+            return prior
+        kills = self.oom_runs(job, before_run=before_run)
+        memory = prior.memory.with_margins(margin_after_ooms(kills["worker"]), margin_after_ooms(kills["ps"]))
+        return replace(prior, memory=memory)
+
+    def oom_runs(self, job: JobIdentity | str, *, before_run: int | None = None,
+                 last: int = MEMORY_OOM_HISTORY_RUNS) -> dict[str, int]:
+        """Per role (worker, ps), in how many of the job's ``last`` runs (before ``before_run``)
+        a node of that role was OOM-killed while it trained (the guard's ``recovered`` events:
+        a node sized by the plan, not a probe's guess)."""
+        with Session(self.engine) as session:
+            found = _resolve(session, job, run=before_run)
+            query = select(Run.id).where(Run.job_id == (found.id if found else None))
+            if before_run is not None:
+                query = query.where(Run.id < _id(before_run)) if _id(before_run) else query.where(False)
+            runs = list(session.scalars(query.order_by(Run.id.desc()).limit(last)))
+            events = session.scalars(select(Record).where(Record.run_id.in_(runs), Record.kind == "event"))
+            killed = {(e.run_id, str(e.document.get("node", "")).split("-")[0]) for e in events
+                      if e.document.get("event") == "recovered" and e.document.get("reason") == "oom_killed"}
+        return {role: sum(1 for _, r in killed if r == role) for role in ("worker", "ps")}
 
     @staticmethod
     def _models(session: Session, job: JobIdentity | str, before_run: int | None):

@@ -146,8 +146,8 @@ def _cpu_used(usage: dict[str, Any], before: dict[str, Any], seconds: float) -> 
 
 def profile_row(config: dict[str, Any], nodes: list[dict[str, Any]], throughput: float,
                 samples_done: int) -> dict[str, Any] | None:
-    """One profile sample: the configuration + measured throughput and mean per-role usage (a job
-    without PS has none to measure: its PS columns stay empty)."""
+    """One profile sample: the configuration + measured throughput, mean per-role usage and each
+    role's largest node's memory (a job without PS has none to measure: its PS columns stay empty)."""
     by_role = {role: [n for n in nodes if n["role"] == role] for role in ("worker", "ps")}
     if not by_role["worker"] or (config["ps"] and not by_role["ps"]) or throughput <= 0:
         return None
@@ -156,6 +156,7 @@ def profile_row(config: dict[str, Any], nodes: list[dict[str, Any]], throughput:
         if group:
             row[f"{role}_cpu_used"] = float(np.mean([n["cpu_used"] for n in group]))
             row[f"{role}_memory_used_mb"] = float(np.mean([n["memory_used_mb"] for n in group]))
+            row[f"{role}_memory_peak_mb"] = float(max(n["memory_used_mb"] for n in group))
     return row
 
 

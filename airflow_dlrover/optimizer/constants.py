@@ -95,8 +95,8 @@ BAND_Z = 1.645
 #: (`safetyMarginFraction`). (VPA)
 MEMORY_MARGIN_FRACTION = 0.15
 
-#: Minimum absolute headroom above the forecast peak, MB: small nodes need more than 15 %. The
-#: largest short rise above a node's steady working set is the finishing worker's (its held-out
+#: Minimum absolute headroom of a worker above its forecast peak, MB: small nodes need more than
+#: 15 %. The largest short rise above a node's steady working set is the finishing worker's (its held-out
 #: evaluation and the export): +43 MB in a cold `make demo` (2026-12-02, this machine), +64 MB in
 #: a run that continues an export (it scores that model too: `dlrover-rm train --samples 300000
 #: --table-size 5000 --init-from …`, 397 MB against its peers' 333 MB, 2026-12-05); a PS's
@@ -104,6 +104,17 @@ MEMORY_MARGIN_FRACTION = 0.15
 #: recommendation*, 250 MiB, read as a headroom) kept the demo's ~210 MB nodes at 42–46 % memory
 #: utilisation. (ours, measured)
 MEMORY_MIN_HEADROOM_MB = 96.0
+#: ... and of a PS, MB: its checkpoint and restore have their own term (``PS_TABLE_COPY_FACTOR``)
+#: and its request covers the most a measured peak passed the fit (``MemoryModel.ps_peak_excess_mb``:
+#: +15 MB after the demo's PS restored every table); what is left is a steady node's wander between
+#: windows, ±5 MB, and 32 MB is a rise as ``OOM_MIN_RISE_MB`` reads one. The worker's 96 MB kept the
+#: demo's ~190 MB PS at 53–56 % of its request (3 cold runs, 2026-12-05, this machine). (ours, measured)
+PS_MIN_HEADROOM_MB = 32.0
+#: A role's margin grows with each of the job's last this many runs in which one of its nodes was
+#: OOM-killed (``memory.margin_after_ooms``), and is VPA's again this many runs after the last.
+#: VPA's recommender keeps 8 days of memory peaks and OOM events ("N = 8 to capture weekly peaks",
+#: its design proposal). (VPA)
+MEMORY_OOM_HISTORY_RUNS = 8
 
 #: What a PS holds above its tables while it restores a checkpoint or grows a table, one table
 #: at a time, as a multiple of that table's share (``MemoryModel.ps_transient_mb``): the file's

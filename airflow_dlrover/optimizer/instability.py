@@ -32,7 +32,7 @@ import pandas as pd
 from scipy.optimize import brentq
 
 from airflow_dlrover.optimizer import constants as C
-from airflow_dlrover.optimizer.memory import MemoryTrend, memory_request_mb, theil_sen_many
+from airflow_dlrover.optimizer.memory import MemoryTrend, memory_request_mb, ps_request_mb, theil_sen_many
 from airflow_dlrover.optimizer.types import InvalidInputError
 
 METRIC_COLUMNS = ("time_s", "node", "role", "cpu_used", "cpu_limit", "memory_used_mb", "memory_limit_mb")
@@ -231,7 +231,7 @@ def detect_oom_risk(
         near = used >= C.OOM_USAGE_FRACTION * limit
         if not near and seconds > horizon_s:
             continue
-        new_limit = float(memory_request_mb(peak, ps_transient_mb if ps else 0.0))
+        new_limit = float(ps_request_mb(peak, ps_transient_mb) if ps else memory_request_mb(peak))
         new_limit = max(new_limit, limit + C.MEMORY_GRANULARITY_MB)
         when = "now" if near else f"in {seconds:.0f}s"
         forecast = "memory model" if ps and ps_growth_mb is not None else "trend"

@@ -42,10 +42,21 @@ same curve from T₀ = 0:
 fitted from ``worker_memory_used_mb`` (and ``samples_seen``). The tables as they were when
 measured are in ``worker_base_mb``, so once every row is touched the capacity over-reserves by at
 most those.
-A request is the forecast peak plus ``MEMORY_MARGIN_FRACTION`` of it (VPA's safety margin), at
-least ``MEMORY_MIN_HEADROOM_MB`` more, and for a PS at least its share of the largest table once
-more (restoring a checkpoint or growing a table holds a second copy of it, one table at a time:
-``ps_transient_mb``), rounded up to ``MEMORY_GRANULARITY_MB``.
+The fit reads per-node *peaks* (``*_memory_peak_mb``: the largest node of the role in each
+window — a request holds for every node of its role, the hottest PS too), the role's means where
+a table has no peaks. A node's request is sized for the most it was measured to use: the
+forecast peak plus the largest amount a measured peak passed the fitted curve
+(``*_peak_excess_mb``: what the allocator keeps after a restore, a hot node), plus a margin:
+
+    request = ⌈(peak + excess) · (1 + m) ⌉, at least peak + excess + floor, rounded up to ``MEMORY_GRANULARITY_MB``
+
+with m the role's margin fraction and the floor its least headroom: a worker's
+``MEMORY_MIN_HEADROOM_MB`` (its evaluation and export at the end), a PS's ``PS_MIN_HEADROOM_MB``
+and at least its share of the largest table once more (restoring a checkpoint or growing a table
+holds a second copy of it, one table at a time: ``ps_transient_mb``). m is VPA's safety margin
+``MEMORY_MARGIN_FRACTION`` for a job whose history shows no OOM kill of the role, and grows with
+each of its last ``MEMORY_OOM_HISTORY_RUNS`` runs that had one (:func:`margin_after_ooms`): the
+margin the job's own OOM history justifies, no more.
 """
 
 from __future__ import annotations
@@ -63,14 +74,33 @@ from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import InvalidInputError, is_allreduce, not_identifiable, validate_samples
 
 
-def memory_request_mb(peak_mb: Any, transient_mb: Any = 0.0) -> Any:
-    """Peak + margin, rounded up to the granularity (vectorised): the margin is
-    ``MEMORY_MARGIN_FRACTION`` of the peak, at least ``MEMORY_MIN_HEADROOM_MB`` and at least
-    ``transient_mb`` (a known short-lived copy above the steady peak: a PS's checkpoint)."""
+def memory_request_mb(peak_mb: Any, transient_mb: Any = 0.0, *, margin: float = C.MEMORY_MARGIN_FRACTION,
+                      floor_mb: float = C.MEMORY_MIN_HEADROOM_MB) -> Any:
+    """Peak + headroom, rounded up to the granularity (vectorised): the headroom is ``margin`` of
+    the peak, at least ``floor_mb`` (a worker's ``MEMORY_MIN_HEADROOM_MB``, a PS's
+    ``PS_MIN_HEADROOM_MB``) and at least ``transient_mb`` (a known short-lived copy above the
+    steady peak: a PS's checkpoint)."""
     peak = np.asarray(peak_mb, dtype=float)
-    headroom = np.maximum(np.maximum(peak * C.MEMORY_MARGIN_FRACTION, C.MEMORY_MIN_HEADROOM_MB),
-                          np.asarray(transient_mb, dtype=float))
+    headroom = np.maximum(np.maximum(peak * margin, floor_mb), np.asarray(transient_mb, dtype=float))
     return np.ceil((peak + headroom) / C.MEMORY_GRANULARITY_MB) * C.MEMORY_GRANULARITY_MB
+
+
+def ps_request_mb(peak_mb: Any, transient_mb: Any = 0.0, *, margin: float = C.MEMORY_MARGIN_FRACTION) -> Any:
+    """A PS's request for ``peak_mb`` (``memory_request_mb`` with the PS's floor)."""
+    return memory_request_mb(peak_mb, transient_mb, margin=margin, floor_mb=C.PS_MIN_HEADROOM_MB)
+
+
+def margin_after_ooms(runs_with_kills: int) -> float:
+    """The margin fraction m of a role whose nodes were OOM-killed in ``runs_with_kills`` of the
+    job's last ``MEMORY_OOM_HISTORY_RUNS`` runs: 1 + m = (1 + ``MEMORY_MARGIN_FRACTION``) ·
+    ``OOM_MEMORY_GROWTH``^k — each such run grows the request as a kill grows the killed node
+    (``OOM_MEMORY_GROWTH``, once per kill); ``MEMORY_OOM_HISTORY_RUNS`` runs without one take it
+    back to VPA's."""
+    if not isinstance(runs_with_kills, int) or runs_with_kills < 0:
+        raise InvalidInputError("runs_with_kills", runs_with_kills, "an integer ≥ 0")
+    if runs_with_kills == 0:
+        return C.MEMORY_MARGIN_FRACTION
+    return (1.0 + C.MEMORY_MARGIN_FRACTION) * C.OOM_MEMORY_GROWTH ** runs_with_kills - 1.0
 
 
 @dataclass(frozen=True)
@@ -79,7 +109,9 @@ class MemoryModel:
     ``table_mb`` None: the model of an all-reduce job (no PS). ``table_asymptote_mb``: A where
     fitted (None: the capacity); ``fitted_samples_seen``: the most samples trained among the
     rows it was fitted on (0: none); ``largest_table_mb``: the layout's largest table, every row
-    touched (None: unknown, taken as all of them)."""
+    touched (None: unknown, taken as all of them). ``*_peak_excess_mb``: the most a measured
+    per-node peak passed the fitted curve; ``*_margin_fraction``: the role's margin m (VPA's, or
+    what the job's OOM history justifies: :func:`margin_after_ooms`)."""
 
     ps_base_mb: float | None
     table_mb: float | None
@@ -91,6 +123,10 @@ class MemoryModel:
     table_asymptote_mb: float | None = None
     fitted_samples_seen: float = 0.0
     largest_table_mb: float | None = None
+    worker_peak_excess_mb: float = 0.0
+    ps_peak_excess_mb: float = 0.0
+    worker_margin_fraction: float = C.MEMORY_MARGIN_FRACTION
+    ps_margin_fraction: float = C.MEMORY_MARGIN_FRACTION
 
     @property
     def allreduce(self) -> bool:
@@ -144,9 +180,10 @@ class MemoryModel:
         return peak + self.table_growth_mb(samples)
 
     def ps_request_mb(self, ps: Any, samples: Any = 0.0) -> Any:
-        """The request (``memory_request_mb``) for a PS's peak, with room for what it holds twice
-        for a moment (``ps_transient_mb``); 0 where ``ps`` is 0: nothing runs."""
-        request = memory_request_mb(self.ps_peak_mb(ps, samples), self.ps_transient_mb(ps, samples))
+        """The request (:func:`ps_request_mb`) for a PS's peak and excess, with room for what it
+        holds twice for a moment (``ps_transient_mb``); 0 where ``ps`` is 0: nothing runs."""
+        request = ps_request_mb(self.ps_peak_mb(ps, samples) + self.ps_peak_excess_mb,
+                                self.ps_transient_mb(ps, samples), margin=self.ps_margin_fraction)
         p = np.asarray(ps)
         return request if np.all(p > 0) else np.where(p > 0, request, 0.0)
 
@@ -162,7 +199,12 @@ class MemoryModel:
         return C.PS_TABLE_COPY_FACTOR * tables
 
     def worker_request_mb(self, batch_size: Any, samples: Any = 0.0) -> Any:
-        return memory_request_mb(self.worker_peak_mb(batch_size, samples))
+        return memory_request_mb(self.worker_peak_mb(batch_size, samples) + self.worker_peak_excess_mb,
+                                 margin=self.worker_margin_fraction)
+
+    def with_margins(self, worker: float, ps: float) -> "MemoryModel":
+        """The same model with the roles' margin fractions ``worker`` and ``ps`` (:func:`margin_after_ooms`)."""
+        return replace(self, worker_margin_fraction=float(worker), ps_margin_fraction=float(ps))
 
     def with_table_growth(self, mb_per_m_samples: float) -> "MemoryModel":
         """The same model with another initial growth g of the whole tables (sum over PS), MB per 10⁶ samples."""
@@ -199,6 +241,19 @@ def has_memory_usage(table: pd.DataFrame) -> bool:
     return all(c in table and table[c].notna().any() for c in memory_columns(is_allreduce(table)))
 
 
+def node_peaks(table: pd.DataFrame, role: str) -> pd.Series:
+    """Per window, the role's largest node (``{role}_memory_peak_mb``), its mean where the window
+    measured no peak (a table written before peaks were measured)."""
+    used = table[f"{role}_memory_used_mb"].astype(float)
+    peak = f"{role}_memory_peak_mb"
+    return table[peak].astype(float).fillna(used) if peak in table else used
+
+
+def _excess(measured: np.ndarray, fitted: Any) -> float:
+    """The most a measured peak passed the fitted curve, MB (0 where none did)."""
+    return float(max(np.max(measured - np.asarray(fitted, dtype=float), initial=0.0), 0.0))
+
+
 def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity_mb: float | None = None,
                largest_table_mb: float | None = None, base_from: MemoryModel | None = None) -> MemoryModel:
     """Fit the memory model from a sample table with ``ps_memory_used_mb`` (PS jobs) and
@@ -208,7 +263,7 @@ def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity
     ``validated``: ``samples`` is what :func:`validate_samples` returned (not checked again);
     ``table_capacity_mb``: the layout's bound on the tables; ``largest_table_mb``: its largest table's;
     ``base_from``: an earlier model of the job whose PS base is kept where the samples' PS count
-    never varies (:func:`_split_at_base`)."""
+    never varies (:func:`_split_at_base`), and whose margins (``*_margin_fraction``) are kept."""
     table = samples if validated else validate_samples(samples)
     allreduce = is_allreduce(table)
     for column in memory_columns(allreduce):
@@ -218,12 +273,14 @@ def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity
                 "measured per-node memory in MB (the profiler records it)",
                 "The planner sizes memory from it.",
             )
+    margins = {} if base_from is None else {
+        "worker_margin_fraction": base_from.worker_margin_fraction, "ps_margin_fraction": base_from.ps_margin_fraction}
     if allreduce:
-        return replace(_fit_allreduce_memory(table, table_capacity_mb), largest_table_mb=largest_table_mb)
+        return replace(_fit_allreduce_memory(table, table_capacity_mb), largest_table_mb=largest_table_mb, **margins)
     ps_rows = table[table["ps_memory_used_mb"].notna()]
     inverse_ps = 1.0 / ps_rows["ps"].to_numpy(float)
     seen = _samples_seen(ps_rows)
-    used = ps_rows["ps_memory_used_mb"].to_numpy(float)
+    used = node_peaks(ps_rows, "ps").to_numpy(float)
     ps, pinned = _nnls_fit(
         {"ps_base_mb": np.ones_like(inverse_ps), "table_mb": inverse_ps, "growth": seen / 1e6 * inverse_ps},
         used,
@@ -239,16 +296,18 @@ def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity
                                                table_capacity_mb)
     worker_rows = table[table["worker_memory_used_mb"].notna()]
     batch = worker_rows["batch_size"].to_numpy(float)
+    worker_used = node_peaks(worker_rows, "worker").to_numpy(float)
     worker, pinned_w = _nnls_fit(
-        {"worker_base_mb": np.ones_like(batch), "activation_mb_per_sample": batch},
-        worker_rows["worker_memory_used_mb"].to_numpy(float),
+        {"worker_base_mb": np.ones_like(batch), "activation_mb_per_sample": batch}, worker_used,
         {"activation_mb_per_sample": "batch_size never varies: worker memory is taken as constant"},
     )
-    return MemoryModel(
+    model = MemoryModel(
         ps["ps_base_mb"], ps["table_mb"], worker["worker_base_mb"], worker["activation_mb_per_sample"],
         ps["growth"], _growth_pinned(pinned, why) | pinned_w, table_capacity_mb, asymptote, _most(seen),
-        largest_table_mb,
+        largest_table_mb, **margins,
     )
+    return replace(model, ps_peak_excess_mb=_excess(used, model.ps_peak_mb(ps_rows["ps"].to_numpy(float), seen)),
+                   worker_peak_excess_mb=_excess(worker_used, model.worker_peak_mb(batch)))
 
 
 def _split_at_base(ps: dict[str, float], asymptote: float | None, pinned: dict[str, str], count: float,
@@ -380,7 +439,7 @@ def _fit_allreduce_memory(table: pd.DataFrame, table_capacity_mb: float | None) 
     rows = table[table["worker_memory_used_mb"].notna()]
     batch = rows["batch_size"].to_numpy(float)
     seen = _samples_seen(rows)
-    used = rows["worker_memory_used_mb"].to_numpy(float)
+    used = node_peaks(rows, "worker").to_numpy(float)
     terms = {"worker_base_mb": np.ones_like(batch), "activation_mb_per_sample": batch}
     worker, pinned = _nnls_fit(
         terms | {"growth": seen / 1e6}, used,
@@ -389,8 +448,9 @@ def _fit_allreduce_memory(table: pd.DataFrame, table_capacity_mb: float | None) 
     )
     worker, asymptote, why = _fit_curve(terms, np.ones_like(batch), seen, used, worker, None, table_capacity_mb)
     no_ps = dict.fromkeys(("ps_base_mb", "table_mb"), not_identifiable(True))
-    return MemoryModel(None, None, worker["worker_base_mb"], worker["activation_mb_per_sample"], worker["growth"],
-                       no_ps | _growth_pinned(pinned, why), table_capacity_mb, asymptote, _most(seen))
+    model = MemoryModel(None, None, worker["worker_base_mb"], worker["activation_mb_per_sample"], worker["growth"],
+                        no_ps | _growth_pinned(pinned, why), table_capacity_mb, asymptote, _most(seen))
+    return replace(model, worker_peak_excess_mb=_excess(used, model.worker_peak_mb(batch, seen)))
 
 
 @dataclass(frozen=True)

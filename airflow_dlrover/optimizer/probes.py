@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from airflow_dlrover.optimizer import constants as C
-from airflow_dlrover.optimizer.memory import MemoryModel, memory_request_mb
+from airflow_dlrover.optimizer.memory import MemoryModel, memory_request_mb, node_peaks, ps_request_mb
 from airflow_dlrover.optimizer.model import NO_SCALING, PARAMETERS, ThroughputModel, features
 from airflow_dlrover.optimizer.transitions import TransitionCosts, measured
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError, Quota, check_kind
@@ -136,7 +136,7 @@ def design_probes(
                 tables = table_mb / table["ps"].to_numpy(float)
                 largest = tables if largest_table_mb is None else np.minimum(tables, largest_table_mb / table["ps"])
                 # as MemoryModel.ps_request_mb
-                need = memory_request_mb(C.PS_PROCESS_BASE_MB + tables, C.PS_TABLE_COPY_FACTOR * largest)
+                need = ps_request_mb(C.PS_PROCESS_BASE_MB + tables, C.PS_TABLE_COPY_FACTOR * largest)
                 table["ps_memory_mb"] = np.maximum(share, need)
                 where = "over the PS"
             total = table["workers"] * table["worker_memory_mb"] + table["ps"] * table["ps_memory_mb"]
@@ -194,8 +194,8 @@ def profile_is_partial(measured: int, designed: int) -> bool:
 
 
 def probe_sized(probe: Configuration, measured: pd.DataFrame, quota: Quota) -> Configuration | None:
-    """``probe`` with each node's memory at least what the job's nodes of its role used on the
-    probes measured before it, with every request's margin (``memory.memory_request_mb`` of the
+    """``probe`` with each node's memory at least what the job's largest node of its role used on
+    the probes measured before it, with every request's margin (``memory.memory_request_mb`` of the
     peak: the VPA rule, peak + margin): a worker's after any probe (a PS job's worker holds the
     dense model and a batch, whatever the shape), a PS's after the probes with as many PS (its
     share of the tables depends on their count; a probe with another count restarts its PS on the
@@ -206,13 +206,13 @@ def probe_sized(probe: Configuration, measured: pd.DataFrame, quota: Quota) -> C
     OOM kill and a relaunch."""
     row = probe.to_row()
     if len(measured):
-        worker_peak = measured["worker_memory_used_mb"].max() if "worker_memory_used_mb" in measured else np.nan
+        worker_peak = node_peaks(measured, "worker").max() if "worker_memory_used_mb" in measured else np.nan
         if np.isfinite(worker_peak):
             row["worker_memory_mb"] = max(row["worker_memory_mb"], float(memory_request_mb(worker_peak)))
         if probe.ps and "ps_memory_used_mb" in measured:
-            ps_peak = measured.loc[measured["ps"] == probe.ps, "ps_memory_used_mb"].max()
+            ps_peak = node_peaks(measured[measured["ps"] == probe.ps], "ps").max()
             if np.isfinite(ps_peak):
-                row["ps_memory_mb"] = max(row["ps_memory_mb"], float(memory_request_mb(ps_peak)))
+                row["ps_memory_mb"] = max(row["ps_memory_mb"], float(ps_request_mb(ps_peak)))
     sized = Configuration(**row)
     return sized if sized.memory_mb <= quota.memory_mb else None
 

@@ -6,7 +6,8 @@ batch_size``. A job is of one kind for its whole life (:func:`is_allreduce`): a 
 (``ps = 0``; its ``ps_cpu`` and ``ps_memory_mb`` are 0, and a PS size given for it is an error, not
 dropped: it says the user thinks the job has PS). A profile sample is a configuration plus the measured ``throughput`` (samples/s,
 whole job) and, where measured, ``worker_cpu_used, ps_cpu_used, worker_memory_used_mb,
-ps_memory_used_mb`` (per node, mean). Sample tables are pandas DataFrames with these columns.
+ps_memory_used_mb`` (per node, mean) and ``worker_memory_peak_mb, ps_memory_peak_mb`` (the role's
+largest node). Sample tables are pandas DataFrames with these columns.
 
 User mistakes raise :class:`InvalidInputError`, which names the field, the value and what is
 allowed; the Airflow layer maps it to a non-retryable failure.
@@ -33,7 +34,8 @@ CONFIG_COLUMNS = (
     "worker_gpu",
     "batch_size",
 )
-USAGE_COLUMNS = ("worker_cpu_used", "ps_cpu_used", "worker_memory_used_mb", "ps_memory_used_mb")
+USAGE_COLUMNS = ("worker_cpu_used", "ps_cpu_used", "worker_memory_used_mb", "ps_memory_used_mb",
+                 "worker_memory_peak_mb", "ps_memory_peak_mb")
 #: A measured sample's columns beside its configuration's.
 SAMPLE_TABLE_COLUMNS = ("throughput", *USAGE_COLUMNS, "samples_seen", "timestamp")
 SAMPLE_REQUIRED = ("workers", "ps", "worker_cpu", "ps_cpu", "batch_size", "throughput")
@@ -376,7 +378,7 @@ def validate_samples(samples: pd.DataFrame, *, name: str = "samples") -> pd.Data
 
 
 _PS_SIZE_COLUMNS = ("ps_cpu", "ps_memory_mb")
-_PS_USAGE_COLUMNS = ("ps_cpu_used", "ps_memory_used_mb")
+_PS_USAGE_COLUMNS = ("ps_cpu_used", "ps_memory_used_mb", "ps_memory_peak_mb")
 
 
 def _refuse_ps_values(name: str, column: str, values: np.ndarray, bad: np.ndarray, allowed: str) -> None:

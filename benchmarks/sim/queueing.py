@@ -553,6 +553,8 @@ def _simulate(cfg: tuple, physics: Physics, steps_per_worker: int, seed: int, wi
         ps_cpu_used=min(ps_cpu_used, ps_cpu),
         worker_memory_used_mb=float(worker_memory_used),
         ps_memory_used_mb=float(ps_memory_used),
+        worker_memory_peak_mb=float(worker_memory_used),  # every node alike: the largest is the mean
+        ps_memory_peak_mb=float(ps_memory_used),
     )
     return row
 

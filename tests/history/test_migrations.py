@@ -238,13 +238,13 @@ def test_the_db_commands(store_url, capsys):
     old_store(store_url)
     assert cli.main(["db", "migrate", "--to", "0002", "--history-url", store_url]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"revision 0001 → 0002 \(newest: 0003\)", out) and "dlrover:dlrover@" not in out
+    assert re.search(r"revision 0001 → 0002 \(newest: 0004\)", out) and "dlrover:dlrover@" not in out
     assert cli.main(["db", "migrate", "--history-url", store_url]) == 0
-    assert "revision 0002 → 0003" in capsys.readouterr().out
+    assert "revision 0002 → 0004" in capsys.readouterr().out
     assert cli.main(["db", "downgrade", "--to", "0001", "--history-url", store_url]) == 0
-    assert "revision 0003 → 0001" in capsys.readouterr().out
+    assert "revision 0004 → 0001" in capsys.readouterr().out
     assert cli.main(["db", "downgrade", "--to", "head", "--history-url", store_url]) == 2
-    assert "to='head' is invalid: allowed one of the revisions 0001, 0002, 0003, base" in capsys.readouterr().err
+    assert "to='head' is invalid: allowed one of the revisions 0001, 0002, 0003, 0004, base" in capsys.readouterr().err
     assert cli.main(["db", "migrate", "--to", "7", "--history-url", store_url]) == 2
     assert "to='7' is invalid" in capsys.readouterr().err
     engine = open_engine(store_url)

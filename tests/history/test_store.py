@@ -78,6 +78,32 @@ def test_the_prior_is_the_newest_cold_fit_with_the_newest_memory(store):
     assert store.prior_model("video") is None
 
 
+def test_the_priors_margins_are_what_the_jobs_oom_history_justifies(store):
+    from airflow_dlrover.optimizer import constants as C
+    from airflow_dlrover.optimizer.memory import margin_after_ooms
+
+    def day(key, *killed):
+        run = store.start_run("ctr", key)
+        store.save_model(run, fit_job_model(model_samples(seed=3), leave_one_out=False))
+        for node in killed:
+            store.add(run, "event", {"event": "recovered", "reason": "oom_killed", "node": node})
+        store.add(run, "event", {"event": "recovered", "reason": "node_failed", "node": "worker-1"})
+        return run
+
+    day("d0", "worker-0")  # more than MEMORY_OOM_HISTORY_RUNS runs ago by the end
+    day("d1", "ps-0", "ps-1")  # two kills in one run count once
+    for k in range(2, C.MEMORY_OOM_HISTORY_RUNS):
+        day(f"d{k}")
+    latest = day("d9", "ps-1")
+    today = store.start_run("ctr", "d10")
+    assert store.oom_runs("ctr", before_run=today) == {"worker": 0, "ps": 2}
+    assert store.oom_runs("ctr", before_run=latest) == {"worker": 1, "ps": 1}
+    memory = store.prior_model("ctr", before_run=today).memory
+    assert memory.ps_margin_fraction == pytest.approx(margin_after_ooms(2))
+    assert memory.worker_margin_fraction == C.MEMORY_MARGIN_FRACTION
+    assert store.oom_runs("video") == {"worker": 0, "ps": 0}
+
+
 def test_plans_decisions_and_events(store):
     run = store.start_run("ctr", "d1")
     store.add(run, "plan", {"workers": 4, "reason": "max throughput"})

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from airflow_dlrover.optimizer import constants as C
-from airflow_dlrover.optimizer.memory import MemoryModel, fit_memory, fit_trend, memory_request_mb
+from airflow_dlrover.optimizer.memory import (MemoryModel, fit_memory, fit_trend, margin_after_ooms,
+                                              memory_request_mb, ps_request_mb)
 from airflow_dlrover.optimizer.types import InvalidInputError
 from sim.synthetic import model_samples
 
@@ -44,6 +45,48 @@ def test_request_adds_the_margin_or_the_headroom_and_rounds_up():
     assert np.all(requests % C.MEMORY_GRANULARITY_MB == 0)
 
 
+def test_a_ps_needs_less_headroom_than_a_worker_and_every_request_covers_its_margin():
+    assert ps_request_mb(176) == 208  # 176 + 32 (a PS's floor; 15 % is 26.4) → 208
+    assert memory_request_mb(176) == 272  # a worker's: 176 + 96 → 272
+    assert ps_request_mb(176, margin=0.725) == 304  # after an OOM kill: 176 × 1.725 = 303.6 → 304
+    peaks = np.linspace(1, 1e5, 97)
+    least = np.maximum(peaks * (1 + C.MEMORY_MARGIN_FRACTION), peaks + C.PS_MIN_HEADROOM_MB)
+    assert np.all(ps_request_mb(peaks) >= least)
+
+
+def test_the_margin_grows_with_each_run_that_had_an_oom_kill():
+    assert margin_after_ooms(0) == C.MEMORY_MARGIN_FRACTION
+    assert margin_after_ooms(1) == pytest.approx(1.15 * C.OOM_MEMORY_GROWTH - 1)
+    assert margin_after_ooms(2) == pytest.approx(1.15 * C.OOM_MEMORY_GROWTH ** 2 - 1)
+    with pytest.raises(InvalidInputError, match="runs_with_kills"):
+        margin_after_ooms(-1)
+
+
+def test_requests_cover_the_largest_node_and_the_largest_peak_above_the_fit():
+    table = model_samples(ps_table_mb=2000, ps_base_mb=100, worker_base_mb=300)
+    means = fit_memory(table)
+    hot = table.assign(ps_memory_peak_mb=table["ps_memory_used_mb"] * 1.2,  # a hot PS holds a fifth more
+                       worker_memory_peak_mb=table["worker_memory_used_mb"])
+    hot.loc[3, "worker_memory_peak_mb"] += 40.0  # one window caught a worker 40 MB above the rest
+    peaks = fit_memory(hot)
+    for ps in (1, 2, 4):
+        assert float(peaks.ps_peak_mb(ps)) + peaks.ps_peak_excess_mb >= 1.2 * float(means.ps_peak_mb(ps)) - 1e-6
+    assert peaks.worker_peak_excess_mb == pytest.approx(40.0 - 40.0 / len(table), abs=1.0)
+    assert peaks.worker_request_mb(512) >= float(hot["worker_memory_peak_mb"].max()) + C.MEMORY_MIN_HEADROOM_MB
+    assert means.ps_peak_excess_mb == pytest.approx(0.0, abs=1e-6)  # noise-free means: on the fit
+    older = table.assign(ps_memory_peak_mb=np.nan, worker_memory_peak_mb=np.nan)  # rows before peaks were kept
+    assert fit_memory(older) == means
+
+
+def test_a_refit_keeps_the_margins_its_history_gave_it():
+    prior = fit_memory(model_samples()).with_margins(worker=0.4, ps=0.725)
+    refit = fit_memory(model_samples(seed=5), base_from=prior)
+    assert (refit.worker_margin_fraction, refit.ps_margin_fraction) == (0.4, 0.725)
+    assert refit.worker_request_mb(512) > replace(refit, worker_margin_fraction=0.15).worker_request_mb(512)
+    assert MemoryModel.from_dict({k: v for k, v in refit.to_dict().items() if "margin" not in k and "excess" not in k}
+                                 ).ps_margin_fraction == C.MEMORY_MARGIN_FRACTION  # a model stored before margins
+
+
 def test_a_ps_request_holds_a_second_copy_of_its_largest_table_or_of_all_when_the_layout_is_unknown():
     unknown = MemoryModel(ps_base_mb=136.0, table_mb=700.0, worker_base_mb=200.0, activation_mb_per_sample=0.0)
     known = replace(unknown, largest_table_mb=100.0)
@@ -53,7 +96,8 @@ def test_a_ps_request_holds_a_second_copy_of_its_largest_table_or_of_all_when_th
         assert unknown.ps_transient_mb(ps) == pytest.approx(C.PS_TABLE_COPY_FACTOR * tables)
         assert known.ps_transient_mb(ps) == pytest.approx(C.PS_TABLE_COPY_FACTOR * 100.0 / ps)  # one table at a time
         for model in (unknown, known):
-            wanted = 136.0 + tables + max(float(model.ps_transient_mb(ps)), C.MEMORY_MIN_HEADROOM_MB)
+            peak = 136.0 + tables
+            wanted = peak + max(float(model.ps_transient_mb(ps)), C.PS_MIN_HEADROOM_MB, C.MEMORY_MARGIN_FRACTION * peak)
             assert wanted <= model.ps_request_mb(ps) < wanted + C.MEMORY_GRANULARITY_MB
     assert unknown.ps_request_mb(np.array([0, 1]))[0] == 0
 
