@@ -15,7 +15,7 @@ os.environ.setdefault("AIRFLOW_HOME", _HOME)
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 DAGS_FOLDER = Path(os.environ["AIRFLOW_HOME"]) / "dags"
 DAGS_FOLDER.mkdir(parents=True, exist_ok=True)
-for dag_file in ("dlrm_daily_retrain.py", "deploy_on_new_model.py"):
+for dag_file in ("dlrm_daily_retrain.py", "deploy_on_new_model.py", "ctr_daily_retrain.py"):
     shutil.copy(Path(__file__).parents[1] / "dags" / dag_file, DAGS_FOLDER)
 #: an example trainer's DAG runs beside its trainer (examples/<name>: dag.py and train.py)
 for example in ("ddp_dlrm", "ps_dlrm", "torchrec_dlrm"):

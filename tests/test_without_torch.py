@@ -89,7 +89,7 @@ def test_every_module_but_the_trainers_imports_without_torch():
 
 
 def test_the_dags_parse_without_torch():
-    """The example DAGs (the retrain, the deploy on its model Asset) and the two trainers' DAGs
+    """The example DAGs (the retrain, a second team's on its layout, the deploy on its model Asset) and the trainers' DAGs
     (``tests/conftest.py`` copies them into the dags folder)."""
     out = without_torch("""
         import json, os
@@ -99,8 +99,8 @@ def test_the_dags_parse_without_torch():
         print(json.dumps({"errors": {k: v[-500:] for k, v in bag.import_errors.items()}, "dags": sorted(bag.dag_ids)}))
     """)
     assert out["errors"] == {}
-    assert out["dags"] == ["ddp_dlrm_daily_retrain", "deploy_on_new_model", "dlrm_daily_retrain", "ps_dlrm_daily_retrain",
-                           "torchrec_dlrm_daily_retrain"]
+    assert out["dags"] == ["ctr_daily_retrain", "ddp_dlrm_daily_retrain", "deploy_on_new_model", "dlrm_daily_retrain",
+                           "ps_dlrm_daily_retrain", "torchrec_dlrm_daily_retrain"]
 
 
 def test_the_ui_app_builds_without_torch():

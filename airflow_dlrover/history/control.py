@@ -18,7 +18,8 @@ import numpy as np
 from typing import Any, Iterable
 
 from airflow_dlrover.optimizer import constants as C
-from airflow_dlrover.optimizer.controller import Action, ControllerState, Fail, Resize
+from airflow_dlrover.optimizer.controller import Action, ControllerState, Fail, Resize, prior_fields
+from airflow_dlrover.optimizer.similarity import SimilarPrior
 from airflow_dlrover.optimizer.finetune import ResizeRecord
 from airflow_dlrover.optimizer.types import (
     RESIZE_ACTIONS, Configuration, EventKind, NodeState, NodeStatus, Phase, Quota, Reason, RecordKind,
@@ -59,7 +60,8 @@ def controller_state(history: Any, job: Any, run: int, quota: Quota | None,
         objective=planned.get("objective", "throughput"),
         deadline_at_s=None if deadline_s is None else planned["time"] + deadline_s,
         model=history.latest_model(job),
-        prior=history.prior_model(job, before_run=run),
+        **prior_fields(history.prior_model(job, before_run=run),
+                       SimilarPrior.from_dict(layout["similar"]) if layout.get("similar") else None),
         profile=_rows(history.samples(job, run_id=run, stage="profile")),
         windows=_rows(history.samples(job, run_id=run, stage="finetune")),
         since_s=last["time"] if last else planned.get("time", -math.inf),

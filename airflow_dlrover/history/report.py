@@ -51,6 +51,7 @@ def build_report(history: Any, run: int, job: dict[str, Any] | None, status: dic
         "probes": profiled[-1]["measured"] if profiled else 0,
         "plan_checks": len(checks),
         "warm_start": bool(profiled and profiled[-1]["warm_start"]),
+        "similar_start": (profiled[-1].get("similar") or {}).get("sources", []) if profiled else [],
         "plan": {k: plan.get(k) for k in ("workers", "ps", "worker_cpu", "ps_cpu", "worker_memory_mb", "ps_memory_mb",
                                           "worker_gpu", "batch_size", "reason")},
         "predicted_throughput": plan.get("predicted_throughput"),
@@ -120,6 +121,14 @@ def utilisation(samples: Any) -> dict[str, float | None]:
     return out
 
 
+def _start(report: dict[str, Any]) -> str:
+    """warm (the job's own prior), similar (other jobs' models, named with their similarity) or cold."""
+    if report["warm_start"]:
+        return "warm"
+    similar = report.get("similar_start") or []
+    return "similar (" + ", ".join(f"{name} {s:.2f}" for name, s in similar) + ")" if similar else "cold"
+
+
 def format_report(report: dict[str, Any]) -> list[str]:
     """The report as the lines the task log shows."""
     def fmt(value: Any, unit: str = "", spec: str = ",.0f") -> str:
@@ -132,7 +141,7 @@ def format_report(report: dict[str, Any]) -> list[str]:
     lines.append(f"status {report['status']}; JCT {fmt(report['jct_s'], ' s')}; profiling {fmt(report['profile_s'], ' s')} "
                  f"({100 * report['profile_share']:.1f} % of the run, {report['probes']} probes"
                  f"{f' + {n} plan check' + ('s' if n > 1 else '') if (n := report.get('plan_checks')) else ''}, "
-                 f"{'warm' if report['warm_start'] else 'cold'} start)")
+                 f"{_start(report)} start)")
     if report.get("profile_cost_s") is not None and report["profile_s"]:
         lines.append(f"profiling cost the run {fmt(report['profile_cost_s'], ' s')} "
                      f"({100 * report['profile_cost_share']:.1f} %): the job trained while it was profiled, "

@@ -28,7 +28,7 @@ from airflow_dlrover.history import migrate
 from airflow_dlrover.history.identity import ID_LENGTH, JobIdentity
 from airflow_dlrover.optimizer.constants import MEMORY_OOM_HISTORY_RUNS
 from airflow_dlrover.optimizer.job_model import JobModel, choose_prior
-from airflow_dlrover.optimizer.memory import margin_after_ooms
+from airflow_dlrover.optimizer.similarity import SimilarPrior, similar_prior
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, USAGE_COLUMNS, InvalidInputError
 
 SAMPLE_COLUMNS = (*CONFIG_COLUMNS, "throughput", *USAGE_COLUMNS, "samples_seen", "timestamp")
@@ -236,31 +236,51 @@ class HistoryStore:
     def prior_model(self, job: JobIdentity | str, *, before_run: int | None = None) -> JobModel | None:
         """The prior that warm-starts a run (``job_model.choose_prior`` over the job's models,
         newest first; none of ``before_run``), its memory margins those the job's OOM history
-        justifies (:meth:`oom_runs`, ``memory.margin_after_ooms``)."""
+        justifies (:meth:`oom_history`, ``MemoryModel.with_oom_history``)."""
         with Session(self.engine) as session:
             records = session.scalars(self._models(session, job, before_run))
             prior = choose_prior(JobModel.from_dict(record.document) for record in records)
         if prior is None or prior.memory is None:
             return prior
-        kills = self.oom_runs(job, before_run=before_run)
-        memory = prior.memory.with_margins(margin_after_ooms(kills["worker"]), margin_after_ooms(kills["ps"]))
-        return replace(prior, memory=memory)
+        return replace(prior, memory=prior.memory.with_oom_history(self.oom_history(job, before_run=before_run)))
 
-    def oom_runs(self, job: JobIdentity | str, *, before_run: int | None = None,
-                 last: int = MEMORY_OOM_HISTORY_RUNS) -> dict[str, int]:
-        """Per role (worker, ps), in how many of the job's ``last`` runs (before ``before_run``)
-        a node of that role was OOM-killed while it trained (the guard's ``recovered`` events:
-        a node sized by the plan, not a probe's guess)."""
+    def oom_history(self, job: JobIdentity | str, *, before_run: int | None = None,
+                    last: int = MEMORY_OOM_HISTORY_RUNS) -> list[set[str]]:
+        """The roles (worker, ps) OOM-killed while the job trained in each of its ``last`` runs
+        before ``before_run``, newest first (the guard's ``recovered`` events: a node sized by the
+        plan, not a probe's guess)."""
         with Session(self.engine) as session:
             found = _resolve(session, job, run=before_run)
             query = select(Run.id).where(Run.job_id == (found.id if found else None))
             if before_run is not None:
                 query = query.where(Run.id < _id(before_run)) if _id(before_run) else query.where(False)
             runs = list(session.scalars(query.order_by(Run.id.desc()).limit(last)))
-            events = session.scalars(select(Record).where(Record.run_id.in_(runs), Record.kind == "event"))
-            killed = {(e.run_id, str(e.document.get("node", "")).split("-")[0]) for e in events
-                      if e.document.get("event") == "recovered" and e.document.get("reason") == "oom_killed"}
-        return {role: sum(1 for _, r in killed if r == role) for role in ("worker", "ps")}
+            killed: dict[int, set[str]] = {run: set() for run in runs}
+            for event in session.scalars(select(Record).where(Record.run_id.in_(runs), Record.kind == "event")):
+                if event.document.get("event") == "recovered" and event.document.get("reason") == "oom_killed":
+                    killed[event.run_id].add(str(event.document.get("node", "")).split("-")[0])
+        return [killed[run] for run in runs]
+
+    def similar_prior(self, job: JobIdentity | str, signature: dict[str, Any]) -> SimilarPrior | None:
+        """A prior for ``job`` from the other jobs (``similarity.similar_prior``): each one's prior
+        (``choose_prior``) with the signature its newest profile recorded (``profiled`` events)."""
+        identity = JobIdentity.of(job)
+        candidates = []
+        with Session(self.engine) as session:
+            for other in session.scalars(select(Job).order_by(Job.id)):
+                if other.identity() == identity:
+                    continue
+                events = session.scalars(select(Record).join(Run, Record.run_id == Run.id).where(
+                    Run.job_id == other.id, Record.kind == "event").order_by(Record.id.desc()))
+                recorded = next((e.document["signature"] for e in events if e.document.get("event") == "profiled"
+                                 and e.document.get("signature")), None)
+                if recorded is None:
+                    continue
+                models = session.scalars(self._models(session, other.identity(), None))
+                prior = choose_prior(JobModel.from_dict(m.document) for m in models)
+                if prior is not None:
+                    candidates.append((str(other.identity()), recorded, prior.throughput))
+        return similar_prior(signature, candidates)
 
     @staticmethod
     def _models(session: Session, job: JobIdentity | str, before_run: int | None):

@@ -190,6 +190,16 @@ class TrainerSpec:
         return cls(**data)
 
 
+def trainer_signature(trainer: Mapping[str, Any], batch_size: int) -> dict[str, Any]:
+    """A trainer's signature for a prior from similar jobs (``optimizer.similarity``): its kind,
+    its program — the image and the command up to its first option (``python train.py``,
+    ``python -m pkg``; what follows, the run's data and flags, is not the program) — and the batch."""
+    command = tuple(str(part) for part in trainer.get("command", ()))
+    first_option = next((i for i, part in enumerate(command) if part.startswith("--")), len(command))
+    program = " ".join((trainer.get("image", ""), *command[:max(first_option, 1)])).strip()
+    return {"trainer": str(trainer.get("kind", "")), "program": program, "batch": batch_size}
+
+
 def node_env(*, job_id: str, trainer: TrainerSpec, config: Any, node: Mapping[str, Any], samples: int | None,
              peers: Mapping[str, str], rendezvous: tuple[str, int], checkpoint_dir: str, metrics_file: str,
              generation: int, job_key: str, metrics_port: int = 0) -> dict[str, str]:

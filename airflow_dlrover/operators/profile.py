@@ -12,7 +12,10 @@ from airflow_dlrover.operators.job import build_spec, duration_s, user_errors
 class DLRoverProfileOperator(DLRoverBaseOperator):
     """Profile the job on the probe configurations the optimizer designs under the quota and store
     the sample table. A warm start (the job has a prior, ``HistoryStore.prior_model``) profiles
-    nothing: the prior plans, and the fine-tune re-scales it from the job's own windows.
+    nothing: the prior plans, and the fine-tune re-scales it from the job's own windows. A job with
+    no history of its own starts from the models of jobs like it where the store has some
+    (``HistoryStore.similar_prior``: by layout, dense network, batch and trainer), and profiles
+    the fewer probes the more alike they are (``optimizer.similarity``).
 
     The job is profiled on itself, through the launcher: it starts on the first probe and is
     resized through the others, each measured for a bounded window (``lifecycle.profiling``), and
@@ -55,13 +58,16 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
             default_window = C.TRAINER_PROBE_WINDOW_S if trainer else C.PROBE_WINDOW_S
             window_s = duration_s("probe_window", self.probe_window) if self.probe_window else default_window
             prior = self.history.prior_model(self.job, before_run=run)
+            signature = spec.signature()
+            similar = self.history.similar_prior(self.job, signature) if prior is None else None
             layout = {"table_mb": None, "largest_table_mb": None} if trainer else {
                 "table_mb": spec.layout.table_mb(), "largest_table_mb": spec.layout.largest_table_mb(),
                 "table_start_mb": starting_tables_mb(spec)}
             state = begin(quota, prior=prior, batch_size=spec.batch_size, window_s=window_s,
-                          allreduce=bool(trainer) and trainer["kind"] == "allreduce", **layout)
+                          allreduce=bool(trainer) and trainer["kind"] == "allreduce", similar=similar, **layout)
         designed = len(state.probes)
-        self.log.info("%s start: %d probes under %s", "warm" if prior else "cold", designed, quota)
+        start = "warm" if prior else f"similar ({similar.describe()})" if similar else "cold"
+        self.log.info("%s start: %d probes under %s", start, designed, quota)
         started = time.monotonic()
         with user_errors():  # a trainer that breaks its contract
             state, _ = advance(self.launcher, job_id, state, spec=spec)
@@ -75,6 +81,7 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
                                         "largest_table_mb": layout["largest_table_mb"],
                                         "table_start_mb": layout.get("table_start_mb"),
                                         "warm_start": prior is not None, "profile_s": profile_s,
+                                        "signature": signature, "similar": similar.to_dict() if similar else None,
                                         "samples_trained": float(table["samples_seen"].max()) if len(table) else 0.0,
                                         "trainer": bool(trainer), "window_s": window_s, "time": time.time()})
         for row in table.to_dict("records"):
@@ -83,4 +90,5 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
         measured = {"throughput_min": float(table["throughput"].min()) if len(table) else None,
                     "throughput_max": float(table["throughput"].max()) if len(table) else None}
         return {"run": run, "job_id": job_id, "probes": designed, "measured": len(table),
-                "warm_start": prior is not None, "profile_s": round(profile_s, 2), **measured}
+                "warm_start": prior is not None, "similar_to": [name for name, _ in similar.sources] if similar else [],
+                "profile_s": round(profile_s, 2), **measured}

@@ -206,8 +206,8 @@ PLAN_TIE_FRACTION = 0.05
 #: lost samples. (ours)
 PLAN_CHECK_PROBES = 2
 
-#: Node failures a task before training (the profile, the plan's check) recovers at once (a probe
-#: is no task's try); one more fails the task, retryably: its retry starts the phase again, and
+#: Failures of one node a task before training (the profile, the plan's check) recovers at once (a
+#: probe is no task's try); one more fails the task, retryably: its retry starts the phase again, and
 #: Airflow's retries bound a node that keeps failing. (ours: a probe OOM-killed twice is grown
 #: ×1.5² = 2.25, past what any probe's share of the quota needed)
 FAILURES_BEFORE_TRAINING = 3
@@ -266,6 +266,13 @@ MIN_PROBES_COLD = 4
 #: sharpness by cross-validation and measure its own out-of-sample error. (ours, measured with
 #: benchmarks/accuracy.py: 7 → 9 probes cut the held-out error on the PS-heavy system 28 % → 11 %)
 PROBES_BEYOND_PARAMETERS = 2
+#: A job with no history of its own but a prior from jobs like it (``optimizer.similarity``)
+#: profiles at least this many configurations: two points rescale a prior's level on the two
+#: bottlenecks a PS job has (its workers' and its PS's), and show where the prior is wrong. (ours)
+MIN_PROBES_SIMILAR = 2
+#: ... from jobs at least this alike (``similarity.similarity``: ½ is a factor 2 in the lookups a
+#: sample makes, or in their width); a job less alike starts cold. (ours)
+SIMILAR_PRIOR_MIN_SIMILARITY = 0.5
 #: A warm start (a prior throughput and memory model of the same job exist) profiles this many:
 #: none. The prior plans, and the fine-tune re-scales it from the job's own windows at the
 #: planned configuration, which cost no relaunch and train at full speed. (paper: recurring jobs

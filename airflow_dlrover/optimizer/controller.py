@@ -57,6 +57,7 @@ the sentence, and nothing parses it.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ClassVar, Iterable
 
@@ -71,6 +72,7 @@ from airflow_dlrover.optimizer.memory import fit_memory
 from airflow_dlrover.optimizer.probes import (
     best_throughput, design_probes, next_probe, profile_continues, profile_is_partial, visiting_order,
 )
+from airflow_dlrover.optimizer.similarity import SimilarPrior
 from airflow_dlrover.optimizer.transitions import TransitionCosts
 from airflow_dlrover.optimizer.types import (
     CONFIG_COLUMNS, SAMPLE_TABLE_COLUMNS, Configuration, InvalidInputError, NodeState, NodeStatus, Objective, Phase,
@@ -207,6 +209,8 @@ class ControllerState:
     deadline_at_s: float | None = None
     model: JobModel | None = None
     prior: JobModel | None = None
+    prior_weight: float = C.WARM_START_PRIOR_WEIGHT
+    prior_sources: tuple[tuple[str, float], ...] = ()
     profile: tuple[dict, ...] = ()
     windows: tuple[dict, ...] = ()
     since_s: float = -math.inf
@@ -273,9 +277,12 @@ def step(state: ControllerState, observation: Observation) -> tuple[ControllerSt
     if failed:
         if state.phase != Phase.TRAINING:  # a probe is not a task's try: its failures are recovered now
             state = replace(state, failures_reported=state.failures_reported | {(n.name, n.restarts) for n in failed})
-            if len(state.failures_reported) > C.FAILURES_BEFORE_TRAINING:
+            # a node's failures (its incarnations), not the nodes that failed: a probe's 64 workers
+            # killed for memory together are one too-small probe, grown once
+            most = max(Counter(name for name, _ in state.failures_reported).values())
+            if most > C.FAILURES_BEFORE_TRAINING:
                 numbers = {"node": ", ".join(n.name for n in failed), "state": _value(failed[0].state),
-                           "detail": f"{failed[0].reason} (failure {len(state.failures_reported)} before training)"}
+                           "detail": f"{failed[0].reason} (failure {most} of a node before training)"}
                 return state, [Fail(Reason.NODE_FAILED, numbers, retryable=True, nodes=tuple(n.name for n in failed))]
         return _recover(state, observation, failed)
     if state.phase in _BEFORE_TRAINING:
@@ -298,17 +305,31 @@ def step(state: ControllerState, observation: Observation) -> tuple[ControllerSt
 def begin(quota: Quota, objective: Objective | str = Objective.THROUGHPUT, *, prior: JobModel | None = None,
           deadline_at_s: float | None = None, batch_size: int = 512, worker_gpu: int = 0,
           table_mb: float | None = None, largest_table_mb: float | None = None, allreduce: bool | None = None,
-          window_s: float = C.PROBE_WINDOW_S, table_start_mb: float | None = None) -> ControllerState:
+          window_s: float = C.PROBE_WINDOW_S, table_start_mb: float | None = None,
+          similar: SimilarPrior | None = None) -> ControllerState:
     """A job's state before its first step: profiling the probes ``probes.design_probes`` chooses
-    under ``quota`` (none for a warm start: a ``prior`` with a memory model), in
+    under ``quota`` (none for a warm start: a ``prior`` with a memory model; fewer the more alike
+    the prior from ``similar`` jobs, taken where the job has none of its own), in
     ``probes.visiting_order``."""
+    fields = prior_fields(prior, similar)
+    prior = fields["prior"]
     design = design_probes(quota, batch_size=batch_size, worker_gpu=worker_gpu,
                            prior=prior.throughput if prior else None, memory=prior.memory if prior else None,
-                           table_mb=table_mb, largest_table_mb=largest_table_mb, allreduce=allreduce)
-    return ControllerState(quota, objective, deadline_at_s, prior=prior, phase=Phase.PROFILING,
+                           table_mb=table_mb, largest_table_mb=largest_table_mb, allreduce=allreduce,
+                           similarity=similar.similarity if fields["prior_sources"] else None)
+    return ControllerState(quota, objective, deadline_at_s, phase=Phase.PROFILING,
                            probes=tuple(visiting_order(design)) if len(design) else (), window_s=window_s,
                            batch_size=batch_size, table_mb=table_mb, largest_table_mb=largest_table_mb,
-                           table_start_mb=table_start_mb)
+                           table_start_mb=table_start_mb, **fields)
+
+
+def prior_fields(prior: JobModel | None, similar: SimilarPrior | None) -> dict[str, Any]:
+    """The state's prior: the job's own; else one from ``similar`` jobs (their throughput model, no
+    memory model: the tables are the job's own), pulled toward with ``WARM_START_PRIOR_WEIGHT`` × s."""
+    if prior is not None or similar is None:
+        return {"prior": prior, "prior_weight": C.WARM_START_PRIOR_WEIGHT, "prior_sources": ()}
+    return {"prior": JobModel(similar.throughput, None), "prior_weight": C.WARM_START_PRIOR_WEIGHT * similar.similarity,
+            "prior_sources": similar.sources}
 
 
 def initial_plan(model: JobModel, quota: Quota, objective: Objective | str, *, samples: float | None,
@@ -358,7 +379,7 @@ def _profile(state: ControllerState, obs: Observation) -> tuple[ControllerState,
             return replace(state, probes_issued=index + 1), [Probe(Reason.PROBE, numbers, config=probe,
                                                                    window_s=state.window_s)]
     numbers = {"measured": len(rows), "designed": len(state.probes), "elapsed_s": elapsed_s, "why": why}
-    if rows.empty and state.prior is None:
+    if rows.empty and (state.prior is None or state.prior_sources):
         return state, [Fail(Reason.NOT_PROFILED, numbers, retryable=True)]
     return replace(state, phase=Phase.FITTING), [Keep(Reason.PROFILED, numbers)]
 
@@ -367,7 +388,7 @@ def _fit(state: ControllerState, obs: Observation) -> tuple[ControllerState, lis
     """The run's model: fitted on the profile (``fit_job_model``, warm-started from the prior, the
     PS tables bounded by the layout's); a warm start, which profiled nothing, plans on its prior."""
     if not state.profile:
-        if state.prior is None:
+        if state.prior is None or state.prior_sources:  # a similar job's prior does not size this job's memory
             return state, [Fail(Reason.NOT_PROFILED, retryable=True)]
         return replace(state, model=_with_start(state.prior, state), phase=Phase.PLANNING), [
             Keep(Reason.FITTED, {"samples": 0, "warm": ": a warm start plans on its prior"})]
@@ -381,7 +402,7 @@ def _fit_profile(state: ControllerState) -> JobModel:
     """The profile's fit; marked partial (``FitReport.partial``) when the profile ended before the
     probes that identify the model (``probes.profile_is_partial``)."""
     model = fit_job_model(pd.DataFrame(list(state.profile)), state.prior, table_capacity_mb=state.table_mb,
-                          largest_table_mb=state.largest_table_mb)
+                          largest_table_mb=state.largest_table_mb, prior_weight=state.prior_weight)
     if state.prior is None and profile_is_partial(state.probes_issued, len(state.probes)):
         throughput = model.throughput
         model = replace(model, throughput=replace(throughput, report=replace(throughput.report, partial=True)))
@@ -836,7 +857,7 @@ def refit_model(state: ControllerState) -> JobModel:
     earlier refits saw these samples already and would count them twice); the current model when
     the samples cannot be fitted (too few configurations and no prior)."""
     try:
-        return fit_job_model(refit_table(state), state.prior, leave_one_out=False,
+        return fit_job_model(refit_table(state), state.prior, leave_one_out=False, prior_weight=state.prior_weight,
                              memory_samples=memory_refit_table(state), **_layout_bounds(state))
     except InvalidInputError:
         return state.model

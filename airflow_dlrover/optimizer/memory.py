@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -202,9 +202,13 @@ class MemoryModel:
         return memory_request_mb(self.worker_peak_mb(batch_size, samples) + self.worker_peak_excess_mb,
                                  margin=self.worker_margin_fraction)
 
-    def with_margins(self, worker: float, ps: float) -> "MemoryModel":
-        """The same model with the roles' margin fractions ``worker`` and ``ps`` (:func:`margin_after_ooms`)."""
-        return replace(self, worker_margin_fraction=float(worker), ps_margin_fraction=float(ps))
+    def with_oom_history(self, runs: Iterable[Iterable[str]]) -> "MemoryModel":
+        """The same model with the margins its job's OOM history justifies: ``runs``, newest first,
+        the roles (worker, ps) OOM-killed in each run; of the last ``MEMORY_OOM_HISTORY_RUNS``,
+        those with a kill of a role set its margin (:func:`margin_after_ooms`)."""
+        recent = [set(roles) for roles in itertools.islice(runs, C.MEMORY_OOM_HISTORY_RUNS)]
+        return replace(self, worker_margin_fraction=margin_after_ooms(sum("worker" in r for r in recent)),
+                       ps_margin_fraction=margin_after_ooms(sum("ps" in r for r in recent)))
 
     def with_table_growth(self, mb_per_m_samples: float) -> "MemoryModel":
         """The same model with another initial growth g of the whole tables (sum over PS), MB per 10⁶ samples."""

@@ -26,6 +26,7 @@ import pandas as pd
 
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel, memory_request_mb, node_peaks, ps_request_mb
+from airflow_dlrover.optimizer.similarity import similar_probe_count
 from airflow_dlrover.optimizer.model import NO_SCALING, PARAMETERS, ThroughputModel, features
 from airflow_dlrover.optimizer.transitions import TransitionCosts, measured
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError, Quota, check_kind
@@ -54,8 +55,11 @@ def design_probes(
     table_mb: float | None = None,
     largest_table_mb: float | None = None,
     allreduce: bool | None = None,
+    similarity: float | None = None,
 ) -> pd.DataFrame:
-    """Return the probe configurations (a configuration table, one row per probe).
+    """Return the probe configurations (a configuration table, one row per probe): a cold design's
+    count, none for a warm start (a ``prior`` and its ``memory``), ``similarity.similar_probe_count``
+    for a ``prior`` from jobs ``similarity`` alike (``count``: that many).
 
     ``allreduce``: probe an all-reduce job (p = 0 only) rather than a PS job; None: the prior's
     kind, else a PS job. Memory per node comes from ``memory`` (a prior memory model) when given,
@@ -97,8 +101,11 @@ def design_probes(
     rows = feats[:, unknown] * (1.0 / (feats @ theta))[:, None]
     rows /= np.linalg.norm(rows, axis=0)
     if count is None:
-        warm = prior is not None and memory is not None
-        count = C.MIN_PROBES_WARM if warm else max(C.MIN_PROBES_COLD, len(unknown) + C.PROBES_BEYOND_PARAMETERS)
+        cold = min(max(C.MIN_PROBES_COLD, len(unknown) + C.PROBES_BEYOND_PARAMETERS), len(candidates))
+        if prior is not None and memory is not None:
+            count = C.MIN_PROBES_WARM
+        else:
+            count = cold if similarity is None or prior is None else similar_probe_count(similarity, cold)
     count = min(count, len(candidates))
     if count == 0:
         return pd.DataFrame({column: pd.Series(dtype=float) for column in CONFIG_COLUMNS})

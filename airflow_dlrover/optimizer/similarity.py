@@ -51,6 +51,15 @@ class SimilarPrior:
         names = ", ".join(f"{name} ({s:.2f})" for name, s in self.sources)
         return f"a prior from {len(self.sources)} similar job{'s' if len(self.sources) > 1 else ''}: {names}"
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"throughput": self.throughput.to_dict(), "similarity": self.similarity,
+                "sources": [list(source) for source in self.sources]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SimilarPrior":
+        return cls(ThroughputModel.from_dict(data["throughput"]), float(data["similarity"]),
+                   tuple((str(name), float(s)) for name, s in data["sources"]))
+
 
 def similarity(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
     """s(a, b) of two signatures (see the module docstring): a dict of numeric fields (> 0) and
@@ -95,8 +104,8 @@ def similar_prior(signature: Mapping[str, Any], candidates: Iterable[tuple[str, 
 def similar_probe_count(similarity_: float, cold_count: int) -> int:
     """Probes for a job whose prior is ``similarity_`` alike: ``MIN_PROBES_SIMILAR`` for the same
     layout, growing linearly to a cold profile's ``cold_count`` as s falls to 0 —
-    MIN + ⌈(1 − s)·(cold − MIN)⌉."""
+    MIN + round((1 − s)·(cold − MIN)), halves up."""
     if not 0.0 <= similarity_ <= 1.0:
         raise InvalidInputError("similarity", similarity_, "a number in [0, 1]")
     least = min(C.MIN_PROBES_SIMILAR, cold_count)
-    return least + math.ceil(round((1.0 - similarity_) * (cold_count - least), 9))
+    return least + math.floor(round((1.0 - similarity_) * (cold_count - least), 9) + 0.5)

@@ -9,6 +9,7 @@ import os
 import re
 import secrets
 from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 from functools import cached_property
 from pathlib import Path
 
@@ -155,6 +156,26 @@ class JobSpec:
             return starts[next(i for i, f in enumerate(files) if f >= first)], rows
         return rows - math.ceil(self.eval_fraction * rows), rows
 
+    def signature(self) -> dict[str, Any]:
+        """What a sample costs, for a prior from similar jobs (``optimizer.similarity``): the
+        lookups a sample makes and their mean width, the table rows, the dense features, the
+        dense network (its parameters: DenseDLRM's MLPs; a model of the user's by its import
+        path) and the batch; a trainer of the user's by its kind and program
+        (``launchers.contract.trainer_signature``)."""
+        if self.trainer is not None:
+            from airflow_dlrover.launchers.contract import trainer_signature
+
+            return trainer_signature(self.trainer, self.batch_size)
+        layout = self.layout
+        signature: dict[str, Any] = {"trainer": "runtime", "batch": self.batch_size,
+                                     "lookups": len(layout.sparse), "rows": sum(layout.table_sizes),
+                                     "dim": sum(layout.dims) / len(layout.dims) if layout.dims else None,
+                                     "dense": layout.num_dense or None, "model": self.model}
+        if not self.model:
+            signature["dense_params"] = _mlp_parameters(layout.num_dense, self.bottom_mlp) + _mlp_parameters(
+                _interaction_width(len(layout.sparse), self.bottom_mlp[-1]), self.top_mlp + (1,))
+        return {k: v for k, v in signature.items() if v is not None}
+
     @property
     def total_samples(self) -> int | None:
         """The samples the job trains: every row of ``[0, samples)``, ``epochs`` times (None: the
@@ -251,3 +272,17 @@ class JobSpec:
 
 def _positive(value: float) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def _mlp_parameters(inputs: int, sizes: tuple[int, ...]) -> int:
+    """Weights and biases of an MLP from ``inputs`` through ``sizes``."""
+    total, width = 0, inputs
+    for size in sizes:
+        total, width = total + (width + 1) * size, size
+    return total
+
+
+def _interaction_width(tables: int, dim: int) -> int:
+    """DenseDLRM's top MLP input: the bottom MLP's output and the dot products of every pair of
+    its T + 1 vectors (``runtime.dlrm.DenseDLRM``)."""
+    return dim + (tables + 1) * tables // 2

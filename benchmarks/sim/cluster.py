@@ -189,14 +189,16 @@ class JobRun:
 
 @dataclass(frozen=True)
 class FamilyView:
-    """What a job's owner declares of its family: its identity, configuration, quota and the size of
-    the tables a run starts from (its layout, its checkpoint) — not its truth."""
+    """What a job's owner declares of its family: its identity, configuration, quota, the size of
+    the tables a run starts from (its layout, its checkpoint) and its signature (its kind, model and
+    layout: ``Family.signature``) — not its truth."""
 
     index: int
     user: Configuration
     limit_cpu: float
     limit_memory_mb: float
     start_tables_mb: float
+    signature: dict
 
 
 @dataclass(frozen=True)
@@ -221,7 +223,8 @@ class JobView:
         f = job.spec.family
         self._job, self.limit, self.state = job, job.limit, job.state
         self.spec = SpecView(job.spec.id, job.spec.day, job.spec.arrival_s, job.spec.samples,
-                             FamilyView(f.index, f.user, f.limit_cpu, f.limit_memory_mb, f.start_tables_mb))
+                             FamilyView(f.index, f.user, f.limit_cpu, f.limit_memory_mb, f.start_tables_mb,
+                                        f.signature))
 
     phase = property(lambda self: self._job.phase)
     config = property(lambda self: self._job.config)

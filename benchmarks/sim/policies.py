@@ -22,8 +22,10 @@
              retry) relaunches. The state starts at ``controller.begin``, given the size of the
              tables the job starts from, as the DAG gives the layout's (a cold start's; a warm
              start, from the family's earlier runs in this simulation, has none), and its prior
-             is ``job_model.choose_prior`` over the family's earlier models, as the history
-             store's. The policy decides nothing itself.
+             is ``job_model.choose_prior`` over the family's earlier models, its memory margins
+             from the family's OOM kills, as the history store's; a family with none starts from
+             the models of families of its signature (``similarity.similar_prior``: a one-off
+             family's earlier jobs). The policy decides nothing itself.
 ``oracle-jct`` the least-JCT plan on the truth: the configuration of most true throughput under
              the job's quota (memory for the true peak, instability healed at onset as ``oracle``
              heals it): the reference for speed, where ``oracle`` is the reference for efficiency.
@@ -57,6 +59,7 @@ from airflow_dlrover.optimizer.controller import (
     ControllerState, Fail, Heal, Launch, Observation as Seen, Probe, Relaunch, Resize as ResizeAction, begin, step,
 )
 from airflow_dlrover.optimizer.job_model import JobModel, choose_prior
+from airflow_dlrover.optimizer.similarity import similar_prior
 from airflow_dlrover.optimizer.planner import Configurations, configurations, knee, pareto_front, search_range
 from airflow_dlrover.optimizer.types import (
     Configuration, InvalidInputError, NodeState, NodeStatus, Phase, Quota, Reason,
@@ -215,9 +218,12 @@ class OraclePolicy(Policy):
 class OursPolicy(Policy):
     name = "ours"
 
-    def __init__(self, objective: str = "efficiency"):
+    def __init__(self, objective: str = "efficiency", *, similar_priors: bool = True):
         self.objective = objective
+        self.similar_priors = similar_priors  # False: a family without history starts cold (an ablation)
         self.history: dict[int, list[JobModel]] = {}  # a family's models, newest first (the history store's)
+        self.oom_history: dict[int, list[set[str]]] = {}  # the roles OOM-killed in each run, newest first
+        self.signatures: dict[int, dict] = {}  # each family's signature, as its profile recorded it
         self.fits = 0
         self.steps = 0
 
@@ -225,11 +231,17 @@ class OursPolicy(Policy):
     def start(self, job: JobView) -> Start:
         family = job.spec.family
         prior = choose_prior(self.history.get(family.index, ()))  # only this simulation's earlier runs
+        if prior is not None and prior.memory is not None:
+            prior = replace(prior, memory=prior.memory.with_oom_history(self.oom_history.get(family.index, ())))
+        similar = None if prior is not None or not self.similar_priors else similar_prior(family.signature, (
+            (str(index), self.signatures[index], found.throughput) for index, models in self.history.items()
+            if index != family.index and (found := choose_prior(models)) is not None))
+        self.signatures[family.index] = family.signature
         # A real job knows the size of the tables it starts from (its layout, its checkpoint), not
         # how they will grow: the probes' PS (an all-reduce job's workers) hold at least them.
         job.state["controller"] = begin(job.limit, self.objective, prior=prior, batch_size=BATCH,
                                         table_mb=family.start_tables_mb, allreduce=is_allreduce(job),
-                                        window_s=self.cluster.cfg.probe_s)
+                                        window_s=self.cluster.cfg.probe_s, similar=similar)
         job.state["fed"] = 0
         action = self._advance(job, self._profile_seen(job, None))
         if isinstance(action, Probe):
@@ -297,6 +309,8 @@ class OursPolicy(Policy):
         """Every node of the killed role is OOM-killed (they hold equal shares): the guard's try
         reports it, its retry relaunches them with the memory the controller gives."""
         killed = _seen(self.cluster.cfg, job, obs.now_s, obs.config, obs.samples_done, obs.hot_ps_cpu, oom_role=node)
+        if job.phase != "profiling":  # a kill while it trains: a plan's memory (a probe's is a guess)
+            job.state.setdefault("oom_roles", set()).add(node)
         self._step(job, killed)  # Fail(retryable): the try reports the failure
         actions = self._step(job, killed)
         if any(isinstance(a, Fail) for a in actions):
@@ -318,6 +332,8 @@ class OursPolicy(Policy):
         state: ControllerState | None = job.state.get("controller")
         if state is not None and state.model is not None:  # the run's model joins the history store's
             self.history.setdefault(job.spec.family.index, []).insert(0, state.model)
+        if state is not None:  # and its OOM kills while it trained (the guard's events)
+            self.oom_history.setdefault(job.spec.family.index, []).insert(0, job.state.get("oom_roles", set()))
 
 
 def _seen(cfg, job: JobView, now_s: float, config: Configuration | None, samples_done: float,

@@ -228,10 +228,13 @@ def bootstrap(table: pd.DataFrame, resamples: int = 400, seed: int = 0) -> pd.Da
     return pd.DataFrame({"policy": table["policy"].iloc[0], "metric": names, "low": lo, "high": hi})
 
 
-def run_policy(cfg: SimConfig, name: str, *, trace=None, objective: str = "efficiency", bridge=None) -> PolicyRun:
+def run_policy(cfg: SimConfig, name: str, *, trace=None, objective: str = "efficiency", bridge=None,
+               policy=None) -> PolicyRun:
+    """One policy on the trace of ``cfg`` (``policy``: an instance to run under ``name``, e.g. an
+    ablation of one; default ``make_policy(name)``)."""
     trace = trace if trace is not None else generate_trace(cfg)
     bounds = bound_table(cfg, trace)
-    policy = make_policy(name, objective=objective, bridge=bridge)
+    policy = policy if policy is not None else make_policy(name, objective=objective, bridge=bridge)
     start = time.perf_counter()
     cluster = Cluster(cfg, trace, policy)
     jobs = cluster.run()

@@ -137,6 +137,16 @@ class Family:
     start_tables_mb: float
     #: ``daily``, ``one-off`` (each run a new job) or what shifted it: ``tables×2``, ``data×2``, ``model``.
     recurrence: str = "daily"
+    #: The family's model and feature layout (its first index): a one-off family's jobs, each of
+    #: its own, share it, as two teams' jobs on one layout do.
+    layout: int = -1
+
+    @property
+    def signature(self) -> dict:
+        """What a job of the family knows of its work per sample (``optimizer.similarity``): its
+        kind, its model and layout, and its tables' size (their rows, at a fixed width)."""
+        return {"trainer": "allreduce" if self.user.ps == 0 else "ps", "model": f"layout-{self.layout}",
+                "rows": self.start_tables_mb}
 
 
 @dataclass(frozen=True)
@@ -365,7 +375,7 @@ def generate_trace(config: SimConfig) -> list[JobSpec]:
             user = _large_user(large, memory, typical, under)
         limit_cpu = float(max(64.0, _round_up(user.cores * 1.25, 16)))
         limit_mem = float(max(limit_cpu * 4096.0, _round_up(user.memory_mb * 1.25, 1024)))
-        families.append(Family(index, truth, memory, user, limit_cpu, limit_mem, typical, memory.table_mb))
+        families.append(Family(index, truth, memory, user, limit_cpu, limit_mem, typical, memory.table_mb, layout=index))
 
     # A family's daily runs: hours drawn once; the jobs a day are the families' runs.
     slots = [(f, hour) for f in families for hour in _diurnal_hours(rng, config.jobs_per_family, config.day_s)]

@@ -94,6 +94,22 @@ def test_cold_run_profiles_plans_trains_and_reports(dag, exports):
     assert report["job"]["export"] == f"{exports}/2026-11-01" and report["model_comparison"] is None
 
 
+def test_a_second_job_on_the_same_layout_starts_from_the_first_ones_model(dag):
+    from airflow.dag_processing.dagbag import DagBag
+
+    other = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"]).get_dag("ctr_daily_retrain")
+    dagrun = other.test(run_conf={"samples": 600_000, "quota_cpu": SMALL["quota_cpu"], "quota_memory": "4Gi"})
+    history = HistoryStore()
+    record = history.runs("ctr_daily_retrain")[-1]
+    assert dagrun.state == "success" and record["status"] == "succeeded"
+    report = record["summary"]
+    [(source, s)] = report["similar_start"]  # 20,000 rows a table against the first job's 5,000: s = 4^-¼
+    assert source.endswith(f"/{JOB}") and s == pytest.approx(4 ** -0.25) and not report["warm_start"]
+    [profiled] = [e for e in history.records(record["id"], "event") if e["event"] == "profiled"]
+    assert profiled["probes"] == C.MIN_PROBES_SIMILAR + 1 < 5  # 2 + ⌈(1 − s)·(5 − 2)⌉, against the cold design's 5
+    assert profiled["measured"] == profiled["probes"] and report["samples_lost"] == 0
+
+
 def test_the_next_day_continues_from_the_export_and_compares_the_two_models(dag, exports):
     from airflow.models.asset import AssetEvent
     from airflow.utils.session import create_session

@@ -96,12 +96,33 @@ def test_the_priors_margins_are_what_the_jobs_oom_history_justifies(store):
         day(f"d{k}")
     latest = day("d9", "ps-1")
     today = store.start_run("ctr", "d10")
-    assert store.oom_runs("ctr", before_run=today) == {"worker": 0, "ps": 2}
-    assert store.oom_runs("ctr", before_run=latest) == {"worker": 1, "ps": 1}
+    history = store.oom_history("ctr", before_run=today)
+    assert len(history) == C.MEMORY_OOM_HISTORY_RUNS and history[0] == {"ps"} and history[-1] == {"ps"}
+    assert store.oom_history("ctr", before_run=latest)[-2:] == [{"ps"}, {"worker"}]
     memory = store.prior_model("ctr", before_run=today).memory
-    assert memory.ps_margin_fraction == pytest.approx(margin_after_ooms(2))
+    assert memory.ps_margin_fraction == pytest.approx(margin_after_ooms(2))  # two kills in one run count once
     assert memory.worker_margin_fraction == C.MEMORY_MARGIN_FRACTION
-    assert store.oom_runs("video") == {"worker": 0, "ps": 0}
+    assert store.oom_history("video") == []
+
+
+def test_a_new_job_finds_the_priors_of_jobs_with_its_signature(store):
+    from airflow_dlrover.runtime.spec import JobSpec
+
+    signature = JobSpec("demo").signature()
+    model = fit_job_model(model_samples(seed=3), leave_one_out=False)
+    for job, sig in ((CTR_A, signature), (CTR_B, signature | {"lookups": 52}),
+                     (CTR_B_GROUP, signature | {"trainer": "allreduce"})):
+        run = store.start_run(job, "d1")
+        store.add(run, "event", {"event": "profiled", "signature": sig})
+        store.save_model(run, model)
+    store.save_model(store.start_run(JobIdentity("dag_c", "", "unsigned"), "d1"), model)  # no signature: never a source
+    new = JobIdentity("dag_new", "", "ctr_sibling")
+    found = store.similar_prior(new, signature)
+    assert [name for name, _ in found.sources] == [str(CTR_A), str(CTR_B)]
+    assert found.similarity == 1.0 and dict(found.sources)[str(CTR_B)] == pytest.approx(0.5)
+    assert found.throughput.params == pytest.approx(model.throughput.params)
+    assert [name for name, _ in store.similar_prior(CTR_A, signature).sources] == [str(CTR_B)]  # never itself
+    assert store.similar_prior(new, signature | {"model": "pkg.mod:build"}) is None
 
 
 def test_plans_decisions_and_events(store):

@@ -79,9 +79,12 @@ def test_requests_cover_the_largest_node_and_the_largest_peak_above_the_fit():
 
 
 def test_a_refit_keeps_the_margins_its_history_gave_it():
-    prior = fit_memory(model_samples()).with_margins(worker=0.4, ps=0.725)
+    prior = fit_memory(model_samples()).with_oom_history([{"worker", "ps"}, set(), {"worker"}])
+    assert (prior.worker_margin_fraction, prior.ps_margin_fraction) == (margin_after_ooms(2), margin_after_ooms(1))
+    old = [set()] * C.MEMORY_OOM_HISTORY_RUNS + [{"ps"}]  # a kill longer ago than the history counts
+    assert fit_memory(model_samples()).with_oom_history(old).ps_margin_fraction == C.MEMORY_MARGIN_FRACTION
     refit = fit_memory(model_samples(seed=5), base_from=prior)
-    assert (refit.worker_margin_fraction, refit.ps_margin_fraction) == (0.4, 0.725)
+    assert (refit.worker_margin_fraction, refit.ps_margin_fraction) == (margin_after_ooms(2), margin_after_ooms(1))
     assert refit.worker_request_mb(512) > replace(refit, worker_margin_fraction=0.15).worker_request_mb(512)
     assert MemoryModel.from_dict({k: v for k, v in refit.to_dict().items() if "margin" not in k and "excess" not in k}
                                  ).ps_margin_fraction == C.MEMORY_MARGIN_FRACTION  # a model stored before margins

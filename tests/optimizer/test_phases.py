@@ -11,6 +11,7 @@ from airflow_dlrover.optimizer.controller import (
 )
 from airflow_dlrover.optimizer.job_model import JobModel, choose_prior, fit_job_model
 from airflow_dlrover.optimizer.probes import design_probes, probes_always_measured, visiting_order
+from airflow_dlrover.optimizer.similarity import SimilarPrior, similar_probe_count
 from airflow_dlrover.optimizer.types import Configuration, NodeState, NodeStatus, Phase, Quota, Reason
 from sim.synthetic import true_throughput
 
@@ -106,6 +107,24 @@ def test_a_warm_start_probes_nothing_and_plans_on_its_prior():
     assert launch.plan.config.cores <= QUOTA.cpu
 
 
+def test_a_new_job_like_another_profiles_a_few_probes_and_fits_toward_the_others_model():
+    other, *_ = drive(begin(QUOTA))
+    similar = SimilarPrior(other.model.throughput, 0.8, (("dag/other", 0.8),))
+    state = begin(QUOTA, similar=similar)
+    assert state.prior.memory is None and state.prior_sources == similar.sources
+    assert state.prior_weight == pytest.approx(C.WARM_START_PRIOR_WEIGHT * 0.8)
+    cold = len(begin(QUOTA).probes)
+    assert len(state.probes) == similar_probe_count(0.8, cold) < cold
+    state, asked, _, launch = drive(state)
+    assert len([p for p in asked if p.reason == Reason.PROBE]) == len(state.probes)
+    assert state.model.throughput.report.warm_start and state.model.memory is not None  # its own memory
+    assert launch.plan.config.cores <= QUOTA.cpu
+    own = choose_prior([other.model])
+    assert begin(QUOTA, prior=own, similar=similar).prior is own  # a job's own history comes first
+    _, (fail,) = step(replace(begin(QUOTA, similar=similar), probes=()), Observation(0.0, samples_total=SAMPLES))
+    assert isinstance(fail, Fail) and fail.reason == Reason.NOT_PROFILED  # no memory model to plan with
+
+
 def test_a_job_that_starts_from_an_export_plans_its_ps_memory_for_the_tables_it_starts_with():
     cold_state, *_ = drive(begin(QUOTA))
     prior = choose_prior([cold_state.model])  # of a run that started empty
@@ -143,6 +162,10 @@ def test_a_probe_node_killed_for_memory_is_relaunched_at_once_not_reported_first
     after, (relaunch,) = step(state, Observation(10.0, config=config, samples_total=SAMPLES, nodes=killed))
     assert isinstance(relaunch, Relaunch) and relaunch.memory_mb > config.worker_memory_mb
     assert after.phase == Phase.PROFILING and after.probes_issued == state.probes_issued
+    # a probe's whole role killed at once is one too-small probe: every node is relaunched grown
+    many = tuple(replace(killed[0], name=f"worker-{i}", index=i) for i in range(2 * C.FAILURES_BEFORE_TRAINING))
+    _, relaunches = step(state, Observation(10.0, config=config, samples_total=SAMPLES, nodes=many))
+    assert [type(a) for a in relaunches] == [Relaunch] * len(many)
     # a node that keeps failing fails the task, retryably, past FAILURES_BEFORE_TRAINING
     for restarts in range(1, C.FAILURES_BEFORE_TRAINING + 1):
         again = (replace(killed[0], restarts=restarts),)
