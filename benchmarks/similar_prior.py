@@ -39,8 +39,9 @@ def main() -> None:
     parser.add_argument("--one-off-fraction", type=float, default=0.5)
     parser.add_argument("--seeds", type=int, nargs="+", default=list(REPORT_SEEDS))
     args = parser.parse_args()
-    header = (f"{'seed':>5} {'jobs':>5} {'JCT similar':>12} {'JCT cold':>9} {'profile similar':>16} {'profile cold':>13} "
-              f"{'median ratio':>13} {'geo-mean':>9} {'/bound sim':>10} {'/bound cold':>11} {'failed':>7}")
+    header = (f"{'seed':>5} {'jobs':>5} {'JCT similar':>12} {'JCT cold':>9} {'profile similar':>16} "
+              f"{'profile cold':>13} {'median ratio':>13} {'geo-mean':>9} {'/bound sim':>10} {'/bound cold':>11} "
+              f"{'failed':>7}")
     print(header)
     print("-" * len(header))
     pooled = {"ratio": [], "similar": [], "cold": [], "ps": [], "pc": [], "bs": [], "bc": []}
@@ -50,7 +51,8 @@ def main() -> None:
         cold = one_offs(run_policy(cfg, "ours", policy=OursPolicy(similar_priors=False)).jobs).loc[similar.index]
         done = (similar["status"] == "done") & (cold["status"] == "done")
         ratio = (similar["jct_s"] / cold["jct_s"])[done]
-        bound_s, bound_c = (similar["jct_s"] / similar["bound_run_s"])[done], (cold["jct_s"] / cold["bound_run_s"])[done]
+        bound_s = (similar["jct_s"] / similar["bound_run_s"])[done]
+        bound_c = (cold["jct_s"] / cold["bound_run_s"])[done]
         failed = f"{int((similar['status'] != 'done').sum())}/{int((cold['status'] != 'done').sum())}"
         print(f"{seed:>5} {len(similar):>5} {similar['jct_s'].median():>12.0f} {cold['jct_s'].median():>9.0f} "
               f"{similar['profile_s'].median():>16.0f} {cold['profile_s'].median():>13.0f} {ratio.median():>13.3f} "
@@ -63,7 +65,8 @@ def main() -> None:
     ratio = np.array(pooled["ratio"])
     print(f"{'all':>5} {len(ratio):>5} {statistics.median(pooled['similar']):>12.0f} "
           f"{statistics.median(pooled['cold']):>9.0f} {statistics.median(pooled['ps']):>16.0f} "
-          f"{statistics.median(pooled['pc']):>13.0f} {np.median(ratio):>13.3f} {float(np.exp(np.log(ratio).mean())):>9.3f} "
+          f"{statistics.median(pooled['pc']):>13.0f} {np.median(ratio):>13.3f} "
+          f"{float(np.exp(np.log(ratio).mean())):>9.3f} "
           f"{statistics.median(pooled['bs']):>10.2f} {statistics.median(pooled['bc']):>11.2f}")
 
 

@@ -89,8 +89,8 @@ def test_every_module_but_the_trainers_imports_without_torch():
 
 
 def test_the_dags_parse_without_torch():
-    """The example DAGs (the retrain, a second team's on its layout, the deploy on its model Asset) and the trainers' DAGs
-    (``tests/conftest.py`` copies them into the dags folder)."""
+    """The example DAGs (the retrain, a second team's on its layout, the deploy on its model Asset)
+    and the trainers' DAGs (``tests/conftest.py`` copies them into the dags folder)."""
     out = without_torch("""
         import json, os
         from airflow.dag_processing.dagbag import DagBag

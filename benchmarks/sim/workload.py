@@ -375,7 +375,8 @@ def generate_trace(config: SimConfig) -> list[JobSpec]:
             user = _large_user(large, memory, typical, under)
         limit_cpu = float(max(64.0, _round_up(user.cores * 1.25, 16)))
         limit_mem = float(max(limit_cpu * 4096.0, _round_up(user.memory_mb * 1.25, 1024)))
-        families.append(Family(index, truth, memory, user, limit_cpu, limit_mem, typical, memory.table_mb, layout=index))
+        families.append(Family(index, truth, memory, user, limit_cpu, limit_mem, typical, memory.table_mb,
+                               layout=index))
 
     # A family's daily runs: hours drawn once; the jobs a day are the families' runs.
     slots = [(f, hour) for f in families for hour in _diurnal_hours(rng, config.jobs_per_family, config.day_s)]
