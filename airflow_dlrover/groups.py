@@ -72,6 +72,8 @@ class DLRoverRetrainGroup(TaskGroup):
     :param start_on: launch on this configuration row instead of the plan (the fine-tune moves it
         when that pays)
     :param probe_window: seconds each profiling probe is measured for; None: the default
+    :param similar_jobs: a job with no history of its own starts from the models of jobs like it
+        (``DLRoverProfileOperator``); False: it profiles cold
     :param kubernetes: Kubernetes launcher settings over the connection's
     :param dlrover_conn_id: the ``dlrover`` connection
     :param deferrable: the fine-tune and the guard watch from the triggerer; None: ``[operators]
@@ -92,6 +94,7 @@ class DLRoverRetrainGroup(TaskGroup):
                  objective: str = "throughput", deadline: str | None = None,
                  baseline: dict[str, Any] | str | None = None, inject: str | None = None,
                  start_on: dict[str, Any] | str | None = None, probe_window: str | float | None = None,
+                 similar_jobs: bool = True,
                  kubernetes: dict[str, Any] | None = None, dlrover_conn_id: str = "dlrover_default",
                  deferrable: bool | None = None, window: str | float | None = None, windows: int | str = 3,
                  timeout: timedelta | float | None = None, group_id: str | None = None, **group_kwargs: Any):
@@ -123,7 +126,7 @@ class DLRoverRetrainGroup(TaskGroup):
         self.model = model_asset(job, dag_id=self.dag.dag_id, task_group=self.group_id or "")
         with self:
             self.profile = DLRoverProfileOperator(task_id="profile", job_args=job_args, probe_window=probe_window,
-                                                  **shared)
+                                                  similar_jobs=similar_jobs, **shared)
             self.fit = DLRoverFitOperator(task_id="fit", **shared)
             self.launch = DLRoverLaunchOperator(task_id="launch", job_args=job_args, objective=objective,
                                                 deadline=deadline, baseline=baseline, inject=inject, start_on=start_on,

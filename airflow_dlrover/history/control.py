@@ -19,8 +19,8 @@ from typing import Any, Iterable
 
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.controller import Action, ControllerState, Fail, Resize, prior_fields
-from airflow_dlrover.optimizer.similarity import SimilarPrior
 from airflow_dlrover.optimizer.finetune import ResizeRecord
+from airflow_dlrover.optimizer.similarity import SimilarPrior
 from airflow_dlrover.optimizer.types import (
     RESIZE_ACTIONS, Configuration, EventKind, NodeState, NodeStatus, Phase, Quota, Reason, RecordKind,
 )

@@ -30,6 +30,8 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
         samples and batch_size (templated)
     :param probe_window: measurement time per probe (default: ``PROBE_WINDOW_S`` for our runtime,
         ``TRAINER_PROBE_WINDOW_S`` for a trainer of the user's) (templated)
+    :param similar_jobs: a job with no history of its own starts from the models of jobs like it;
+        False: it profiles cold (an A/B of the prior, or a job that must not learn from others')
     Shared arguments (``job``, ``quota``, ``kubernetes``, ``dlrover_conn_id``): ``DLRoverBaseOperator``.
     """
 
@@ -37,9 +39,9 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
     ui_color = "#e8f4fd"
 
     def __init__(self, *, job_args: dict[str, Any] | None = None, probe_window: str | float | None = None,
-                 **kwargs: Any):
+                 similar_jobs: bool = True, **kwargs: Any):
         super().__init__(**kwargs)
-        self.job_args, self.probe_window = job_args, probe_window
+        self.job_args, self.probe_window, self.similar_jobs = job_args, probe_window, similar_jobs
 
     def execute(self, context: Any) -> dict[str, Any]:
         import pandas as pd
@@ -59,7 +61,7 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
             window_s = duration_s("probe_window", self.probe_window) if self.probe_window else default_window
             prior = self.history.prior_model(self.job, before_run=run)
             signature = spec.signature()
-            similar = self.history.similar_prior(self.job, signature) if prior is None else None
+            similar = self.history.similar_prior(self.job, signature) if prior is None and self.similar_jobs else None
             layout = {"table_mb": None, "largest_table_mb": None} if trainer else {
                 "table_mb": spec.layout.table_mb(), "largest_table_mb": spec.layout.largest_table_mb(),
                 "table_start_mb": starting_tables_mb(spec)}

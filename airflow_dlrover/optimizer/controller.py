@@ -192,6 +192,8 @@ class ControllerState:
     ``since_s``: when the running configuration was planned or resized to (its windows judge
     it). ``failures_reported``: the ``(node, restarts)`` failures a step has reported.
     ``node_history``: the detectors' rows (``instability.METRIC_COLUMNS`` + ``throughput``).
+    ``prior_weight``: how hard the fit pulls toward ``prior``; ``prior_sources``: the jobs (name,
+    similarity) a prior from similar jobs came from (:func:`prior_fields`; empty: the job's own).
     ``explorations``: the fine-tune's explorations so far (``EXPLORE_MAX_PER_RUN``).
 
     Before training (see :func:`begin`): ``phase``; ``probes``: the profile's probes in their

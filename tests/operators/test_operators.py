@@ -228,9 +228,12 @@ def test_operators_against_a_running_job(airflow_db):
     """profile (on the job itself) → fit → launch; a retried launch adopts; the fine-tune and the
     guard defer to triggers that fire on the real job; a failed-node event is a retryable failure."""
     job, ctx = "operators", context("manual__ops")
-    profiled = DLRoverProfileOperator(task_id="profile", job=job, job_args=JOB_ARGS, quota=QUOTA).execute(ctx)
+    # cold, though the session's earlier jobs share its layout (they would give it a similar start)
+    profiled = DLRoverProfileOperator(task_id="profile", job=job, job_args=JOB_ARGS, quota=QUOTA,
+                                      similar_jobs=False).execute(ctx)
     # 5 designed under 1.5 cores; a job of ~2 minutes measures the minimum (PROFILE_BUDGET_FRACTION)
     assert profiled["probes"] == 5 and profiled["measured"] == C.MIN_PROBES_COLD and not profiled["warm_start"]
+    assert profiled["similar_to"] == []
     fitted = DLRoverFitOperator(task_id="fit", job=job).execute(ctx)
     assert fitted["samples"] == C.MIN_PROBES_COLD and set(fitted["parameters"]) >= {"overhead", "ps_service"}
     launch = DLRoverLaunchOperator(task_id="launch", job=job, job_args=JOB_ARGS, quota=QUOTA)
