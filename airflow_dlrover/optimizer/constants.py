@@ -391,7 +391,8 @@ OOM_MIN_RISE_MB = 32.0
 #: detectors' full 30 s history 300 s): a node starved of CPU (its quota cut, a busy machine)
 #: ramps through its warm-up for longer than ``NODE_WARMUP_S``, and 9 s of that ramp read as a
 #: line crossed a 2 GB limit "in 311 s" for a worker that levels off near 250 MB (our
-#: measurement). A real leak is still caught with the trusted span's time to spare. (ours)
+#: measurement). A real leak is still caught with the trusted span's time to spare. The new limit
+#: of a node at risk covers the trend as far ahead, no further. (ours)
 OOM_TREND_EXTRAPOLATION = 10.0
 
 # --------------------------------------------------------------------------------------------

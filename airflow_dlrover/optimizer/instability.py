@@ -227,7 +227,10 @@ def detect_oom_risk(
                     seconds = float("inf")
             else:
                 seconds, slope = float("inf"), 0.0
-            peak = max(used, trend.at(trend.last_time_s + ahead) if trend else used)
+            # the new limit no further ahead than the line's span supports (as its crossing):
+            # a restore's ramp read over the job's remaining minutes asked a 190 MB PS for 3.7 GB
+            supported = min(ahead, C.OOM_TREND_EXTRAPOLATION * np.ptp(t)) if trend else 0.0
+            peak = max(used, trend.at(trend.last_time_s + supported) if trend else used)
         near = used >= C.OOM_USAGE_FRACTION * limit
         if not near and seconds > horizon_s:
             continue

@@ -61,9 +61,11 @@ def test_oom_risk_forecasts_the_crossing_and_sizes_the_new_limit():
     forecast = 2600 + 10 * C.OOM_HORIZON_S
     assert event.evidence["forecast_peak_mb"] == pytest.approx(forecast)
     assert event.action.value == memory_request_mb(forecast)
-    # With the remaining job time known, the new limit covers the end of the job.
+    # With the remaining job time known, the new limit covers as much of it as the 60 s line supports.
     longer = detect_oom_risk(metrics(rows), remaining_s=3600)[0]
-    assert longer.action.value == memory_request_mb(2600 + 10 * 3600)
+    assert longer.action.value == memory_request_mb(2600 + 10 * C.OOM_TREND_EXTRAPOLATION * 60)
+    shorter = detect_oom_risk(metrics(rows), remaining_s=300)[0]
+    assert shorter.action.value == memory_request_mb(2600 + 10 * 300)
 
 
 def test_a_short_ramp_forecasts_only_as_far_as_its_span_supports():
