@@ -98,9 +98,7 @@ def margin_after_ooms(runs_with_kills: int) -> float:
     back to VPA's."""
     if not isinstance(runs_with_kills, int) or runs_with_kills < 0:
         raise InvalidInputError("runs_with_kills", runs_with_kills, "an integer ≥ 0")
-    if runs_with_kills == 0:
-        return C.MEMORY_MARGIN_FRACTION
-    return (1.0 + C.MEMORY_MARGIN_FRACTION) * C.OOM_MEMORY_GROWTH ** runs_with_kills - 1.0
+    return C.MEMORY_MARGIN_FRACTION + (1.0 + C.MEMORY_MARGIN_FRACTION) * (C.OOM_MEMORY_GROWTH ** runs_with_kills - 1.0)
 
 
 @dataclass(frozen=True)
@@ -255,7 +253,7 @@ def node_peaks(table: pd.DataFrame, role: str) -> pd.Series:
 
 def _excess(measured: np.ndarray, fitted: Any) -> float:
     """The most a measured peak passed the fitted curve, MB (0 where none did)."""
-    return float(max(np.max(measured - np.asarray(fitted, dtype=float), initial=0.0), 0.0))
+    return float(np.max(measured - np.asarray(fitted, dtype=float), initial=0.0))
 
 
 def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity_mb: float | None = None,
