@@ -17,7 +17,7 @@ stopped (a sibling task was killed), ``{"kind": "timeout"}`` at ``deadline``
 (epoch seconds: the task's ``timeout`` from its first try, so that re-deferrals do not restart
 it; Airflow enforces the same bound on each deferral, except under ``airflow dags test``) and
 ``{"kind": "turn"}`` when a sibling task watching the same job has waited too long for a worker
-slot (:class:`Turns`). Each window also logs a progress line and sends the window's metrics.
+slot, ``{"kind": "sibling_failed"}`` when one has failed (:class:`Turns`). Each window also logs a progress line and sends the window's metrics.
 
 The same watch runs in the triggerer (deferrable tasks: :meth:`DLRoverJobTrigger.run`) and on
 the worker (:meth:`DLRoverJobTrigger.wait`). Launcher calls block, so the triggerer runs them in
@@ -285,6 +285,10 @@ class Turns:
     (``{"kind": "turn"}``: it reschedules) once a sibling has waited for one (``WAITING_STATES``)
     for ``T.SIBLING_WAIT_S`` without a break. Under a scheduler with a triggerer no sibling waits
     that long, and no turn is taken: no knob to set.
+
+    A sibling found ``failed`` (marked failed by a user while it was between deferrals, where no
+    ``on_kill`` runs, or out of retries) leaves the job without a watcher: ``{"kind":
+    "sibling_failed"}``, on which the task stops the job and fails, as the trigger's ``on_kill``.
     """
 
     def __init__(self, siblings: list[str], waiting_since: float | None = None):
@@ -297,6 +301,8 @@ class Turns:
 
     def event(self, states: dict[str, str], now: float, watch: JobWatch) -> dict[str, Any] | None:
         self.checked_at = now
+        if failed := [task for task in self.siblings if states.get(task) == "failed"]:
+            return {"kind": "sibling_failed", "tasks": failed}
         if not any(states.get(task) in WAITING_STATES for task in self.siblings):
             self.waiting_since = None
             return None

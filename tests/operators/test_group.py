@@ -115,6 +115,28 @@ def test_a_sibling_waiting_for_a_slot_gets_a_turn_only_after_waiting_without_a_b
     # the wait outlives the trigger: each event ends one, and the next starts from the carried time
     carried = Turns(["g.guard"], waiting_since=t0)
     assert carried.event({"g.guard": "up_for_reschedule"}, t0 + T.SIBLING_WAIT_S, Watch)["kind"] == "turn"
+    # a sibling marked failed between its deferrals (no on_kill ran) leaves the job unwatched
+    assert Turns(["g.guard", "g.x"]).event({"g.guard": "failed", "g.x": "deferred"}, t0, Watch) == {
+        "kind": "sibling_failed", "tasks": ["g.guard"]}
+    assert Turns(["g.guard"]).event({"g.guard": "success"}, t0, Watch) is None
+
+
+def test_a_task_whose_sibling_failed_stops_the_job_and_fails_without_retry():
+    from airflow.exceptions import AirflowFailException
+
+    from airflow_dlrover.operators import DLRoverFineTuneOperator
+
+    class Launcher:
+        stopped = []
+
+        def stop(self, job_id):
+            self.stopped.append(job_id)
+
+    finetune = DLRoverFineTuneOperator(task_id="fine_tune", job="j")
+    finetune.__dict__["launcher"] = Launcher()
+    with pytest.raises(AirflowFailException, match="g.guard, watching it beside this task, failed"):
+        finetune.execute_complete({}, {"kind": "sibling_failed", "tasks": ["g.guard"], "job_id": "j-1"})
+    assert Launcher.stopped == ["j-1"]
 
 
 def test_a_state_is_named_alike_whichever_enum_it_arrives_as():

@@ -119,8 +119,11 @@ def test_the_example_dag_runs_under_a_scheduler_and_recovers_by_a_retry(deployme
     print(f"tries failed by Airflow's stale-success race: {scheduler_log.count('task-state-changed-externally')}")
 
     # The report emitted the model's Asset: the deploy DAG scheduled on it runs, on this run's model
-    # (asset-triggered runs need the scheduler's schedules: on, with the example DAG paused).
-    deployment.api("PATCH", f"/dags/{DAG_ID}", json={"is_paused": True})
+    # (asset-triggered runs need the scheduler's schedules: on, with every other DAG paused, lest
+    # the daily ones start a run of their own beside it).
+    for dag in deployment.api("GET", "/dags")["dags"]:
+        if dag["dag_id"] != DEPLOY_DAG_ID:
+            deployment.api("PATCH", f"/dags/{dag['dag_id']}", json={"is_paused": True})
     deployment.restart("scheduler", AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE="True")
     deadline = time.monotonic() + 300
     while not (runs := deployment.api("GET", f"/dags/{DEPLOY_DAG_ID}/dagRuns")["dag_runs"]) or \
