@@ -17,7 +17,8 @@ stopped (a sibling task was killed), ``{"kind": "timeout"}`` at ``deadline``
 (epoch seconds: the task's ``timeout`` from its first try, so that re-deferrals do not restart
 it; Airflow enforces the same bound on each deferral, except under ``airflow dags test``) and
 ``{"kind": "turn"}`` when a sibling task watching the same job has waited too long for a worker
-slot, ``{"kind": "sibling_failed"}`` when one has failed (:class:`Turns`). Each window also logs a progress line and sends the window's metrics.
+slot, ``{"kind": "sibling_failed"}`` when one has failed (:class:`Turns`). Each window also
+logs a progress line and sends the window's metrics.
 
 The same watch runs in the triggerer (deferrable tasks: :meth:`DLRoverJobTrigger.run`) and on
 the worker (:meth:`DLRoverJobTrigger.wait`). Launcher calls block, so the triggerer runs them in
