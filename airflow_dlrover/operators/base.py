@@ -127,8 +127,8 @@ class DLRoverWatchingOperator(DLRoverBaseOperator):
 
     Both modes end the task ``timeout`` after its first try started (a deadline kept across
     re-deferrals and turns), hand the worker slot back when a sibling watching the same job waits
-    for one (``triggers.job.Turns``), and stop the job when the task is killed, or when a sibling
-    has failed (killed between its deferrals, where nothing else would stop the job).
+    for one (``triggers.job.Turns``), and stop the job when the task is killed — the fine-tune
+    also when its guard has failed (killed between two deferrals, where nothing else stops the job).
     """
 
     template_fields: Sequence[str] = (*DLRoverBaseOperator.template_fields, "window")
@@ -176,11 +176,11 @@ class DLRoverWatchingOperator(DLRoverBaseOperator):
         if event["kind"] == "stopped":
             raise AirflowFailException(f"job {event['job_id']} was stopped (a task of its run was killed, or "
                                        "`dlrover-rm stop`): nothing left to watch")
-        if event["kind"] == "sibling_failed":  # killed between its deferrals: no on_kill stopped the job
+        if event["kind"] == "sibling_failed":  # the guard failed (killed between deferrals: no on_kill ran)
             self.log.warning("%s failed: stopping job %s", ", ".join(event["tasks"]), event["job_id"])
             self.launcher.stop(event["job_id"])
-            raise AirflowFailException(f"job {event['job_id']} was stopped: {', '.join(event['tasks'])}, watching "
-                                       "it beside this task, failed (marked failed, or out of retries)")
+            raise AirflowFailException(f"job {event['job_id']} was stopped: {', '.join(event['tasks'])}, guarding "
+                                       "it, failed (marked failed, out of retries, or past its timeout)")
         return self.handle(context, event)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:

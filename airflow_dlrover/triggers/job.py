@@ -17,8 +17,8 @@ stopped (a sibling task was killed), ``{"kind": "timeout"}`` at ``deadline``
 (epoch seconds: the task's ``timeout`` from its first try, so that re-deferrals do not restart
 it; Airflow enforces the same bound on each deferral, except under ``airflow dags test``) and
 ``{"kind": "turn"}`` when a sibling task watching the same job has waited too long for a worker
-slot, ``{"kind": "sibling_failed"}`` when one has failed (:class:`Turns`). Each window also
-logs a progress line and sends the window's metrics.
+slot, and the fine-tune's ``{"kind": "sibling_failed"}`` when its guard has failed (:class:`Turns`).
+Each window also logs a progress line and sends the window's metrics.
 
 The same watch runs in the triggerer (deferrable tasks: :meth:`DLRoverJobTrigger.run`) and on
 the worker (:meth:`DLRoverJobTrigger.wait`). Launcher calls block, so the triggerer runs them in
@@ -117,7 +117,7 @@ class DLRoverJobTrigger(BaseTrigger):
         # comms, which sync_to_async bridges.
         store = await sync_to_async(self._history_store)()
         watch = await asyncio.to_thread(JobWatch, launcher, self, store)
-        turns = Turns(self.siblings, self.waiting_since)
+        turns = Turns(self.siblings, self.waiting_since, guarded=self.purpose == "finetune")
         states = sync_to_async(lambda: task_states(self.dag_id, self.run_id, self.siblings))
         while True:
             if hasattr(launcher, "astatus"):  # Kubernetes: AsyncKubernetesHook, on this loop
@@ -137,7 +137,7 @@ class DLRoverJobTrigger(BaseTrigger):
     def wait(self, launcher: Any) -> dict[str, Any]:
         """The same watch, blocking on this worker (a task that does not defer); the event."""
         watch = JobWatch(launcher, self, self._history_store())
-        turns = Turns(self.siblings, self.waiting_since)
+        turns = Turns(self.siblings, self.waiting_since, guarded=self.purpose == "finetune")
         while True:
             event = watch.poll(launcher.status(self.job_id)) or self._deadline_event(watch)
             if event is None and turns.due(time.time()):
@@ -287,22 +287,25 @@ class Turns:
     for ``T.SIBLING_WAIT_S`` without a break. Under a scheduler with a triggerer no sibling waits
     that long, and no turn is taken: no knob to set.
 
-    A sibling found ``failed`` (marked failed by a user while it was between deferrals, where no
-    ``on_kill`` runs, or out of retries) leaves the job without a watcher: ``{"kind":
-    "sibling_failed"}``, on which the task stops the job and fails, as the trigger's ``on_kill``.
+    The fine-tune (``guarded``) also watches its guard: a guard found ``failed`` — marked failed by
+    a user between two deferrals, where no ``on_kill`` runs, out of retries, or past its timeout —
+    leaves the job unguarded in a failed run: ``{"kind": "sibling_failed"}``, on which the fine-tune
+    stops the job and fails, as the trigger's ``on_kill`` would. Not the other way round: a
+    fine-tune ends failed by its own timeout while the job trains on under its guard.
     """
 
-    def __init__(self, siblings: list[str], waiting_since: float | None = None):
+    def __init__(self, siblings: list[str], waiting_since: float | None = None, guarded: bool = False):
         self.siblings = list(siblings)
         self.checked_at = 0.0
         self.waiting_since = waiting_since
+        self.guarded = guarded
 
     def due(self, now: float) -> bool:
         return bool(self.siblings) and now - self.checked_at >= T.SIBLING_CHECK_S
 
     def event(self, states: dict[str, str], now: float, watch: JobWatch) -> dict[str, Any] | None:
         self.checked_at = now
-        if failed := [task for task in self.siblings if states.get(task) == "failed"]:
+        if self.guarded and (failed := [task for task in self.siblings if states.get(task) == "failed"]):
             return {"kind": "sibling_failed", "tasks": failed}
         if not any(states.get(task) in WAITING_STATES for task in self.siblings):
             self.waiting_since = None

@@ -115,10 +115,12 @@ def test_a_sibling_waiting_for_a_slot_gets_a_turn_only_after_waiting_without_a_b
     # the wait outlives the trigger: each event ends one, and the next starts from the carried time
     carried = Turns(["g.guard"], waiting_since=t0)
     assert carried.event({"g.guard": "up_for_reschedule"}, t0 + T.SIBLING_WAIT_S, Watch)["kind"] == "turn"
-    # a sibling marked failed between its deferrals (no on_kill ran) leaves the job unwatched
-    assert Turns(["g.guard", "g.x"]).event({"g.guard": "failed", "g.x": "deferred"}, t0, Watch) == {
+    # the fine-tune's guard marked failed between its deferrals (no on_kill ran) leaves the job unguarded ...
+    assert Turns(["g.guard", "g.x"], guarded=True).event({"g.guard": "failed", "g.x": "deferred"}, t0, Watch) == {
         "kind": "sibling_failed", "tasks": ["g.guard"]}
-    assert Turns(["g.guard"]).event({"g.guard": "success"}, t0, Watch) is None
+    assert Turns(["g.guard"], guarded=True).event({"g.guard": "success"}, t0, Watch) is None
+    # ... while the guard watches on past a fine-tune that failed (its own timeout ends it so)
+    assert Turns(["g.fine_tune"]).event({"g.fine_tune": "failed"}, t0, Watch) is None
 
 
 def test_a_task_whose_sibling_failed_stops_the_job_and_fails_without_retry():
@@ -134,7 +136,7 @@ def test_a_task_whose_sibling_failed_stops_the_job_and_fails_without_retry():
 
     finetune = DLRoverFineTuneOperator(task_id="fine_tune", job="j")
     finetune.__dict__["launcher"] = Launcher()
-    with pytest.raises(AirflowFailException, match="g.guard, watching it beside this task, failed"):
+    with pytest.raises(AirflowFailException, match="g.guard, guarding it, failed"):
         finetune.execute_complete({}, {"kind": "sibling_failed", "tasks": ["g.guard"], "job_id": "j-1"})
     assert Launcher.stopped == ["j-1"]
 
