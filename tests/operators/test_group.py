@@ -123,22 +123,23 @@ def test_a_sibling_waiting_for_a_slot_gets_a_turn_only_after_waiting_without_a_b
     assert Turns(["g.fine_tune"]).event({"g.fine_tune": "failed"}, t0, Watch) is None
 
 
-def test_a_task_whose_sibling_failed_stops_the_job_and_fails_without_retry():
+def test_a_fine_tune_whose_guard_failed_stops_the_job_and_fails_without_retry():
     from airflow.exceptions import AirflowFailException
 
     from airflow_dlrover.operators import DLRoverFineTuneOperator
 
     class Launcher:
-        stopped = []
+        def __init__(self):
+            self.stopped = []
 
         def stop(self, job_id):
             self.stopped.append(job_id)
 
     finetune = DLRoverFineTuneOperator(task_id="fine_tune", job="j")
-    finetune.__dict__["launcher"] = Launcher()
+    launcher = finetune.__dict__["launcher"] = Launcher()
     with pytest.raises(AirflowFailException, match="g.guard, guarding it, failed"):
         finetune.execute_complete({}, {"kind": "sibling_failed", "tasks": ["g.guard"], "job_id": "j-1"})
-    assert Launcher.stopped == ["j-1"]
+    assert launcher.stopped == ["j-1"]
 
 
 def test_a_state_is_named_alike_whichever_enum_it_arrives_as():
