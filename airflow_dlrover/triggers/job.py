@@ -117,7 +117,7 @@ class DLRoverJobTrigger(BaseTrigger):
         # comms, which sync_to_async bridges.
         store = await sync_to_async(self._history_store)()
         watch = await asyncio.to_thread(JobWatch, launcher, self, store)
-        turns = Turns(self.siblings, self.waiting_since, guarded=self.purpose == "finetune")
+        turns = self._turns()
         states = sync_to_async(lambda: task_states(self.dag_id, self.run_id, self.siblings))
         while True:
             if hasattr(launcher, "astatus"):  # Kubernetes: AsyncKubernetesHook, on this loop
@@ -137,7 +137,7 @@ class DLRoverJobTrigger(BaseTrigger):
     def wait(self, launcher: Any) -> dict[str, Any]:
         """The same watch, blocking on this worker (a task that does not defer); the event."""
         watch = JobWatch(launcher, self, self._history_store())
-        turns = Turns(self.siblings, self.waiting_since, guarded=self.purpose == "finetune")
+        turns = self._turns()
         while True:
             event = watch.poll(launcher.status(self.job_id)) or self._deadline_event(watch)
             if event is None and turns.due(time.time()):
@@ -145,6 +145,10 @@ class DLRoverJobTrigger(BaseTrigger):
             if event is not None:
                 return self._payload(event, turns)
             time.sleep(self.poll_s)
+
+    def _turns(self) -> "Turns":
+        """The siblings' watch of this task: the fine-tune's also watches its guard (``Turns``)."""
+        return Turns(self.siblings, self.waiting_since, guarded=self.purpose == "finetune")
 
     def _deadline_event(self, watch: "JobWatch") -> dict[str, Any] | None:
         if self.deadline is not None and time.time() >= self.deadline:
