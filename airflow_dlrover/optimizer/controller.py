@@ -682,18 +682,24 @@ def _remaining_s(state: ControllerState, obs: Observation) -> float | None:
 def _ps_curve(state: ControllerState, obs: Observation) -> tuple[Callable[[float], float] | None, float]:
     """The OOM forecast's PS terms from the memory model, for the running configuration: a PS's
     growth from now to ``s`` seconds ahead, ``ps_peak_mb(p, n(s)) − ps_peak_mb(p, n(now))`` with
-    n(s) = samples done + the measured throughput × s, at most the samples of the job (None where
-    the model has no tables' growth, or the job's size or speed is unknown: the trend forecasts);
-    and what a PS holds twice for a moment at the job's end (``MemoryModel.ps_transient_mb``;
-    0 without a model)."""
+    n(s) = samples done + the measured throughput × s, at most the samples of the job; 0 where the
+    samples showed the tables not growing (g fitted as 0: a PS's rise is its allocator's wander, and
+    a line through a few seconds of it, extrapolated, once asked a 215 MB PS for 624 MB); None where
+    the growth is unknown (pinned), or the job's size or speed is: the trend forecasts. And what a
+    PS holds twice for a moment at the job's end (``MemoryModel.ps_transient_mb``; 0 without a
+    model)."""
     memory = state.model.memory if state.model is not None else None
     config = obs.config
     if memory is None or memory.allreduce or config is None or is_allreduce(config):
         return None, 0.0
     end = obs.samples_total if obs.samples_total is not None else obs.samples_done
     transient = float(memory.ps_transient_mb(config.ps, end))
+    if "table_growth_mb_per_m_samples" in memory.pinned:
+        return None, transient
+    if memory.table_growth_mb_per_m_samples <= 0:
+        return (lambda seconds: 0.0), transient
     measured = measured_since_resize(state, config)
-    if memory.table_growth_mb_per_m_samples <= 0 or obs.samples_total is None or not measured:
+    if obs.samples_total is None or not measured:
         return None, transient
     speed, done = float(np.median(measured)), obs.samples_done
     now_mb = float(memory.ps_peak_mb(config.ps, done))

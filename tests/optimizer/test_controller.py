@@ -406,6 +406,34 @@ def test_a_ps_whose_curve_reaches_its_limit_grows_to_the_models_request_for_the_
     assert resize.config.ps_memory_mb >= memory.ps_peak_mb(2, 1e6) + copy
 
 
+def test_a_ps_whose_tables_were_seen_not_growing_is_grown_from_its_level_not_from_a_steep_line():
+    """The demo's PS: its allocator took it from ~180 to 215 MB of 224 within seconds, a line at
+    ~320 MB/min; its model, refitted over millions of samples, saw the tables not grow."""
+    from airflow_dlrover.optimizer.job_model import JobModel
+    from airflow_dlrover.optimizer.memory import MemoryModel, ps_request_mb
+    from airflow_dlrover.optimizer.model import fit_throughput
+    from sim.synthetic import model_samples
+
+    config = Configuration(3, 1, 0.5, 0.5, 320, 224)
+    flat = MemoryModel(25.0, 150.0, 214.0, 0.0, 0.0, table_capacity_mb=71.4, largest_table_mb=2.75)
+    rows = tuple(usage(float(t), "ps-0", "ps", 0.45, 0.5, used, 224.0)
+                 for t, used in zip(range(160, 184, 3), (180, 180, 181, 190, 200, 208, 212, 215)))
+    obs = Observation(184.0, config, samples_done=9e6, samples_total=16e6,
+                      nodes=nodes(ps_0={"memory_mb": 224.0}, ps_1={"state": NodeState.STOPPED}), usage=rows)
+    windows = tuple(dict(config.to_row(), throughput=50_000.0, timestamp=float(t)) for t in (150, 160, 170))
+    state = ControllerState(Quota(cpu=2.0, memory_mb=8192), model=JobModel(fit_throughput(model_samples(), leave_one_out=False), flat),
+                            windows=windows)
+    _, actions = step(state, obs)
+    [resize] = [a for a in actions if isinstance(a, Resize)]
+    assert resize.numbers["forecast"] == "memory model" and resize.numbers["when"] == "now"
+    assert resize.config.ps_memory_mb == ps_request_mb(215.0, flat.ps_transient_mb(1, 16e6)) == 256
+    # The same model with its growth unknown (no samples_seen varied): the line forecasts, far past it.
+    unknown = replace(flat, pinned={"table_growth_mb_per_m_samples": "no samples_seen that varies"})
+    _, actions = step(replace(state, model=JobModel(state.model.throughput, unknown)), obs)
+    [line] = [a for a in actions if isinstance(a, Resize)]
+    assert line.numbers["forecast"] == "trend" and line.config.ps_memory_mb > 400
+
+
 def test_a_cold_plan_is_checked_where_it_extrapolates():
     from dataclasses import replace as copy
 
