@@ -20,7 +20,9 @@ feature layout is known, Σ_t rows_t·8 + rows_t·(8·dim_t + 8) bytes — the i
 row and its Adagrad accumulator (float32) and its id (``runtime.layout.FeatureLayout.table_mb``; a
 full 26 × 20,000 × 16 layout: 71.4 MB predicted, 71.1 MB measured as the growth of one PS's RSS).
 With neither (a trainer whose layout we do not know, growth not seen slowing) nothing bounds the
-tables and G is the line T₀ + g · n / 10⁶.
+tables and G is the line T₀ + g · n / 10⁶ — where the line rose at least
+``MEMORY_CURVE_MIN_RISE_MB`` a node over the samples: a smaller rise is a node's wander, and g is
+pinned to 0 (the guard's trend watches the running job).
 
 The fit: NNLS of the line (base, T₀, g; linear in its parameters) on the ``*_memory_used_mb``
 columns of a sample table, g from its ``samples_seen`` column when the windows were taken at
@@ -290,7 +292,7 @@ def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity
          "growth": "no samples_seen that varies: table growth unknown (0)"},
     )
     start = None if "table_mb" in pinned else "table_mb"
-    ps, asymptote, why = _fit_curve({"ps_base_mb": np.ones_like(inverse_ps)}, inverse_ps, seen, used, ps, start,
+    ps, asymptote, curve_pins = _fit_curve({"ps_base_mb": np.ones_like(inverse_ps)}, inverse_ps, seen, used, ps, start,
                                     table_capacity_mb)
     base_known = base_from is not None and not base_from.allreduce and "table_mb" not in base_from.pinned
     if "table_mb" in pinned and base_known:
@@ -305,7 +307,7 @@ def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity
     )
     model = MemoryModel(
         ps["ps_base_mb"], ps["table_mb"], worker["worker_base_mb"], worker["activation_mb_per_sample"],
-        ps["growth"], _growth_pinned(pinned, why) | pinned_w, table_capacity_mb, asymptote, _most(seen),
+        ps["growth"], _growth_pinned(pinned, curve_pins) | pinned_w, table_capacity_mb, asymptote, _most(seen),
         largest_table_mb, **margins,
     )
     return replace(model, ps_peak_excess_mb=_excess(used, model.ps_peak_mb(ps_rows["ps"].to_numpy(float), seen)),
@@ -339,28 +341,35 @@ def _most(seen: np.ndarray) -> float:
     return float(seen.max()) if len(seen) else 0.0
 
 
-def _growth_pinned(pinned: dict[str, str], why: str | None) -> dict[str, str]:
-    """``pinned`` under the model's names, with why the asymptote was not fitted (``why``)."""
-    out = {("table_growth_mb_per_m_samples" if k == "growth" else k): v for k, v in pinned.items()}
-    return out | ({"table_asymptote_mb": why} if why else {})
+def _growth_pinned(pinned: dict[str, str], curve: dict[str, str]) -> dict[str, str]:
+    """``pinned`` under the model's names, with what the curve's fit pinned (``curve``)."""
+    return {("table_growth_mb_per_m_samples" if k == "growth" else k): v for k, v in pinned.items()} | curve
 
 
 def _fit_curve(terms: dict[str, np.ndarray], share: np.ndarray, seen: np.ndarray, y: np.ndarray,
                line: dict[str, float], start: str | None, capacity: float | None,
-               ) -> tuple[dict[str, float], float | None, str | None]:
+               ) -> tuple[dict[str, float], float | None, dict[str, str]]:
     """The curve y = Σ_j c_j·x_j + share·G(n) (``terms``: the x_j beside the tables; ``start``:
     the name of T₀'s coefficient, None: T₀ = 0) by bounded least squares from the line's values
     ``line`` (NNLS; ``growth``: g), with A = T₀ + s·(capacity − T₀), s ∈ [0, 1] (A = T₀ + s,
-    s ≥ 0 without a capacity). Returns (values, A, None) where an F-test rejects the line at
-    ``MEMORY_CURVE_SIGNIFICANCE``, else (``line``, None, why) — why None where nothing grows."""
+    s ≥ 0 without a capacity). Returns (values, A, {}) where an F-test rejects the line at
+    ``MEMORY_CURVE_SIGNIFICANCE``, else (``line``, None, what was pinned and why: the asymptote; the
+    growth too, 0, where it rose less than ``MEMORY_CURVE_MIN_RISE_MB`` a node and no capacity
+    bounds it: a wander's slope, extrapolated to a job's end, once asked 1.7 GB of a 100 MB node);
+    {} where nothing grows."""
     if line["growth"] <= 0:
-        return line, None, None
+        return line, None, {}
     bound = ("the asymptote is the layout's capacity" if capacity is not None
              else "growth taken as linear (no capacity known)")
     if len(np.unique(seen)) < C.MEMORY_CURVE_MIN_POINTS:
-        return line, None, f"fewer than {C.MEMORY_CURVE_MIN_POINTS} distinct samples_seen: {bound}"
+        return line, None, {"table_asymptote_mb": f"fewer than {C.MEMORY_CURVE_MIN_POINTS} distinct samples_seen: {bound}"}
     if line["growth"] * np.ptp(seen) / 1e6 * np.median(share) < C.MEMORY_CURVE_MIN_RISE_MB:
-        return line, None, f"the tables rose < {C.MEMORY_CURVE_MIN_RISE_MB:g} MB a node over the samples: {bound}"
+        within = f"the tables rose < {C.MEMORY_CURVE_MIN_RISE_MB:g} MB a node over the samples"
+        if capacity is None:  # a slope within the wander, extrapolated without a bound, is no growth
+            return line | {"growth": 0.0}, None, {
+                "table_growth_mb_per_m_samples": f"{within}, within a node's wander, and nothing bounds them: "
+                                                 "0 (the guard's trend watches the job)"}
+        return line, None, {"table_asymptote_mb": f"{within}: {bound}"}
     first, *rest = terms
     names = [first] + [k for k in rest if np.ptp(terms[k]) > 0]  # as _nnls_fit: a constant column stays 0
     x = np.column_stack([terms[k] for k in names])
@@ -379,8 +388,8 @@ def _fit_curve(terms: dict[str, np.ndarray], share: np.ndarray, seen: np.ndarray
     line_sse = float(np.sum((x @ [line[k] for k in names] + share * (start_mb + line["growth"] * seen / 1e6) - y) ** 2))
     dof = len(y) - (len(names) + bool(start) + 2)  # less the curve's parameters
     if dof < 1:
-        return line, None, f"no more rows than the curve's parameters: {bound}"
-    not_slowing = line, None, f"growth not seen slowing (F-test at {C.MEMORY_CURVE_SIGNIFICANCE:g}): {bound}"
+        return line, None, {"table_asymptote_mb": f"no more rows than the curve's parameters: {bound}"}
+    not_slowing = line, None, {"table_asymptote_mb": f"growth not seen slowing (F-test at {C.MEMORY_CURVE_SIGNIFICANCE:g}): {bound}"}
     floor = _curve_sse_floor(x, share, seen, y, start is not None)
     if floor is not None and _line_kept(line_sse, floor, dof):  # the F-test keeps the line at the curve's best
         return not_slowing
@@ -404,7 +413,7 @@ def _fit_curve(terms: dict[str, np.ndarray], share: np.ndarray, seen: np.ndarray
         return not_slowing
     c, t0, g, headroom = parts(best.x)
     values = dict(line) | dict(zip(names, map(float, c))) | {"growth": float(g)} | ({start: float(t0)} if start else {})
-    return values, float(t0 + headroom), None
+    return values, float(t0 + headroom), {}
 
 
 def _line_kept(line_sse: float, curve_sse: float, dof: int) -> bool:
@@ -448,10 +457,10 @@ def _fit_allreduce_memory(table: pd.DataFrame, table_capacity_mb: float | None) 
         {"activation_mb_per_sample": "batch_size never varies: worker memory is taken as constant",
          "growth": "no samples_seen that varies: table growth unknown (0)"},
     )
-    worker, asymptote, why = _fit_curve(terms, np.ones_like(batch), seen, used, worker, None, table_capacity_mb)
+    worker, asymptote, curve_pins = _fit_curve(terms, np.ones_like(batch), seen, used, worker, None, table_capacity_mb)
     no_ps = dict.fromkeys(("ps_base_mb", "table_mb"), not_identifiable(True))
     model = MemoryModel(None, None, worker["worker_base_mb"], worker["activation_mb_per_sample"], worker["growth"],
-                        no_ps | _growth_pinned(pinned, why), table_capacity_mb, asymptote, _most(seen))
+                        no_ps | _growth_pinned(pinned, curve_pins), table_capacity_mb, asymptote, _most(seen))
     return replace(model, worker_peak_excess_mb=_excess(used, model.worker_peak_mb(batch, seen)))
 
 

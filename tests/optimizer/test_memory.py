@@ -282,6 +282,23 @@ def test_an_allreduce_workers_tables_grow_with_the_samples_up_to_the_layouts_cap
     assert model.with_table_growth(0).worker_peak_mb(512, 1e9) == model.worker_peak_mb(512)
 
 
+def test_a_rise_within_a_nodes_wander_is_no_growth_where_nothing_bounds_the_tables():
+    """A trainer of the user's (no layout, no capacity) profiled over 30k samples: its workers'
+    memory wanders by ~10 MB, a slope that, extrapolated to 50 M samples, asked 1.7 GB a node."""
+    table = allreduce_samples(worker_base_mb=100)
+    table["samples_seen"] = np.linspace(0, 3e4, len(table))
+    wander = table.assign(worker_memory_used_mb=table["worker_memory_used_mb"] + 10 * table["samples_seen"] / 3e4)
+    model = fit_memory(wander)
+    assert model.table_growth_mb_per_m_samples == 0 and "wander" in model.pinned["table_growth_mb_per_m_samples"]
+    assert model.worker_request_mb(512, 5e7) == model.worker_request_mb(512)
+    assert model.worker_peak_excess_mb == pytest.approx(10)  # the request covers the wander's top
+    # A rise past the wander grows the line; under a capacity a small one stays bounded by it.
+    rising = table.assign(worker_memory_used_mb=table["worker_memory_used_mb"] + 40 * table["samples_seen"] / 3e4)
+    assert fit_memory(rising).table_growth_mb_per_m_samples == pytest.approx(40 / 0.03, rel=0.01)
+    bounded = fit_memory(wander, table_capacity_mb=50.0)
+    assert bounded.table_growth_mb_per_m_samples > 0 and bounded.worker_peak_mb(512, 5e7) <= bounded.worker_peak_mb(512) + 50
+
+
 def test_a_ps_model_needs_nothing_for_no_ps_and_its_workers_do_not_grow():
     model = fit_memory(model_samples())
     assert not model.allreduce
