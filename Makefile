@@ -41,14 +41,14 @@ demo: $(VENV)/.installed
 	@echo "task logs: $(DEMO_HOME)/dags-test.log; browse it all: $(DEMO_ENV) $(VENV)/bin/airflow standalone"
 
 # The suite's tiers (tests/conftest.py). `make test`, what CI runs: the pure tier on both cores
-# (its tests start no process), then the tiers that run processes, one test at a time (they
-# measure what their jobs use), the slowest 25 printed. `make test-fast`: the pure tier, without
-# PostgreSQL, the check before a commit.
+# (its tests start no process), then the tiers that run processes, on both cores too, a module to
+# a worker (tests/conftest.py, scope_of), the slowest 25 printed. `make test-fast`: the
+# pure tier, without PostgreSQL, the check before a commit.
 TIERS_WITH_PROCESSES := --tier jobs --tier dag --tier scheduler --tier browser
 
 test: $(VENV)/.installed .venv-dlrover/bin/python
 	$(PY) -m pytest -q --tier unit -n 2 --durations=25
-	$(PY) -m pytest -q $(TIERS_WITH_PROCESSES) --durations=25
+	$(PY) -m pytest -q $(TIERS_WITH_PROCESSES) -n 2 --dist loadscope --durations=25
 
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q --tier unit -m "not postgres" -n 2 --durations=10

@@ -101,6 +101,44 @@ def pytest_collection_modifyitems(config, items):
         dropped = [item for item in items if item.stash[TIER] not in wanted]
         items[:] = [item for item in items if item.stash[TIER] in wanted]
         config.hook.pytest_deselected(items=dropped)
+    group_processes(items)
+
+
+#: the session-scoped run that several modules of the process tiers draw, and those modules
+SHARED_RUN = "killed_worker_run"
+SHARED_RUN_MODULES = ("tests/dags/test_dlrm_daily_retrain.py", "tests/plugins/")
+
+
+def scope_of(nodeid: str) -> str:
+    """A test's unit of work on ``-n 2 --dist loadscope`` (``make test``'s process tiers): its
+    module — its module-scoped jobs run once —, or :data:`SHARED_RUN` for every module that draws
+    it, on one worker, which runs it once."""
+    module = nodeid.split("::")[0]
+    return SHARED_RUN if module.startswith(SHARED_RUN_MODULES) else module
+
+
+def group_processes(items) -> None:
+    """Refuse a test that draws :data:`SHARED_RUN` from a module that is not among
+    :data:`SHARED_RUN_MODULES` (a worker of its own would run it again)."""
+    stray = [item.nodeid for item in items
+             if SHARED_RUN in getattr(item, "fixturenames", ()) and scope_of(item.nodeid) != SHARED_RUN]
+    if stray:
+        raise pytest.UsageError(f"tests that draw {SHARED_RUN} outside SHARED_RUN_MODULES (tests/conftest.py):\n  "
+                                + "\n  ".join(stray))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope`` by :func:`scope_of` (xdist's own scopes are modules and classes; its
+    ``loadgroup`` marks do not group under pytest 9, whose node ids it cannot suffix)."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    return ModuleScheduling(config, log)
 
 
 #: The longest a test of a tier that is not end-to-end may take (seconds of its call): longer
