@@ -101,7 +101,7 @@ def pytest_collection_modifyitems(config, items):
         dropped = [item for item in items if item.stash[TIER] not in wanted]
         items[:] = [item for item in items if item.stash[TIER] in wanted]
         config.hook.pytest_deselected(items=dropped)
-    group_processes(items)
+    check_shared_run_modules(items)
 
 
 #: the session-scoped run that several modules of the process tiers draw, and those modules
@@ -117,7 +117,7 @@ def scope_of(nodeid: str) -> str:
     return SHARED_RUN if module.startswith(SHARED_RUN_MODULES) else module
 
 
-def group_processes(items) -> None:
+def check_shared_run_modules(items) -> None:
     """Refuse a test that draws :data:`SHARED_RUN` from a module that is not among
     :data:`SHARED_RUN_MODULES` (a worker of its own would run it again)."""
     stray = [item.nodeid for item in items

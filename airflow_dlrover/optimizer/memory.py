@@ -362,7 +362,8 @@ def _fit_curve(terms: dict[str, np.ndarray], share: np.ndarray, seen: np.ndarray
     bound = ("the asymptote is the layout's capacity" if capacity is not None
              else "growth taken as linear (no capacity known)")
     if len(np.unique(seen)) < C.MEMORY_CURVE_MIN_POINTS:
-        return line, None, {"table_asymptote_mb": f"fewer than {C.MEMORY_CURVE_MIN_POINTS} distinct samples_seen: {bound}"}
+        why = f"fewer than {C.MEMORY_CURVE_MIN_POINTS} distinct samples_seen: {bound}"
+        return line, None, {"table_asymptote_mb": why}
     if line["growth"] * np.ptp(seen) / 1e6 * np.median(share) < C.MEMORY_CURVE_MIN_RISE_MB:
         within = f"the tables rose < {C.MEMORY_CURVE_MIN_RISE_MB:g} MB a node over the samples"
         if capacity is None:  # a slope within the wander, extrapolated without a bound, is no growth
@@ -389,7 +390,8 @@ def _fit_curve(terms: dict[str, np.ndarray], share: np.ndarray, seen: np.ndarray
     dof = len(y) - (len(names) + bool(start) + 2)  # less the curve's parameters
     if dof < 1:
         return line, None, {"table_asymptote_mb": f"no more rows than the curve's parameters: {bound}"}
-    not_slowing = line, None, {"table_asymptote_mb": f"growth not seen slowing (F-test at {C.MEMORY_CURVE_SIGNIFICANCE:g}): {bound}"}
+    why = f"growth not seen slowing (F-test at {C.MEMORY_CURVE_SIGNIFICANCE:g}): {bound}"
+    not_slowing = line, None, {"table_asymptote_mb": why}
     floor = _curve_sse_floor(x, share, seen, y, start is not None)
     if floor is not None and _line_kept(line_sse, floor, dof):  # the F-test keeps the line at the curve's best
         return not_slowing

@@ -421,8 +421,8 @@ def test_a_ps_whose_tables_were_seen_not_growing_is_grown_from_its_level_not_fro
     obs = Observation(184.0, config, samples_done=9e6, samples_total=16e6,
                       nodes=nodes(ps_0={"memory_mb": 224.0}, ps_1={"state": NodeState.STOPPED}), usage=rows)
     windows = tuple(dict(config.to_row(), throughput=50_000.0, timestamp=float(t)) for t in (150, 160, 170))
-    state = ControllerState(Quota(cpu=2.0, memory_mb=8192), model=JobModel(fit_throughput(model_samples(), leave_one_out=False), flat),
-                            windows=windows)
+    model = JobModel(fit_throughput(model_samples(), leave_one_out=False), flat)
+    state = ControllerState(Quota(cpu=2.0, memory_mb=8192), model=model, windows=windows)
     _, actions = step(state, obs)
     [resize] = [a for a in actions if isinstance(a, Resize)]
     assert resize.numbers["forecast"] == "memory model" and resize.numbers["when"] == "now"

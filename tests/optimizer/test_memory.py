@@ -296,7 +296,8 @@ def test_a_rise_within_a_nodes_wander_is_no_growth_where_nothing_bounds_the_tabl
     rising = table.assign(worker_memory_used_mb=table["worker_memory_used_mb"] + 40 * table["samples_seen"] / 3e4)
     assert fit_memory(rising).table_growth_mb_per_m_samples == pytest.approx(40 / 0.03, rel=0.01)
     bounded = fit_memory(wander, table_capacity_mb=50.0)
-    assert bounded.table_growth_mb_per_m_samples > 0 and bounded.worker_peak_mb(512, 5e7) <= bounded.worker_peak_mb(512) + 50
+    assert bounded.table_growth_mb_per_m_samples > 0
+    assert bounded.worker_peak_mb(512, 5e7) <= bounded.worker_peak_mb(512) + 50
 
 
 def test_a_ps_model_needs_nothing_for_no_ps_and_its_workers_do_not_grow():
