@@ -35,7 +35,6 @@ from airflow_dlrover.runtime.ps import INIT_SCALE
 from airflow_dlrover.runtime.spec import JobSpec
 
 BATCH = 512
-ADAGRAD_INITIAL_ACCUMULATOR = JobSpec.adagrad_initial_accumulator
 
 
 def read(root, layout: FeatureLayout, window: str, months: str) -> Batch:
@@ -68,7 +67,7 @@ def train_and_score(train: Batch, held_out: Batch, layout: FeatureLayout, *, ord
     for table in tables:
         nn.init.uniform_(table.weight, -INIT_SCALE, INIT_SCALE)
     sparse = torch.optim.Adagrad([t.weight for t in tables], lr=learning_rate,
-                                 initial_accumulator_value=ADAGRAD_INITIAL_ACCUMULATOR)
+                                 initial_accumulator_value=JobSpec.adagrad_initial_accumulator)
     dense = torch.optim.Adam(model.parameters(), lr=dense_learning_rate)
     labels = torch.from_numpy(train.label)
     for epoch in range(epochs):

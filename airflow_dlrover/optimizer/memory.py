@@ -292,8 +292,8 @@ def fit_memory(samples: pd.DataFrame, *, validated: bool = False, table_capacity
          "growth": "no samples_seen that varies: table growth unknown (0)"},
     )
     start = None if "table_mb" in pinned else "table_mb"
-    ps, asymptote, curve_pins = _fit_curve({"ps_base_mb": np.ones_like(inverse_ps)}, inverse_ps, seen, used, ps, start,
-                                    table_capacity_mb)
+    ps, asymptote, curve_pins = _fit_curve({"ps_base_mb": np.ones_like(inverse_ps)}, inverse_ps, seen, used, ps,
+                                           start, table_capacity_mb)
     base_known = base_from is not None and not base_from.allreduce and "table_mb" not in base_from.pinned
     if "table_mb" in pinned and base_known:
         ps, asymptote, pinned = _split_at_base(ps, asymptote, pinned, float(ps_rows["ps"].iloc[0]), base_from,
