@@ -25,6 +25,7 @@ JOB_ARGS = {
     "layout": dict, "model": str, "export": str, "eval_files": int, "eval_fraction": float, "max_bad_rows": int,
     "trainer": dict, "epochs": int, "learning_rate": float, "dense_learning_rate": float,
     "adagrad_initial_accumulator": float, "adam_betas": tuple, "dense_weight_decay": float, "init_from": str,
+    "shuffle_window_rows": int,
 }
 #: ``job_args`` a trainer of the user's takes (``launchers.contract``): the rest are our runtime's.
 TRAINER_JOB_ARGS = ("trainer", "samples", "batch_size")
@@ -43,6 +44,7 @@ JOB_ARG_RULES: dict[str, tuple[Any, str]] = {
     "eval_files": (lambda v: v >= 0, "an integer ≥ 0 (0: hold out eval_fraction of the rows instead)"),
     "eval_fraction": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
     "max_bad_rows": (lambda v: v >= 0, "an integer ≥ 0"),
+    "shuffle_window_rows": (lambda v: v >= 1, "an integer ≥ 1 (rows a worker holds decoded per window)"),
 }
 QUOTA_FIELDS = ("cpu", "memory", "gpu", "max_nodes")
 

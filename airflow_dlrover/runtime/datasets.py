@@ -551,9 +551,10 @@ class TabularSource:
         if not first <= start <= stop <= last:
             self.samples(start, stop)
             first, last, errors = self._errors
-        return [b for b in errors if start <= self._global_row(b) < stop]
+        return [b for b in errors if start <= self.row_of(b) < stop]
 
-    def _global_row(self, bad: BadRow) -> int:
+    def row_of(self, bad: BadRow) -> int:
+        """A bad row's global index."""
         file = self.index.files.index(bad.file)
         candidates = [f for f, i in enumerate(self.index.fragment_file) if i == file
                       and self.index.fragment_first_row[f] <= bad.row]

@@ -167,9 +167,7 @@ class Master:
         self.draining: set[str] = set()
         self.peers: list[Peer] = []
         self.last_shard: dict[str, int] = {}  # worker → the shard it was last handed
-        if spec.dataset is not None:
-            self._fragment_starts = spec.dataset.fragment_starts
-            self._ranks = (-1, None)  # an epoch's fragment order, cached
+        self._ranks = (-1, None)  # an epoch's window order, cached
         self.started = time.time()
         self._load()
 
@@ -312,9 +310,10 @@ class Master:
 
     def _next_todo(self, worker: str) -> int | None:
         """From the earliest epoch with a free shard: the shard after the worker's last one when
-        it is free (a worker reads on through the fragment it has decoded), else the first free
-        shard, in the epoch's fragment order (``JobSpec.fragment_order``), of a fragment no other
-        worker reads (holds a lease in, or was last handed a shard of), else the first free one."""
+        it is free (a worker reads on through the window it has read), else the first free shard,
+        in the epoch's window order (``JobSpec.window_order``), of a window no other worker reads
+        (holds a lease in, or was last handed a shard of), else the first free one. A window is a
+        fragment of the dataset with one epoch: either way each is read by as few workers as can be."""
         per_epoch = self.spec.shards_per_epoch
         free = []
         for first in range(0, self.spec.num_shards, per_epoch):  # the earliest epoch with a free shard
@@ -323,23 +322,20 @@ class Master:
                 break
         if not free or self.spec.dataset is None:  # synthetic samples cost the same anywhere
             return free[0] if free else None
-        rank = self._fragment_rank(self.spec.epoch_of(free[0]))
-        free.sort(key=lambda s: (rank[self._fragment(s)], s))
+        window = self.spec.window_of
+        rank = self._window_rank(self.spec.epoch_of(free[0]))
+        free.sort(key=lambda s: (rank[window(s)], s))
         after = self.last_shard.get(worker, -2) + 1
-        if after in free and self._fragment(after) == self._fragment(after - 1):
+        if after in free and window(after) == window(after - 1):
             return after
-        busy = {self._fragment(s) for s in self.leases if s != FINISH}
-        busy |= {self._fragment(s) for w, s in self.last_shard.items() if w != worker and s != FINISH}
-        return next((s for s in free if self._fragment(s) not in busy), free[0])
+        busy = {window(s) for s in self.leases if s != FINISH}
+        busy |= {window(s) for w, s in self.last_shard.items() if w != worker and s != FINISH}
+        return next((s for s in free if window(s) not in busy), free[0])
 
-    def _fragment_rank(self, epoch: int):
+    def _window_rank(self, epoch: int):
         if self._ranks[0] != epoch:
-            self._ranks = (epoch, self.spec.fragment_order(epoch, len(self._fragment_starts) - 1))
+            self._ranks = (epoch, self.spec.window_order(epoch))
         return self._ranks[1]
-
-    def _fragment(self, shard: int) -> int:
-        """The fragment (row group, run of lines) a shard lies in; shards never cross one."""
-        return bisect.bisect_right(self._fragment_starts, self.spec.rows_of(shard)[0]) - 1
 
     def finish(self, worker: str, generation: int, **result: Any) -> dict[str, Any]:
         """The held-out metrics (and the export) of the finishing worker: the job is done."""
@@ -356,8 +352,8 @@ class Master:
             return {"accepted": True}
 
     def shard_done(self, worker: str, shard: int, generation: int, bad_rows: int = 0, first_bad: str = "") -> dict[str, Any]:
-        """A shard is trained; its unreadable rows are counted once per shard's rows (not per
-        epoch), and past
+        """A shard is trained; its unreadable rows are counted once (every epoch reads the same
+        rows: the dataset's are the most any epoch has met, :meth:`_bad_rows`), and past
         ``max_bad_rows`` the job fails, naming the first offending row."""
         _name("worker", worker)
         _integer("shard", shard, 0, self.spec.num_shards)
@@ -370,8 +366,8 @@ class Master:
             if generation != self.generation:
                 return {"accepted": False, "reason": "stale generation"}
             if bad_rows:
-                self.bad_rows[shard % self.spec.shards_per_epoch] = (int(bad_rows), first_bad)
-                total = sum(n for n, _ in self.bad_rows.values())
+                self.bad_rows[shard] = (int(bad_rows), first_bad)
+                total = self._bad_rows()
                 if total > self.spec.max_bad_rows and not self.failure:
                     first = self.bad_rows[min(self.bad_rows)][1]
                     self.failure = (f"{total} rows cannot be read, more than max_bad_rows={self.spec.max_bad_rows}; "
@@ -383,6 +379,13 @@ class Master:
             self.done.add(shard)
             self._persist()
             return {"accepted": True}
+
+    def _bad_rows(self) -> int:
+        """The unreadable rows of the data: the most of any epoch (each reads every row once)."""
+        per_epoch: dict[int, int] = {}
+        for shard, (n, _) in self.bad_rows.items():
+            per_epoch[self.spec.epoch_of(shard)] = per_epoch.get(self.spec.epoch_of(shard), 0) + n
+        return max(per_epoch.values(), default=0)
 
     def abandon(self, worker: str, shard: int) -> dict[str, Any]:
         _name("worker", worker)
@@ -469,7 +472,7 @@ class Master:
                 "workers": sorted(n for n, m in self.latest.items() if m.get("role") == "worker"),
                 "throughput": self.job_throughput(), "checkpoint": self.checkpoints[-1] if self.checkpoints else None,
                 "counters": dict(self.counters), "uptime_s": time.time() - self.started, "pid": os.getpid(),
-                "bad_rows": sum(n for n, _ in self.bad_rows.values()), "failure": self.failure, "result": self.result,
+                "bad_rows": self._bad_rows(), "failure": self.failure, "result": self.result,
                 "held": self.held_until is not None,
             }
 

@@ -44,7 +44,9 @@ class JobSpec:
     ``epochs`` times each (``None``: every training row of the dataset, 200,000 synthetic ones); the
     held-out split (:attr:`held_out`) is the ``eval_samples`` after them (synthetic), or the last
     ``eval_files`` files, else the last ``eval_fraction`` of the rows. A shard is the unit the master
-    hands out: ``shard_size`` samples, never crossing a fragment of the dataset. ``model``:
+    hands out: ``shard_size`` samples, never crossing a fragment of the dataset or a window; with
+    ``epochs`` > 1 each epoch trains the rows of a window of ``shuffle_window_rows`` in a seeded
+    order of its own (:meth:`shard_rows`), the windows in one too (:meth:`window_order`). ``model``:
     ``"pkg.module:build"``, the user's dense network (``runtime.dlrm``); empty for ``DenseDLRM``.
     ``export``: the folder or URL the trained model is exported to (``runtime.export``).
     ``trainer``: a trainer of the user's instead of our runtime (``launchers.contract.TrainerSpec``
@@ -63,6 +65,7 @@ class JobSpec:
     batch_size: int = 512
     shard_size: int = 8192
     epochs: int = 1
+    shuffle_window_rows: int = 262_144
     learning_rate: float = 0.05  # sparse Adagrad on the PS
     dense_learning_rate: float = 0.002  # Adam on the dense parameters (held by PS 0)
     adagrad_initial_accumulator: float = 0.1  # as TensorFlow's Adagrad
@@ -108,6 +111,7 @@ class JobSpec:
             "bottom_mlp": len(self.bottom_mlp) >= 1 and (bool(self.model) or len(dims) > 1 or self.bottom_mlp[-1] in dims),
             "model": not self.model or _IMPORT_PATH.fullmatch(self.model) is not None,
             "epochs": isinstance(self.epochs, int) and self.epochs >= 1,
+            "shuffle_window_rows": isinstance(self.shuffle_window_rows, int) and self.shuffle_window_rows >= 1,
             "learning_rate": _positive(self.learning_rate),
             "dense_learning_rate": _positive(self.dense_learning_rate),
             "adagrad_initial_accumulator": _positive(self.adagrad_initial_accumulator),
@@ -119,6 +123,7 @@ class JobSpec:
         allowed = {"bottom_mlp": "a last layer equal to the tables' embedding dim", "eval_fraction": "0 ≤ x < 1",
                    "zipf_skew": "a finite number ≥ 0 (0 = uniform ids)",
                    "model": "an import path pkg.module:function", "epochs": "an integer ≥ 1",
+                   "shuffle_window_rows": "an integer ≥ 1",
                    "adam_betas": "two numbers in [0, 1)", "dense_weight_decay": "a finite number ≥ 0"}
         for name, ok in checks.items():
             if not ok:
@@ -183,17 +188,31 @@ class JobSpec:
         return None if self.samples is None else self.samples * self.epochs
 
     @cached_property
-    def epoch_bounds(self) -> tuple[int, ...]:
-        """One epoch's shards: shard ``s`` is rows ``[bounds[s], bounds[s+1])``, ``shard_size`` at
-        most, and inside one fragment (a Parquet row group, a run of text lines) of the dataset."""
+    def windows(self) -> tuple[int, ...]:
+        """The edges of an epoch's windows, the row ranges whose rows an epoch shuffles together.
+        A dataset trained for several epochs: ``shuffle_window_rows`` rows each (a worker decodes
+        a window whole, once, and trains its shards from it); else its fragments (one epoch reads
+        the data in its order: a Parquet row group streamed, never held decoded). Synthetic rows
+        are drawn independently of their neighbours, so a shard is shuffle enough: one window."""
         if self.samples is None:
             raise ValueError(f"job {self.job_id}: the dataset {self.data} is not indexed yet (runtime.prepare)")
-        edges = self.dataset.fragment_starts if self.dataset is not None else [0, self.samples]
+        if self.dataset is None:
+            return 0, self.samples
+        if self.epochs == 1:
+            return tuple(a for a in self.dataset.fragment_starts if a < self.samples) + (self.samples,)
+        return tuple(range(0, self.samples, self.shuffle_window_rows)) + (self.samples,)
+
+    @cached_property
+    def epoch_bounds(self) -> tuple[int, ...]:
+        """One epoch's shards: shard ``s`` is samples ``[bounds[s], bounds[s+1])`` of the epoch,
+        ``shard_size`` at most, inside one window and one fragment (a Parquet row group, a run of
+        text lines) of the dataset."""
+        edges = set(self.windows)
+        if self.dataset is not None:
+            edges.update(a for a in self.dataset.fragment_starts if a < self.samples)
+        edges = sorted(edges)
         bounds = [0]
         for a, b in zip(edges, edges[1:]):
-            b = min(b, self.samples)
-            if b <= a:
-                break
             bounds.extend(range(a + self.shard_size, b, self.shard_size))
             bounds.append(b)
         return tuple(bounds)
@@ -222,24 +241,35 @@ class JobSpec:
     def epoch_of(self, shard: int) -> int:
         return shard // self.shards_per_epoch
 
-    def rows_of(self, shard: int) -> tuple[int, int]:
-        """The rows ``[start, stop)`` of the dataset that a shard trains (in any epoch)."""
-        return self.epoch_bounds[shard % self.shards_per_epoch], self.epoch_bounds[shard % self.shards_per_epoch + 1]
+    def window_of(self, shard: int) -> int:
+        """The window a shard's rows lie in (in every epoch)."""
+        return bisect.bisect_right(self.windows, self.epoch_bounds[shard % self.shards_per_epoch]) - 1
 
-    def fragment_order(self, epoch: int, fragments: int) -> np.ndarray:
-        """The rank of each fragment in ``epoch``'s visiting order: the data's order with one
+    def window_order(self, epoch: int) -> np.ndarray:
+        """The rank of each window in ``epoch``'s visiting order: the data's order with one
         epoch, else a permutation seeded by (``seed``, epoch)."""
+        count = len(self.windows) - 1
         if self.epochs == 1:
-            return np.arange(fragments)
-        return np.argsort(np.random.default_rng((self.seed, epoch, 0)).permutation(fragments))
+            return np.arange(count)
+        return np.argsort(np.random.default_rng((self.seed, epoch, 0)).permutation(count))
 
-    def row_order(self, shard: int) -> np.ndarray | None:
-        """The order a shard's rows are trained in (positions in ``rows_of(shard)``): None (as
-        read) with one epoch, else a permutation seeded by (``seed``, epoch, the shard's rows)."""
+    def shard_rows(self, shard: int) -> tuple[int, int, np.ndarray | None]:
+        """``(first, last, order)``: the shard trains rows ``first + order`` of ``[first, last)``,
+        in that order (None: every row of the range, as read). With one epoch, its own rows in the
+        data's order. With several, epoch e's samples ``[a, b)`` of window ``[A, B)`` are the rows
+        ``A + π[a−A : b−A]``, π the window's permutation seeded by (``seed``, e, ``A``): each epoch
+        trains every row once, in its own order, deterministic across restarts."""
+        a, b = self.shard_range(shard)
+        epoch = self.epoch_of(shard)
+        a, b = a - epoch * self.samples, b - epoch * self.samples
         if self.epochs == 1:
-            return None
-        start, stop = self.rows_of(shard)
-        return np.random.default_rng((self.seed, self.epoch_of(shard), 1, start)).permutation(stop - start)
+            return a, b, None
+        window = self.window_of(shard)
+        first, last = self.windows[window], self.windows[window + 1]
+        if self.dataset is None:  # synthetic: the shard's own rows, shuffled
+            first, last = a, b
+        permutation = np.random.default_rng((self.seed, epoch, 1, first)).permutation(last - first)
+        return first, last, permutation[a - first:b - first]
 
     @property
     def key(self) -> bytes:

@@ -71,6 +71,7 @@ class Worker:
             self.model.load_state_dict(read_dense(spec.init_from))
         self.model = self.model.to(self.device)
         self.source = source_for(spec)
+        self._read: tuple[int, int, Batch | None] = (0, 0, None)  # the rows last read: first, last, them
         self.ps_addresses: list[str] = []
         self.peers: list[Peer] = []
         self.pool: ThreadPoolExecutor | None = None
@@ -124,20 +125,22 @@ class Worker:
 
     def _train_shard(self, shard: int, start: int, stop: int) -> dict[str, Any]:
         """Train the job's samples ``[start, stop)``: the shard's rows in its epoch's order
-        (``JobSpec.row_order``); returns its bad rows (count, and the first named)."""
+        (``JobSpec.shard_rows``), read from the last range read when the shard lies in it (an
+        epoch's window, decoded once); returns its bad rows (count, and the first named)."""
         t = time.perf_counter()
-        first, last = self.spec.rows_of(shard)
-        data = self.source.samples(first, last)
-        order = self.spec.row_order(shard)
-        if order is not None:
-            data = data.take(order)
+        first, last, order = self.spec.shard_rows(shard)
+        if self._read[:2] != (first, last):
+            self._read = (first, last, None)  # the previous range is freed before the next is read
+            self._read = (first, last, self.source.samples(first, last))
+        data = self._read[2] if order is None else self._read[2].take(order)
         self.window["data"] += time.perf_counter() - t
         for offset in range(0, len(data), self.spec.batch_size):
             self._step(start + offset, data.slice(offset, min(offset + self.spec.batch_size, len(data))))
             self._report()
         if not data.bad_rows:
             return {}
-        errors = self.source.errors(first, last)
+        rows = None if order is None else first + order
+        errors = [e for e in self.source.errors(first, last) if rows is None or self.source.row_of(e) in rows]
         return {"bad_rows": data.bad_rows, "first_bad": str(errors[0]) if errors else f"a row in [{first}, {last})"}
 
     def _lookup(self, owner: list[list[np.ndarray]]) -> list[dict[str, Any]]:

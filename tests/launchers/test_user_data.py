@@ -57,7 +57,7 @@ def test_a_parquet_job_recovers_loses_nothing_and_exports_what_it_scored(tmp_pat
 
 def test_epochs_under_a_killed_worker_and_a_ps_change_apply_every_sample_once_per_epoch(tmp_path, day):
     job = JobSpec(job_id="epochs", data=str(day), samples=60_000, epochs=3, table_sizes=(5000,) * 26,
-                  checkpoint_interval_s=2.0)
+                  checkpoint_interval_s=2.0, shuffle_window_rows=25_000)  # three windows, each shuffled
     ps_change = [(5.0, Configuration(2, 3, 1.0, 0.5, 2048, 1024))]
     summary = run_job(LocalLauncher(tmp_path / "jobs"), job, CONFIG, tmp_path, parse_faults("kill-worker@3s"), ps_change)
     assert summary["restarts"] >= 1 and any("re-partition" in " ".join(e.get("actions", [])) for e in summary["events"])
@@ -201,9 +201,9 @@ def test_past_the_bad_row_limit_the_job_fails_without_retry_naming_the_first_row
                                            r"the first: .*logs\.csv: row 1502, column I5: 'n/a'"):
         run_job(LocalLauncher(tmp_path / "jobs"), job, Configuration(1, 1, 1.0, 0.5, 2048, 1024), tmp_path)
     tolerant = JobSpec(job_id="tolerant", data=str(tmp_path / "logs.csv"), table_sizes=(1000,) * 26, shard_size=256,
-                       batch_size=64, max_bad_rows=5)
+                       batch_size=64, max_bad_rows=5, epochs=3)  # each epoch meets the same 5 rows, shuffled
     summary = run_job(LocalLauncher(tmp_path / "jobs"), tolerant, Configuration(1, 1, 1.0, 0.5, 2048, 1024), tmp_path)
-    assert summary["bad_rows"] == 5 and summary["samples_trained"] == 2400 and summary["samples_lost"] == 0
+    assert summary["bad_rows"] == 5 and summary["samples_trained"] == 7200 and summary["samples_lost"] == 0
     assert not math.isnan(summary["eval_loss"])
 
 

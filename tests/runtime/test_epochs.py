@@ -27,7 +27,9 @@ def test_each_epoch_trains_every_row_once_under_its_own_sample_numbers():
     for shard in range(spec.num_shards):
         start, stop = spec.shard_range(shard)
         epoch = spec.epoch_of(shard)
-        assert (start - epoch * 1000, stop - epoch * 1000) == spec.rows_of(shard)
+        first, last, order = spec.shard_rows(shard)  # synthetic: the shard's own rows, shuffled
+        assert (first, last) == (start - epoch * 1000, stop - epoch * 1000)
+        assert sorted(order.tolist()) == list(range(last - first))
         assert spec.shard_of(start) == spec.shard_of(stop - 1) == shard
     starts = batch_starts(spec)  # a batch's name: its first sample, distinct in every epoch
     assert len(set(starts.tolist())) == len(starts) == 3 * (3 + 3 + 3 + 1)
@@ -36,15 +38,50 @@ def test_each_epoch_trains_every_row_once_under_its_own_sample_numbers():
 
 def test_each_epoch_has_its_own_seeded_order_and_one_epoch_keeps_the_datas():
     spec = JobSpec(job_id="e", samples=1000, shard_size=300, epochs=2, seed=5)
-    first, second = spec.row_order(1), spec.row_order(1 + spec.shards_per_epoch)
+    first, second = spec.shard_rows(1)[2], spec.shard_rows(1 + spec.shards_per_epoch)[2]
     assert sorted(first.tolist()) == sorted(second.tolist()) == list(range(300))
     assert not np.array_equal(first, second)  # another order in another epoch
-    np.testing.assert_array_equal(first, replace(spec, job_id="again").row_order(1))  # the same for a restart
-    assert not np.array_equal(first, replace(spec, seed=6).row_order(1))
-    assert sorted(spec.fragment_order(1, 50).tolist()) == list(range(50))
-    assert not np.array_equal(spec.fragment_order(0, 50), spec.fragment_order(1, 50))
+    np.testing.assert_array_equal(first, replace(spec, job_id="again").shard_rows(1)[2])  # the same for a restart
+    assert not np.array_equal(first, replace(spec, seed=6).shard_rows(1)[2])
     one = replace(spec, epochs=1)
-    assert one.row_order(1) is None and one.fragment_order(0, 5).tolist() == [0, 1, 2, 3, 4]
+    assert one.shard_rows(1) == (300, 600, None) and one.window_order(0).tolist() == [0]
+
+
+def _dataset_spec(tmp_path, **more) -> JobSpec:
+    write_synthetic(str(tmp_path / "d"), 6000, row_group_rows=[1000], table_sizes=(100,) * 26)
+    return prepare(JobSpec(job_id="m", data=str(tmp_path / "d"), shard_size=500, eval_fraction=0.0,
+                           table_sizes=(100,) * 26, **more), runs_here=False)
+
+
+def test_an_epoch_of_a_dataset_mixes_the_rows_of_a_window_and_trains_each_once(tmp_path):
+    spec = _dataset_spec(tmp_path, epochs=3, shuffle_window_rows=2500)
+    assert spec.windows == (0, 2500, 5000, 6000)  # windows cut across the row groups of 1000
+    assert spec.shards_per_epoch == 12  # 500 at most, inside one window and one row group
+    orders = []
+    for epoch in range(3):
+        rows = []
+        for shard in range(epoch * 12, (epoch + 1) * 12):
+            first, last, order = spec.shard_rows(shard)
+            assert (first, last) == spec.windows[spec.window_of(shard):spec.window_of(shard) + 2]
+            rows.append(first + order)
+            if last - first == 2500:  # a shard draws from every row group of its window
+                assert len(set((first + order) // 1000)) >= 3
+        trained = np.concatenate(rows)
+        assert sorted(trained.tolist()) == list(range(6000))  # every row once in each epoch
+        orders.append(trained)
+    assert not np.array_equal(orders[0], orders[1])
+    assert sorted(spec.window_order(1).tolist()) == [0, 1, 2]
+    again = _dataset_spec(tmp_path / "again", epochs=3, shuffle_window_rows=2500)
+    np.testing.assert_array_equal(again.shard_rows(20)[2], spec.shard_rows(20)[2])  # a restart trains the same
+    one = _dataset_spec(tmp_path / "one")
+    assert one.windows == (0, 1000, 2000, 3000, 4000, 5000, 6000)  # one epoch: the data's order, row group by group
+    assert all(one.shard_rows(s) == (*one.shard_range(s), None) for s in range(one.num_shards))
+
+
+def test_a_shuffle_window_of_no_rows_is_refused():
+    with pytest.raises(InvalidInputError) as err:
+        JobSpec(job_id="e", samples=100, shuffle_window_rows=0)
+    assert err.value.field == "shuffle_window_rows"
 
 
 @pytest.mark.parametrize("field, value", [("epochs", 0), ("learning_rate", float("nan")), ("dense_learning_rate", 0),
@@ -68,24 +105,24 @@ def test_job_args_carry_the_training_settings():
     assert err.value.field == "job_args.adam_betas"
 
 
-def test_the_master_hands_out_an_epoch_whole_in_its_fragment_order(tmp_path):
-    write_synthetic(str(tmp_path / "d"), 6000, row_group_rows=[1000], table_sizes=(100,) * 26)
-    spec = prepare(JobSpec(job_id="m", data=str(tmp_path / "d"), shard_size=500, epochs=2, eval_fraction=0.0,
-                           table_sizes=(100,) * 26), runs_here=False)
+def test_the_master_hands_out_an_epoch_whole_in_its_window_order(tmp_path):
+    spec = _dataset_spec(tmp_path, epochs=2, shuffle_window_rows=2000)
     master = Master(spec, tmp_path)
     master.ps_addresses = ["127.0.0.1:1"]  # handed out, never dialled here
     handed = []
     while (reply := master.next_shard("a")).get("shard") is not None:
         handed.append(reply["shard"])
-        master.shard_done("a", reply["shard"], reply["generation"])
+        master.shard_done("a", reply["shard"], reply["generation"], bad_rows=1 if reply["shard"] % 5 == 0 else 0)
     assert sorted(handed) == list(range(24)) and max(handed[:12]) < 12  # epoch 0 whole, then epoch 1
-    fragments = [spec.rows_of(s)[0] // 1000 for s in handed]
+    windows = [spec.window_of(s) for s in handed]
     for epoch in (0, 1):
-        visited = list(dict.fromkeys(fragments[12 * epoch:12 * (epoch + 1)]))  # in the order first read
-        assert visited == np.argsort(spec.fragment_order(epoch, 6)).tolist()
+        visited = list(dict.fromkeys(windows[12 * epoch:12 * (epoch + 1)]))  # in the order first read
+        assert visited == np.argsort(spec.window_order(epoch)).tolist()
         assert all(a <= b for a, b in zip(handed[12 * epoch:], handed[12 * epoch + 1:12 * (epoch + 1)])
-                   if spec.rows_of(a)[0] // 1000 == spec.rows_of(b)[0] // 1000)  # a fragment read on, in order
-    assert master.status()["samples_total"] == 12_000 and master.status()["samples_done"] == 12_000
+                   if spec.window_of(a) == spec.window_of(b))  # a window read on, in order
+    status = master.status()
+    assert status["samples_total"] == 12_000 and status["samples_done"] == 12_000
+    assert status["bad_rows"] == 3  # shards 0, 5, 10 of epoch 0; 15 and 20 of epoch 1: the most of one epoch
 
 
 def _manifest(spec: JobSpec) -> dict:
