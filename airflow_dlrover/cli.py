@@ -247,10 +247,9 @@ TRAINING_FIELDS = ("epochs", "learning_rate", "dense_learning_rate", "adagrad_in
 
 def _add_training(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("training (default: the job spec's; runtime.spec.JobSpec)")
-    g.add_argument("--epochs", type=int, help="passes over the training rows, each in its own shuffled order (1: "
-                   "the data's order)")
-    g.add_argument("--shuffle-window-rows", type=int, metavar="ROWS", help="with several epochs, the rows shuffled "
-                   "together (a worker holds a window decoded)")
+    g.add_argument("--epochs", type=int, help="passes over the training rows, each in its own shuffled order")
+    g.add_argument("--shuffle-window-rows", type=int, metavar="ROWS", help="the rows an epoch shuffles together (a "
+                   "worker holds a window decoded); 0: the data's order")
     g.add_argument("--learning-rate", type=float, help="sparse Adagrad's, on the embedding tables")
     g.add_argument("--dense-learning-rate", type=float, help="Adam's, on the dense model")
     g.add_argument("--adagrad-initial-accumulator", type=float, help="Adagrad's initial accumulator")

@@ -11,7 +11,7 @@ that changes between the rows of the table. ``--train`` and ``--eval`` are comma
 of ``--window`` (default: January–April trained, May held out: ``public_data.py --sweep``'s split).
 
 Orders, per epoch: ``time`` (the data's own), ``blocks:B`` (blocks of B rows in a shuffled order, the
-rows of each shuffled: the runtime's multi-epoch order is blocks of a shard, ~8192 rows), ``rows``
+rows of each shuffled: the runtime's order with ``shuffle_window_rows`` B), ``rows``
 (every row of the training set shuffled), ``time-then-rows`` (the first epoch in time order, the
 others shuffled). Each row of the table is the mean AUC over ``--seeds``, every seed printed.
 """

@@ -44,7 +44,7 @@ JOB_ARG_RULES: dict[str, tuple[Any, str]] = {
     "eval_files": (lambda v: v >= 0, "an integer ≥ 0 (0: hold out eval_fraction of the rows instead)"),
     "eval_fraction": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
     "max_bad_rows": (lambda v: v >= 0, "an integer ≥ 0"),
-    "shuffle_window_rows": (lambda v: v >= 1, "an integer ≥ 1 (rows a worker holds decoded per window)"),
+    "shuffle_window_rows": (lambda v: v >= 0, "an integer ≥ 0 (rows shuffled together; 0: the data's order)"),
 }
 QUOTA_FIELDS = ("cpu", "memory", "gpu", "max_nodes")
 

@@ -44,9 +44,10 @@ class JobSpec:
     ``epochs`` times each (``None``: every training row of the dataset, 200,000 synthetic ones); the
     held-out split (:attr:`held_out`) is the ``eval_samples`` after them (synthetic), or the last
     ``eval_files`` files, else the last ``eval_fraction`` of the rows. A shard is the unit the master
-    hands out: ``shard_size`` samples, never crossing a fragment of the dataset or a window; with
-    ``epochs`` > 1 each epoch trains the rows of a window of ``shuffle_window_rows`` in a seeded
-    order of its own (:meth:`shard_rows`), the windows in one too (:meth:`window_order`). ``model``:
+    hands out: ``shard_size`` samples, never crossing a fragment of the dataset or a window: each
+    epoch trains the rows of a window of ``shuffle_window_rows`` in a seeded order of its own
+    (:meth:`shard_rows`), the windows in one too (:meth:`window_order`); 0 keeps the data's
+    order (a Parquet row group is then streamed, never held decoded). ``model``:
     ``"pkg.module:build"``, the user's dense network (``runtime.dlrm``); empty for ``DenseDLRM``.
     ``export``: the folder or URL the trained model is exported to (``runtime.export``).
     ``trainer``: a trainer of the user's instead of our runtime (``launchers.contract.TrainerSpec``
@@ -111,7 +112,7 @@ class JobSpec:
             "bottom_mlp": len(self.bottom_mlp) >= 1 and (bool(self.model) or len(dims) > 1 or self.bottom_mlp[-1] in dims),
             "model": not self.model or _IMPORT_PATH.fullmatch(self.model) is not None,
             "epochs": isinstance(self.epochs, int) and self.epochs >= 1,
-            "shuffle_window_rows": isinstance(self.shuffle_window_rows, int) and self.shuffle_window_rows >= 1,
+            "shuffle_window_rows": isinstance(self.shuffle_window_rows, int) and self.shuffle_window_rows >= 0,
             "learning_rate": _positive(self.learning_rate),
             "dense_learning_rate": _positive(self.dense_learning_rate),
             "adagrad_initial_accumulator": _positive(self.adagrad_initial_accumulator),
@@ -123,7 +124,7 @@ class JobSpec:
         allowed = {"bottom_mlp": "a last layer equal to the tables' embedding dim", "eval_fraction": "0 ≤ x < 1",
                    "zipf_skew": "a finite number ≥ 0 (0 = uniform ids)",
                    "model": "an import path pkg.module:function", "epochs": "an integer ≥ 1",
-                   "shuffle_window_rows": "an integer ≥ 1",
+                   "shuffle_window_rows": "an integer ≥ 0 (0: the data's order)",
                    "adam_betas": "two numbers in [0, 1)", "dense_weight_decay": "a finite number ≥ 0"}
         for name, ok in checks.items():
             if not ok:
@@ -189,16 +190,15 @@ class JobSpec:
 
     @cached_property
     def windows(self) -> tuple[int, ...]:
-        """The edges of an epoch's windows, the row ranges whose rows an epoch shuffles together.
-        A dataset trained for several epochs: ``shuffle_window_rows`` rows each (a worker decodes
-        a window whole, once, and trains its shards from it); else its fragments (one epoch reads
-        the data in its order: a Parquet row group streamed, never held decoded). Synthetic rows
-        are drawn independently of their neighbours, so a shard is shuffle enough: one window."""
+        """The edges of an epoch's windows, the row ranges whose rows an epoch shuffles together:
+        ``shuffle_window_rows`` rows each (a worker decodes a window whole, once per epoch, and
+        trains its shards from it); with 0, the dataset's fragments, in order. Synthetic rows are
+        drawn independently of their neighbours, so a shard is shuffle enough: one window."""
         if self.samples is None:
             raise ValueError(f"job {self.job_id}: the dataset {self.data} is not indexed yet (runtime.prepare)")
         if self.dataset is None:
             return 0, self.samples
-        if self.epochs == 1:
+        if not self.shuffle_window_rows:
             return tuple(a for a in self.dataset.fragment_starts if a < self.samples) + (self.samples,)
         return tuple(range(0, self.samples, self.shuffle_window_rows)) + (self.samples,)
 
@@ -246,23 +246,23 @@ class JobSpec:
         return bisect.bisect_right(self.windows, self.epoch_bounds[shard % self.shards_per_epoch]) - 1
 
     def window_order(self, epoch: int) -> np.ndarray:
-        """The rank of each window in ``epoch``'s visiting order: the data's order with one
-        epoch, else a permutation seeded by (``seed``, epoch)."""
+        """The rank of each window in ``epoch``'s visiting order: a permutation seeded by
+        (``seed``, epoch); the data's order without a shuffle."""
         count = len(self.windows) - 1
-        if self.epochs == 1:
+        if not self.shuffle_window_rows:
             return np.arange(count)
         return np.argsort(np.random.default_rng((self.seed, epoch, 0)).permutation(count))
 
     def shard_rows(self, shard: int) -> tuple[int, int, np.ndarray | None]:
         """``(first, last, order)``: the shard trains rows ``first + order`` of ``[first, last)``,
-        in that order (None: every row of the range, as read). With one epoch, its own rows in the
-        data's order. With several, epoch e's samples ``[a, b)`` of window ``[A, B)`` are the rows
-        ``A + π[a−A : b−A]``, π the window's permutation seeded by (``seed``, e, ``A``): each epoch
-        trains every row once, in its own order, deterministic across restarts."""
+        in that order (None: every row of the range, as read). Epoch e's samples ``[a, b)`` of
+        window ``[A, B)`` are the rows ``A + π[a−A : b−A]``, π the window's permutation seeded by
+        (``seed``, e, ``A``): each epoch trains every row once, in its own order, the same after a
+        restart. Without a shuffle, the samples' own rows in the data's order."""
         a, b = self.shard_range(shard)
         epoch = self.epoch_of(shard)
         a, b = a - epoch * self.samples, b - epoch * self.samples
-        if self.epochs == 1:
+        if not self.shuffle_window_rows:
             return a, b, None
         window = self.window_of(shard)
         first, last = self.windows[window], self.windows[window + 1]

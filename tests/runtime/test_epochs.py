@@ -36,15 +36,15 @@ def test_each_epoch_trains_every_row_once_under_its_own_sample_numbers():
     assert spec.shard_bounds[-1] == 3000 and spec.held_out == (1000, 21_000)  # held out: rows, once
 
 
-def test_each_epoch_has_its_own_seeded_order_and_one_epoch_keeps_the_datas():
+def test_each_epoch_has_its_own_seeded_order_and_no_shuffle_keeps_the_datas():
     spec = JobSpec(job_id="e", samples=1000, shard_size=300, epochs=2, seed=5)
     first, second = spec.shard_rows(1)[2], spec.shard_rows(1 + spec.shards_per_epoch)[2]
     assert sorted(first.tolist()) == sorted(second.tolist()) == list(range(300))
     assert not np.array_equal(first, second)  # another order in another epoch
     np.testing.assert_array_equal(first, replace(spec, job_id="again").shard_rows(1)[2])  # the same for a restart
     assert not np.array_equal(first, replace(spec, seed=6).shard_rows(1)[2])
-    one = replace(spec, epochs=1)
-    assert one.shard_rows(1) == (300, 600, None) and one.window_order(0).tolist() == [0]
+    kept = replace(spec, shuffle_window_rows=0)
+    assert kept.shard_rows(1) == (300, 600, None) and kept.window_order(0).tolist() == [0]
 
 
 def _dataset_spec(tmp_path, **more) -> JobSpec:
@@ -74,13 +74,16 @@ def test_an_epoch_of_a_dataset_mixes_the_rows_of_a_window_and_trains_each_once(t
     again = _dataset_spec(tmp_path / "again", epochs=3, shuffle_window_rows=2500)
     np.testing.assert_array_equal(again.shard_rows(20)[2], spec.shard_rows(20)[2])  # a restart trains the same
     one = _dataset_spec(tmp_path / "one")
-    assert one.windows == (0, 1000, 2000, 3000, 4000, 5000, 6000)  # one epoch: the data's order, row group by group
-    assert all(one.shard_rows(s) == (*one.shard_range(s), None) for s in range(one.num_shards))
+    assert one.windows == (0, 6000) and sorted(one.window_order(0)) == [0]  # one epoch is shuffled too
+    kept = _dataset_spec(tmp_path / "kept", epochs=2, shuffle_window_rows=0)
+    assert kept.windows == (0, 1000, 2000, 3000, 4000, 5000, 6000)  # the data's order, row group by group
+    assert all(kept.shard_rows(s) == (s * 500 % 6000, s * 500 % 6000 + 500, None) for s in range(kept.num_shards))
+    assert kept.window_order(1).tolist() == list(range(6))
 
 
-def test_a_shuffle_window_of_no_rows_is_refused():
+def test_a_negative_shuffle_window_is_refused():
     with pytest.raises(InvalidInputError) as err:
-        JobSpec(job_id="e", samples=100, shuffle_window_rows=0)
+        JobSpec(job_id="e", samples=100, shuffle_window_rows=-1)
     assert err.value.field == "shuffle_window_rows"
 
 
