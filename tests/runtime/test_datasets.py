@@ -201,20 +201,23 @@ def test_a_fresh_reader_reads_any_row_range_as_the_file_holds_it(tmp_path):
         np.testing.assert_allclose(batch.dense[:, 2], np.log1p(rows.column("I3").to_numpy().astype(float)), rtol=1e-6)
 
 
-def test_the_master_keeps_each_worker_in_its_own_row_group(tmp_path):
+@pytest.mark.parametrize("shuffle_window_rows", [0, 2000], ids=["row groups in order", "shuffled windows"])
+def test_the_master_keeps_each_worker_in_its_own_window(tmp_path, shuffle_window_rows):
+    """A window (a row group, in the data's order) is read by one worker while there are others."""
     from airflow_dlrover.runtime.master import Master
 
     write_synthetic(str(tmp_path / "d"), 8000, row_group_rows=[2000])
-    spec = prepare(JobSpec(job_id="m", data=str(tmp_path / "d"), shard_size=500), runs_here=False)
+    spec = prepare(JobSpec(job_id="m", data=str(tmp_path / "d"), shard_size=500,
+                           shuffle_window_rows=shuffle_window_rows), runs_here=False)
     master = Master(spec, tmp_path)
     master.ps_addresses = ["127.0.0.1:1"]  # handed out, never dialled here
-    source, fragment = TabularSource(spec.dataset, spec.layout), {}
+    window = {}
     for _ in range(3):
         for worker in ("a", "b"):
             reply = master.next_shard(worker)
-            fragment.setdefault(worker, set()).add(source.fragment_of(reply["start"]))
+            window.setdefault(worker, set()).add(spec.window_of(reply["shard"]))
             master.shard_done(worker, reply["shard"], reply["generation"])
-    assert len(fragment["a"]) == len(fragment["b"]) == 1 and fragment["a"] != fragment["b"]
+    assert len(spec.windows) == 4 + 1 and len(window["a"]) == len(window["b"]) == 1 and window["a"] != window["b"]
 
 
 def test_the_streamed_metrics_match_the_exact_ones_in_any_split():
