@@ -57,7 +57,6 @@ checked like a user's: 400 naming the field and what is allowed, and nothing per
 
 from __future__ import annotations
 
-import bisect
 import json
 import logging
 import math
@@ -312,8 +311,8 @@ class Master:
         """From the earliest epoch with a free shard: the shard after the worker's last one when
         it is free (a worker reads on through the window it has read), else the first free shard,
         in the epoch's window order (``JobSpec.window_order``), of a window no other worker reads
-        (holds a lease in, or was last handed a shard of), else the first free one. A window is a
-        fragment of the dataset with one epoch: either way each is read by as few workers as can be."""
+        (holds a lease in, or was last handed a shard of), else the first free one: each window is
+        read by as few workers as can be (without a shuffle, a window is a row group, streamed)."""
         per_epoch = self.spec.shards_per_epoch
         free = []
         for first in range(0, self.spec.num_shards, per_epoch):  # the earliest epoch with a free shard
