@@ -353,7 +353,7 @@ class Master:
     def shard_done(self, worker: str, shard: int, generation: int, bad_rows: int = 0, first_bad: str = "") -> dict[str, Any]:
         """A shard is trained; its unreadable rows are counted once (every epoch reads the same
         rows: the dataset's are the most any epoch has met, :meth:`_bad_rows`), and past
-        ``max_bad_rows`` the job fails, naming the first offending row."""
+        ``max_bad_rows`` the job fails, naming the first offending row of the earliest shard with one."""
         _name("worker", worker)
         _integer("shard", shard, 0, self.spec.num_shards)
         _integer("generation", generation, -1)

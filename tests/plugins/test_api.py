@@ -294,7 +294,9 @@ def test_the_json_of_a_run_recorded_by_the_example_dag(dlrover_client, recorded_
 
     plans = get(dlrover_client, f"/dlrover/api/runs/{run}/plans").json()
     recorded_plan = store.records(run, "plan")[-1]
-    assert plans["chosen"]["workers"] == recorded_plan["workers"] == detail["summary"]["job"]["config"]["workers"]
+    job = detail["summary"]["job"]
+    assert plans["chosen"]["workers"] == recorded_plan["workers"]
+    assert job["config"]["workers"] == recorded_plan["workers"] or job["resizes"] > 0  # the fine-tune may resize
     assert plans["chosen"]["reason"] == detail["summary"]["plan"]["reason"]
     assert plans["chosen"]["cores"] <= 1.5 + 1e-9 and plans["pareto_front"]
     assert plans["baseline"] == recorded_plan["baseline"]
