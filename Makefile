@@ -1,7 +1,7 @@
 # The two commands of the README: `make demo` (the main job) and `make test`.
 # Each creates .venv from the committed lock (constraints.txt) when it is missing or stale, with the
-# runtime extra (torch: the demo's jobs run on the local launcher), the test, simulator and benchmark extras, and
-# TorchRec for examples/torchrec_dlrm (its extra, then torchrec itself without the CUDA fbgemm-gpu
+# runtime extra (torch: the demo's jobs run on the local launcher), the test, simulator, benchmark and docs extras,
+# and TorchRec for examples/torchrec_dlrm (its extra, then torchrec itself without the CUDA fbgemm-gpu
 # its metadata asks for: see pyproject.toml).
 # `make demo` runs the daily retrain DAG with `airflow dags test` on the embedded defaults:
 # AIRFLOW_HOME=./airflow-home (SQLite metadata DB and history store), the local launcher. It exports
@@ -13,12 +13,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export AIRFLOW__CORE__LOAD_EXAMPLES ?= False
 
-.PHONY: demo test test-fast bench clean dlrover-venv
+.PHONY: demo test test-fast bench docs docs-build clean dlrover-venv
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[runtime,test,sim,torchrec,bench]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[runtime,test,sim,torchrec,bench,docs]'
 	$(PY) -m pip install --quiet --no-deps -c constraints.txt torchrec
 	touch $@
 
@@ -40,13 +40,14 @@ demo: $(VENV)/.installed
 	$(DEMO_ENV) $(VENV)/bin/dlrover-rm report dlrm_daily_retrain
 	@echo "task logs: $(DEMO_HOME)/dags-test.log; browse it all: $(DEMO_ENV) $(VENV)/bin/airflow standalone"
 
-# The suite's tiers (tests/conftest.py). `make test`, what CI runs: the pure tier on both cores
-# (its tests start no process), then the tiers that run processes, on both cores too, a module to
-# a worker (tests/conftest.py, scope_of), the slowest 25 printed. `make test-fast`: the
-# pure tier, without PostgreSQL, the check before a commit.
+# The suite's tiers (tests/conftest.py). `make test`, what CI runs: the documentation site's strict
+# build first (seconds), then the pure tier on both cores (its tests start no process), then the
+# tiers that run processes, on both cores too, a module to a worker (tests/conftest.py, scope_of),
+# the slowest 25 printed. `make test-fast`: the pure tier, without PostgreSQL, the check before a commit.
 TIERS_WITH_PROCESSES := --tier jobs --tier dag --tier scheduler --tier browser
 
 test: $(VENV)/.installed .venv-dlrover/bin/python
+	$(MAKE) --no-print-directory docs-build
 	$(PY) -m pytest -q --tier unit -n 2 --durations=25
 	$(PY) -m pytest -q $(TIERS_WITH_PROCESSES) -n 2 --dist loadscope --durations=25
 
@@ -57,6 +58,18 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/fit_plan.py
 	$(PY) benchmarks/accuracy.py
 
+# The documentation site (mkdocs.yml, docs/; the `docs` extra). `make docs` serves it with live reload at
+# http://127.0.0.1:8000; `make docs-build` builds it into site/, strict: a broken link or anchor, a page
+# missing from the nav or any other warning fails it. The API reference is read from the source by static
+# analysis: neither command imports Airflow. NO_MKDOCS_2_WARNING quiets Material's notice about MkDocs 2.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
+
+docs: $(VENV)/.installed
+	$(MKDOCS) serve
+
+docs-build: $(VENV)/.installed
+	$(MKDOCS) build --strict --site-dir site
+
 # DLRover 0.6.1 in its own venv (locked by constraints-dlrover.txt), for `python benchmarks/simulate.py
 # --policies ...,dlrover`; `make test` builds it so that the real-DLRover tests run.
 dlrover-venv: .venv-dlrover/bin/python
@@ -66,4 +79,4 @@ dlrover-venv: .venv-dlrover/bin/python
 	touch $@
 
 clean:
-	rm -rf $(VENV) .venv-dlrover dlrover-demo airflow-home .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-dlrover dlrover-demo airflow-home site .pytest_cache .hypothesis

@@ -1,7 +1,8 @@
 """The views in a real browser: ``airflow api-server`` with the plugin, a login through
 ``POST /auth/token`` set as the UI's ``_token`` cookie, headless Chromium. Asserts that the charts
-drew their data (points per dataset against the API's JSON, and ink on each canvas) and saves
-screenshots under ``tests/artifacts/``."""
+drew their data (points per dataset against the API's JSON, and ink on each canvas) and saves a
+screenshot of each page it opens under ``tests/artifacts/``, or under the folder ``DLROVER_SCREENSHOTS``
+names (relative to the repository root): ``DLROVER_SCREENSHOTS=docs/img/ui`` refreshes the docs' pictures."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from browser import Chromium, find_chromium
 from ui_settings import PASSWORD, USER
 
 ROOT = Path(__file__).parents[2]
-ARTIFACTS = ROOT / "tests" / "artifacts"
+SCREENSHOTS = ROOT / (os.environ.get("DLROVER_SCREENSHOTS") or "tests/artifacts")
 CHROMIUM = find_chromium()
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install -y chromium; "
@@ -94,8 +95,8 @@ def browser(server):
 
 
 def screenshot(chromium: Chromium, name: str) -> Path:
-    ARTIFACTS.mkdir(exist_ok=True)
-    path = chromium.screenshot(ARTIFACTS / name)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = chromium.screenshot(SCREENSHOTS / name)
     print(f"screenshot: {path}")
     return path
 
@@ -199,6 +200,7 @@ def test_the_airflow_ui_shows_the_view_on_the_dag_run_and_task_pages(server, bro
     body = f"{frame}.contentDocument.body"
     assert browser.evaluate(f"{body}.dataset.section") == "instability"  # the guard is the instability sensor
     assert browser.evaluate(f"{frame}.contentDocument.getElementById('instability').classList.contains('focus')")
+    screenshot(browser, "ui-airflow-task-tab.png")
 
 
 def test_the_job_list_and_the_what_if_form(server, browser, recorded_run):
@@ -208,6 +210,7 @@ def test_the_job_list_and_the_what_if_form(server, browser, recorded_run):
     # the job's row shows its last run's status (other tests of the session may have run it since)
     [job] = [j for j in api(server, "/jobs") if (j["dag_id"], j["job"]) == (recorded_run["dag_id"], recorded_run["dag_id"])]
     assert any(recorded_run["dag_id"] in cell and job["last_run"]["status"] in cell for cell in cells)
+    screenshot(browser, "ui-jobs.png")
 
     browser.open(f"{server['base']}/dlrover/what-if?job={job['id']}")
     assert browser.wait_for("document.body && document.body.dataset.rendered") == "true"
