@@ -93,7 +93,7 @@ assert all(float(v / _CORE_STEP).is_integer() for v in C.GRID_CPU_VALUES)
 
 
 def _steps(cores: np.ndarray) -> np.ndarray:
-    """A configuration's total cores in ``_CORE_STEP``\ s (exact)."""
+    """A configuration's total cores in units of ``_CORE_STEP`` (exact)."""
     return np.rint(np.asarray(cores) / _CORE_STEP).astype(np.int64)
 
 
