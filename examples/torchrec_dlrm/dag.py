@@ -6,7 +6,7 @@ The trainer keeps the launcher's contract (docs/trainers.md) as TorchRec's own e
 alone reports the job's rate and progress (``reports_from="rank0"``). It is an all-reduce job
 (``ps = 0``): probes, the plan and every resize restart the group from its checkpoint, which rank 0
 gathers whole so that the group may resume at another world size. This file imports no torch; the
-workers need the ``torchrec`` extra (README: TorchRec).
+workers need the ``torchrec`` extra and torchrec itself (docs/trainers.md).
 
 Params: samples; quota_cpu / quota_memory; start_on (launch on this configuration instead of
 the plan: the fine-tune moves it when that pays).
