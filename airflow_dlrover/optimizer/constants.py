@@ -12,31 +12,28 @@ from __future__ import annotations
 # --------------------------------------------------------------------------------------------
 
 #: Exponents q of the q-norm that combines the model's bottleneck terms (model.py), tried in
-#: the fit. 1 = stages add up; larger = stages overlap and the knee is sharp. (ours, measured on
-#: the queueing simulation: q = 2–3 fits best; benchmarks/accuracy.py)
+#: the fit. 1 = stages add up; larger = stages overlap and the knee is sharp. (ours, measured:
+#: benchmarks/accuracy.py; docs/tuning.md#sharpness_candidates)
 SHARPNESS_CANDIDATES = (1.0, 1.5, 2.0, 3.0, 4.0)
 #: Exponents a of a node's effective cores λ^a, tried in the fit after q: a worker's or a PS's
-#: threads rarely use added cores whole (a serial fraction, lock and memory-bandwidth limits;
-#: measured on the runtime here: a worker at a whole core used 0.68 of it). 1 = every core
-#: counts. (ours; judged on the held-out families of benchmarks/accuracy.py)
+#: threads rarely use added cores whole (a serial fraction, lock and memory-bandwidth limits).
+#: 1 = every core counts. (ours, measured: the runtime, benchmarks/accuracy.py;
+#: docs/tuning.md#scaling_candidates)
 SCALING_CANDIDATES = (1.0, 0.85, 0.7, 0.55)
 #: Throttle ℓ below one core: a node on λ < 1 core under a CFS quota works at λ·(1 − ℓ·(1 − λ))
-#: of a core (model.effective_cores). (ours: on this machine a PS at 0.25 core is throttled,
-#: the runtime's grid here, benchmarks/runtime.py grid)
+#: of a core (model.effective_cores). (ours, measured: benchmarks/runtime.py grid;
+#: docs/tuning.md#throttle_candidates)
 THROTTLE_CANDIDATES = (0.0, 0.2, 0.4)
 #: A core curve other than whole cores must cut the cross-validated MAPE of whole cores by this
 #: fraction. (ours: the CV of a few tens of configurations scatters by a few per cent; the simpler
 #: form wins a tie)
 SCALING_CV_MARGIN = 0.05
-#: The least number of configurations for the fit to choose a core curve at all. (ours, measured:
-#: chosen by cross-validation on a cold profile's ~10 probes, the curve cut the form error on a
-#: dense grid but raised the error of the probes' model off them — 3.6 → 11.3 % on the measured
-#: roofline, benchmarks/fit_error.py —: so few configurations, each an extrapolation for the
-#: others, cannot tell a curve from noise; a grid or a history of twice the parameters can)
+#: The least number of configurations for the fit to choose a core curve at all: fewer, each an
+#: extrapolation for the others, cannot tell a curve from noise; a grid or a history of twice the
+#: parameters can. (ours, measured: benchmarks/fit_error.py; docs/tuning.md#scaling_min_configurations)
 SCALING_MIN_CONFIGURATIONS = 20
-#: Rounds of the coordinate descent over the core curve's three axes. (ours: a second round
-#: corrects an exponent chosen while the throttle was still 0; a third changed nothing on the
-#: held-out families' dense grids)
+#: Rounds of the coordinate descent over the core curve's three axes: a second round corrects an
+#: exponent chosen while the throttle was still 0. (ours, measured: docs/tuning.md#scaling_rounds)
 SCALING_ROUNDS = 3
 #: The least number of CPU values of a role for its exponent to be tried. (with two, λ^a and
 #: the terms constant in λ cannot be told apart)
@@ -51,8 +48,8 @@ LOCO_MAX_CONFIGURATIONS = 30
 SHARPNESS_CV_FOLDS = 5
 
 #: Pull toward the prior when refitting from a warm start: a relative change of r in one parameter
-#: costs this × r², as a relative error r would on this many sample rows. (ours, measured with
-#: benchmarks/accuracy.py: 0.1–1 does best when the system changed; 0.3 between)
+#: costs this × r², as a relative error r would on this many sample rows. (ours, measured:
+#: benchmarks/accuracy.py; docs/tuning.md#warm_start_prior_weight)
 WARM_START_PRIOR_WEIGHT = 0.3
 
 #: Half-life of a sample's weight when refitting, in number of newer samples. Recent samples
@@ -64,8 +61,8 @@ RECENCY_HALF_LIFE_SAMPLES = 50.0
 IDENTIFIABILITY_RCOND = 1e-6
 
 #: Relative noise assumed when the fit has no residual degrees of freedom (as many
-#: configurations as free parameters). 10 % is the spread we see between repeated profiling
-#: windows of one configuration on a shared machine. (ours, measured)
+#: configurations as free parameters): the spread between repeated profiling windows of one
+#: configuration on a shared machine. (ours, measured: docs/tuning.md#default_relative_noise)
 DEFAULT_RELATIVE_NOISE = 0.10
 
 #: Smallest relative noise the uncertainty band will claim, even for a perfect fit. (ours)
@@ -79,9 +76,9 @@ MAPE_TO_SIGMA = 1.2533
 #: Reweighted NNLS rounds of the throughput fit (``model._solve``). Its linear residual
 #: (X/X̂)^q − 1 weighs an under-prediction more than an over-prediction of the same size
 #: ((1.1)^3 − 1 = 0.33 against 1 − 0.9^3 = 0.27 at q = 3), so one NNLS leans towards predicting
-#: too much (+5 % on the committed local grid); weighting each row by log(ρ)/(ρ − 1) at the last
-#: round's ρ = (X/X̂)^q makes the residual q·log(X/X̂): a symmetric error. 1 = plain NNLS.
-#: (ours: iteratively reweighted least squares, Gauss–Newton on the log error)
+#: too much; weighting each row by log(ρ)/(ρ − 1) at the last round's ρ = (X/X̂)^q makes the
+#: residual q·log(X/X̂): a symmetric error. 1 = plain NNLS. (ours: iteratively reweighted least
+#: squares, Gauss–Newton on the log error; measured: docs/tuning.md#log_error_iterations)
 LOG_ERROR_ITERATIONS = 3
 
 #: z-value of the prediction band (two-sided 90 %). (ours)
@@ -96,19 +93,14 @@ BAND_Z = 1.645
 MEMORY_MARGIN_FRACTION = 0.15
 
 #: Minimum absolute headroom of a worker above its forecast peak, MB: small nodes need more than
-#: 15 %. The largest short rise above a node's steady working set is the finishing worker's (its held-out
-#: evaluation and the export): +43 MB in a cold `make demo` (2026-12-02, this machine), +64 MB in
-#: a run that continues an export (it scores that model too: `dlrover-rm train --samples 300000
-#: --table-size 5000 --init-from …`, 397 MB against its peers' 333 MB, 2026-12-05); a PS's
-#: checkpoint is covered by its own term (``MemoryModel.ps_request_mb``). 256 MB (VPA's *minimum
-#: recommendation*, 250 MiB, read as a headroom) kept the demo's ~210 MB nodes at 42–46 % memory
-#: utilisation. (ours, measured)
+#: 15 %. It covers the largest short rise above a node's steady working set, the finishing
+#: worker's (its held-out evaluation and the export); a PS's checkpoint is covered by its own term
+#: (``MemoryModel.ps_request_mb``). (ours, measured: docs/tuning.md#memory_min_headroom_mb)
 MEMORY_MIN_HEADROOM_MB = 96.0
 #: ... and of a PS, MB: its checkpoint and restore have their own term (``PS_TABLE_COPY_FACTOR``)
-#: and its request covers the most a measured peak passed the fit (``MemoryModel.ps_peak_excess_mb``:
-#: +15 MB after the demo's PS restored every table); what is left is a steady node's wander between
-#: windows, ±5 MB, and 32 MB is a rise as ``OOM_MIN_RISE_MB`` reads one. The worker's 96 MB kept the
-#: demo's ~190 MB PS at 53–56 % of its request (3 cold runs, 2026-12-05, this machine). (ours, measured)
+#: and its request covers the most a measured peak passed the fit (``MemoryModel.ps_peak_excess_mb``);
+#: what is left is a steady node's wander between windows, ±5 MB, and 32 MB is a rise as
+#: ``OOM_MIN_RISE_MB`` reads one. (ours, measured: the demo; docs/tuning.md#ps_min_headroom_mb)
 PS_MIN_HEADROOM_MB = 32.0
 #: A role's margin grows with each of the job's last this many runs in which one of its nodes was
 #: OOM-killed (``memory.margin_after_ooms``), and is VPA's again this many runs after the last.
@@ -118,14 +110,14 @@ MEMORY_OOM_HISTORY_RUNS = 8
 
 #: What a PS holds above its tables while it restores a checkpoint or grows a table, one table
 #: at a time, as a multiple of that table's share (``MemoryModel.ps_transient_mb``): the file's
-#: ids, rows and accumulators beside the table it fills, and their index temporaries. 1.16×
-#: measured by tracemalloc (tests/runtime/test_ps_master.py, 8 tables of 40,000 × 32). (ours)
+#: ids, rows and accumulators beside the table it fills, and their index temporaries. (ours,
+#: measured by tracemalloc: tests/runtime/test_ps_master.py; docs/tuning.md#ps_table_copy_factor)
 PS_TABLE_COPY_FACTOR = 1.25
 
 #: Memory requests are rounded up to this granularity, MB. VPA rounds nothing (its recommendations
 #: are bytes; ``--humanize-memory`` shows them in MiB to 0.01); 16 keeps a request a readable
-#: quantity ("272Mi") and costs a node at most 16 MB: 64 held the demo's ~200 MB PS at 53 % (a
-#: peak just past 192 MB requested 320). (VPA; ours, measured with benchmarks/demo_accuracy.py)
+#: quantity ("272Mi") and costs a node at most 16 MB. (VPA; ours, measured:
+#: benchmarks/demo_accuracy.py; docs/tuning.md#memory_granularity_mb)
 MEMORY_GRANULARITY_MB = 16
 #: The least memory a node is given: less holds no Python process with numpy (a bare
 #: interpreter ~10 MB, numpy's import ~30 MB). (ours)
@@ -174,8 +166,7 @@ PLAN_BOUND_SLACK = 1e-9
 #: A box of at most this many configurations is split into its rows (one worker count each, whose
 #: bound is exact), and a row of at most ``PLAN_EXPAND_ROW`` PS counts into its configurations,
 #: rather than halved again: the vectorised evaluations cost less than the rounds that would split
-#: them. (ours: on benchmarks/planner_scale.py's random quotas, 64–128 and 16 took 17–19 ms a plan,
-#: 16–32 or 1,024 rows 22–24 ms, 8 or 32 a row no better)
+#: them. (ours, measured: benchmarks/planner_scale.py; docs/tuning.md#plan_rows_box)
 PLAN_ROWS_BOX = 128
 PLAN_EXPAND_ROW = 16
 
@@ -187,9 +178,8 @@ KNEE_MARGINAL_FRACTION = 0.5
 
 #: The planner considers node sizes (``worker_cpu``, ``ps_cpu``) up to this multiple of the
 #: largest the model was fitted on, no further: a fit on probes of ≤ 4 cores that plans one PS of
-#: 32 cores extrapolates 8×, and in the cluster simulation such plans ran at 4 % CPU utilisation
-#: for days while the model predicted 40× their throughput. The fine-tune's measurements extend
-#: the range as the job grows. (ours, measured with `benchmarks/simulate.py`)
+#: 32 cores extrapolates 8×. The fine-tune's measurements extend the range as the job grows.
+#: (ours, measured: benchmarks/simulate.py; docs/tuning.md#node_cpu_trust_multiple)
 NODE_CPU_TRUST_MULTIPLE = 2.0
 
 #: The throughput objective's near-ties: of the fastest configurations (the plan and its
@@ -226,9 +216,8 @@ TRAINER_RESTART_WINDOW_S = 600.0
 RESTART_BACKOFF_S = 5.0
 RESTART_BACKOFF_MAX_S = 60.0
 #: A plan check's window, in probe windows: the job trains on its plan meanwhile, so a longer
-#: window costs no training, and one 2 s window of the demo's plan ranged 38–57 k samples/s
-#: (checking, besides, every plan probed in one window only, with 2 s windows, took three cold
-#: demos' median error from 8 % to 20 %: the check's own noise). (ours, measured)
+#: window costs no training, and a short one adds its own noise to the check. (ours, measured:
+#: the cold demo; docs/tuning.md#plan_check_windows)
 PLAN_CHECK_WINDOWS = 4
 
 #: Number of alternative plans reported beside the chosen one. (ours)
@@ -246,25 +235,24 @@ DEFAULT_PRICE_PER_GB_HOUR = 0.125
 #: Probes use at most this fraction of the quota's cores, so profiling is cheap ... (ours)
 PROBE_QUOTA_FRACTION = 0.5
 #: Resident memory of a PS process before any embedding row: the interpreter, numpy and the
-#: runtime's imports (ours: 136 MB measured for a PS of the default job on this machine). A cold
-#: probe's PS gets at least this plus its share of the layout's tables, with the usual margin.
+#: runtime's imports (ours, measured: a PS of the default job; docs/tuning.md#ps_process_base_mb).
+#: A cold probe's PS gets at least this plus its share of the layout's tables, with the usual margin.
 PS_PROCESS_BASE_MB = 136.0
 #: ... but at least this many cores (or the whole quota, if smaller): under half of a small quota
 #: too few distinct probes fit to identify the model (2 cores: 1 probe against 9). (ours)
 PROBE_MIN_BUDGET_CORES = 4.0
 #: Candidate values for probe configurations: powers of two over the planner's whole range
 #: (``PLAN_MAX_WORKERS``, ``PLAN_MAX_PS``), of which the budget keeps those that fit, so that the
-#: design can reach the region a large quota's plan lies in. With at most 8 workers and 4 PS a
-#: cold fit under a quota of hundreds of cores read an I/O plateau the job did not have and
-#: planned 10–20× too small (benchmarks/cluster_sim.py's large families). (ours)
+#: design can reach the region a large quota's plan lies in. (ours, measured:
+#: benchmarks/cluster_sim.py's large families; docs/tuning.md#probe_workers)
 PROBE_WORKERS = tuple(2**k for k in range(PLAN_MAX_WORKERS.bit_length()))
 PROBE_PS = tuple(2**k for k in range(PLAN_MAX_PS.bit_length()))
 PROBE_CPU = (0.5, 1.0, 2.0, 4.0)
 #: A cold start profiles at least this many configurations (the product's floor for a cold profile) ...
 MIN_PROBES_COLD = 4
 #: ... and this many more than the parameters to identify, so that the fit can choose its
-#: sharpness by cross-validation and measure its own out-of-sample error. (ours, measured with
-#: benchmarks/accuracy.py: 7 → 9 probes cut the held-out error on the PS-heavy system 28 % → 11 %)
+#: sharpness by cross-validation and measure its own out-of-sample error. (ours, measured:
+#: benchmarks/accuracy.py; docs/tuning.md#probes_beyond_parameters)
 PROBES_BEYOND_PARAMETERS = 2
 #: A job with no history of its own but a prior from jobs like it (``optimizer.similarity``)
 #: profiles at least this many configurations: two points rescale a prior's level on the two
@@ -276,9 +264,7 @@ SIMILAR_PRIOR_MIN_SIMILARITY = 0.5
 #: A warm start (a prior throughput and memory model of the same job exist) profiles this many:
 #: none. The prior plans, and the fine-tune re-scales it from the job's own windows at the
 #: planned configuration, which cost no relaunch and train at full speed. (paper: recurring jobs
-#: are pre-tuned from history; ours, measured with `benchmarks/simulate.py`, 300 jobs, seeds 1-3:
-#: median JCT ×1.33, ×1.33, ×1.21 of the oracle's with no warm probe against ×1.41, ×1.43,
-#: ×1.65 with two)
+#: are pre-tuned from history; ours, measured: benchmarks/simulate.py; docs/tuning.md#min_probes_warm)
 MIN_PROBES_WARM = 0
 #: A cold profile measures the design's probes beyond those that identify the parameters
 #: (``probes.probes_always_measured``), the most informative first, while one more keeps it within
@@ -329,9 +315,9 @@ REVERT_DELIVERED_FRACTION = 0.25
 #: ``EXPLORE_MAX_PER_RUN`` a run. It is judged and reverted as any resize (the revert excludes the
 #: shape), and its windows teach the refit what the probes could not. Where the mean's plan does not
 #: qualify (or already runs), the plan of one draw of the fit's posterior is tried on the same
-#: terms, its speed-up the draw's (``finetune.posterior_draw``: Thompson sampling). (ours; act on
-#: a plausible model where the band is wide and the stake pays. Measured in the simulation: ~2.7×
-#: the resizes, fewer warm jobs far off the oracle, a lower warm median JCT; docs/evaluation.md)
+#: terms, its speed-up the draw's (``finetune.posterior_draw``: Thompson sampling). (ours: act on
+#: a plausible model where the band is wide and the stake pays; measured: benchmarks/simulate.py;
+#: docs/tuning.md#explore_min_band)
 EXPLORE_MIN_BAND = 0.3
 EXPLORE_MIN_SPEEDUP = 1.15
 EXPLORE_MAX_PER_RUN = 2
@@ -384,25 +370,23 @@ OOM_MEMORY_GROWTH = 1.5
 #: Memory forecasts need at least this many points. (ours)
 OOM_MIN_POINTS = 3
 #: ... and a trend counts only once it has risen this much over the series (slope × span): a
-#: steady worker's memory wanders ±5 MB between 3 s windows (our measurement: 196–206 MB over
-#: 70 s), which a 3-point Theil–Sen slope reads as 70 MB/min. (ours)
+#: steady worker's memory wanders ±5 MB between 3 s windows, which a 3-point Theil–Sen slope reads
+#: as 70 MB/min. (ours, measured: the runtime; docs/tuning.md#oom_min_rise_mb)
 OOM_MIN_RISE_MB = 32.0
 #: ... and forecasts at most this multiple of its own span ahead (a 3-window line 90 s, the
 #: detectors' full 30 s history 300 s): a node starved of CPU (its quota cut, a busy machine)
-#: ramps through its warm-up for longer than ``NODE_WARMUP_S``, and 9 s of that ramp read as a
-#: line crossed a 2 GB limit "in 311 s" for a worker that levels off near 250 MB (our
-#: measurement). A real leak is still caught with the trusted span's time to spare. The new limit
-#: of a node at risk covers the trend as far ahead, no further. (ours)
+#: ramps through its warm-up for longer than ``NODE_WARMUP_S``, and a line through that ramp
+#: forecasts a crossing of the limit that never comes. A real leak is still caught with the
+#: trusted span's time to spare. The new limit of a node at risk covers the trend as far ahead, no
+#: further. (ours, measured: the runtime; docs/tuning.md#oom_trend_extrapolation)
 OOM_TREND_EXTRAPOLATION = 10.0
 
 # --------------------------------------------------------------------------------------------
 # Probe windows, restart costs and exit codes the controller decides on
 # --------------------------------------------------------------------------------------------
 
-#: Seconds each probe is measured for. Our measurement (benchmarks/probe_window.py, one run,
-#: 2w×0.5 + 1ps×0.5, against the shards done over 40 s): median |error| 5.9 % for 1 s windows,
-#: 6.6 % for 2 s, 6.5 % for 3 s, 4.9 % for 4 s (max 47 %, 20 %, 23 %, 11 %: windows across a
-#: periodic checkpoint). Beyond 1 s the median barely moves; each second costs every probe.
+#: Seconds each probe is measured for: each second costs every probe, and beyond 1 s the median
+#: error barely moves. (ours, measured: benchmarks/probe_window.py; docs/tuning.md#probe_window_s)
 PROBE_WINDOW_S = 2.0
 #: A probe window ends early once its mean rate is this tight: the ~95 % interval of the mean of its
 #: intervals' rates (each every worker's rate between two of its reports), t₀.₉₇₅,ₙ₋₁·s/√n, within

@@ -104,7 +104,7 @@ UNSERVED_PS_S = 10.0
 PS_CHECK_S = 2.0  # how often the master asks its PS which generation they serve
 #: How long a checkpoint waits for a PS it cannot reach before it fails: it holds the master's lock,
 #: and a dead PS's relaunch (which needs the lock) would wait as long; the next checkpoint is taken
-#: on the new PS (a 30 s wait, the PS peers' default, stalled a killed PS's recovery by 29 s). (ours)
+#: on the new PS. (ours, measured: docs/tuning.md#checkpoint_peer_retry_s)
 CHECKPOINT_PEER_RETRY_S = 2.0
 #: faults the job injects into itself (POST /faults), as the command the worker receives
 FAULT_COMMANDS = {"kill-worker": "kill", "oom-worker": "oom"}
@@ -708,9 +708,9 @@ REQUEST_READ_S = 30.0
 #: bounding the threads (and memory) that idle connections can take. (ours)
 MAX_CONNECTIONS = 128
 #: The largest body of a request, by route, checked on its Content-Length before a byte is read
-#: (413 beyond). Measured on the example DAG's jobs: a report ~450 B, the plan ~530 B, the result
-#: ~120 B, a fault list ~110 B, a PS set ~30 B. Every route takes 16 KiB; the plan (free text), the
-#: fault list and the PS set (they grow with the job) take 1 MiB. (ours)
+#: (413 beyond). Every route takes 16 KiB, many times the largest request measured; the plan (free
+#: text), the fault list and the PS set (they grow with the job) take 1 MiB. (ours, measured: the
+#: example DAG's jobs; docs/tuning.md#body_limit_bytes)
 BODY_LIMIT_BYTES = 16 << 10
 BODY_LIMITS = {"/plan": 1 << 20, "/faults": 1 << 20, "/cluster": 1 << 20}
 _LENGTH = re.compile(r"[0-9]{1,15}")
