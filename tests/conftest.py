@@ -102,9 +102,6 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [item for item in items if item.stash[TIER] in wanted]
         config.hook.pytest_deselected(items=dropped)
     check_shared_run_modules(items)
-    if config.getoption("dist", "no") == "loadscope":  # every worker collects in the order scopes are handed out
-        order = {nodeid: i for i, nodeid in enumerate(scheduling_order([item.nodeid for item in items]))}
-        items.sort(key=lambda item: order[item.nodeid])
 
 
 #: the session-scoped run that several modules of the process tiers draw, and those modules
@@ -112,39 +109,12 @@ SHARED_RUN = "killed_worker_run"
 SHARED_RUN_MODULES = ("tests/dags/test_dlrm_daily_retrain.py", "tests/plugins/")
 
 
-#: modules whose tests are independent jobs sharing only a cheap fixture: each test a scope of its own
-SPLIT_MODULES = ("tests/dags/test_example_trainers.py",)
-#: scopes of one or two tests that each train for minutes (the example trainers' DAGs ~160–180 s, the
-#: scheduler's two runs ~150 s): handed out first, with the largest scopes, so that no worker ends
-#: on one of them while the other idles (longest processing time first)
-LONG_SCOPES = ("tests/dags/test_example_trainers.py", "tests/scheduler/")
-
-
 def scope_of(nodeid: str) -> str:
     """A test's unit of work on ``-n 2 --dist loadscope`` (``make test``'s process tiers): its
     module — its module-scoped jobs run once —, or :data:`SHARED_RUN` for every module that draws
-    it, on one worker, which runs it once; a test of :data:`SPLIT_MODULES` is a scope alone."""
+    it, on one worker, which runs it once."""
     module = nodeid.split("::")[0]
-    if module in SPLIT_MODULES:
-        return nodeid
     return SHARED_RUN if module.startswith(SHARED_RUN_MODULES) else module
-
-
-def scheduling_order(collection: list[str]) -> list[str]:
-    """The node ids in the order their scopes are handed out: :data:`SHARED_RUN`, :data:`LONG_SCOPES`
-    and then the scopes of the most tests first (xdist's own order is by test count alone),
-    collection order within a scope. Workers collect in this order (the scheduler addresses tests
-    by their index in each worker's collection), and the scheduler keeps it."""
-    counts: dict[str, int] = {}
-    for nodeid in collection:
-        counts[scope_of(nodeid)] = counts.get(scope_of(nodeid), 0) + 1
-    first = {scope: i for i, scope in enumerate(dict.fromkeys(map(scope_of, collection)))}
-
-    def key(item: tuple[int, str]):
-        scope = scope_of(item[1])
-        return scope != SHARED_RUN and not scope.startswith(LONG_SCOPES), -counts[scope], first[scope], item[0]
-
-    return [nodeid for _, nodeid in sorted(enumerate(collection), key=key)]
 
 
 def check_shared_run_modules(items) -> None:
@@ -158,9 +128,8 @@ def check_shared_run_modules(items) -> None:
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadscope`` by :func:`scope_of`, handed out in :func:`scheduling_order` (xdist's own
-    scopes are modules and classes; its ``loadgroup`` marks do not group under pytest 9, whose node
-    ids it cannot suffix)."""
+    """``--dist loadscope`` by :func:`scope_of` (xdist's own scopes are modules and classes; its
+    ``loadgroup`` marks do not group under pytest 9, whose node ids it cannot suffix)."""
     if config.getoption("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -168,10 +137,6 @@ def pytest_xdist_make_scheduler(config, log):
     class ModuleScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return scope_of(nodeid)
-
-        def schedule(self) -> None:
-            self.config.option.loadscopereorder = False  # the collection is in scheduling_order already
-            super().schedule()
 
     return ModuleScheduling(config, log)
 
