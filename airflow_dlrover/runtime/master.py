@@ -57,6 +57,7 @@ checked like a user's: 400 naming the field and what is allowed, and nothing per
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import math
@@ -381,9 +382,9 @@ class Master:
 
     def _bad_rows(self) -> int:
         """The unreadable rows of the data: the most of any epoch (each reads every row once)."""
-        per_epoch: dict[int, int] = {}
+        per_epoch: collections.Counter = collections.Counter()
         for shard, (n, _) in self.bad_rows.items():
-            per_epoch[self.spec.epoch_of(shard)] = per_epoch.get(self.spec.epoch_of(shard), 0) + n
+            per_epoch[self.spec.epoch_of(shard)] += n
         return max(per_epoch.values(), default=0)
 
     def abandon(self, worker: str, shard: int) -> dict[str, Any]:

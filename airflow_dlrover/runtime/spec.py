@@ -10,7 +10,7 @@ import re
 import secrets
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -268,8 +268,7 @@ class JobSpec:
         first, last = self.windows[window], self.windows[window + 1]
         if self.dataset is None:  # synthetic: the shard's own rows, shuffled
             first, last = a, b
-        permutation = np.random.default_rng((self.seed, epoch, 1, first)).permutation(last - first)
-        return first, last, permutation[a - first:b - first]
+        return first, last, _permutation(self.seed, epoch, first, last - first)[a - first:b - first]
 
     @property
     def key(self) -> bytes:
@@ -298,6 +297,14 @@ class JobSpec:
     @classmethod
     def load(cls, path: Path) -> "JobSpec":
         return cls.from_json(Path(path).read_text())
+
+
+@lru_cache(maxsize=4)
+def _permutation(seed: int, epoch: int, first: int, rows: int) -> np.ndarray:
+    """The order of a window's rows in an epoch, drawn once per window for all its shards (read-only)."""
+    order = np.random.default_rng((seed, epoch, 1, first)).permutation(rows)
+    order.flags.writeable = False
+    return order
 
 
 def _positive(value: float) -> bool:
