@@ -300,22 +300,31 @@ dist.destroy_process_group()
 RANK0_REGEX = r"done=(?P<samples_done>\d+) of (?P<samples_total>\d+), (?P<throughput>[0-9.]+) samples/s"
 
 
-def test_a_rank0_trainer_is_profiled_fitted_and_recovers_a_killed_rank_to_the_last_sample(tmp_path, capsys):
+RANK0 = ["--reports-from", "rank0", "--log-regex", RANK0_REGEX, "--grace", "10", "--", sys.executable]
+
+
+def test_a_rank0_trainer_is_profiled_on_worker_counts_and_fitted(tmp_path):
+    """Read from rank 0's log alone: one row per probe (a 1-core quota: three probes, one of two
+    workers), every one measured, and a model fitted from them."""
     script = tmp_path / "train.py"
     script.write_text(RANK0_TRAINER)
-    trainer = ["--reports-from", "rank0", "--log-regex", RANK0_REGEX, "--grace", "10", "--",
-               sys.executable, str(script)]
     samples = tmp_path / "samples.csv"
-    assert main(["profile", "--cpu", "2", "--memory", "4Gi", "--ps", "0", "--samples", "30000000", "--window", "2",
-                 "--out", str(samples), *trainer]) == 0
+    assert main(["profile", "--cpu", "1", "--memory", "4Gi", "--ps", "0", "--samples", "30000000", "--window", "2",
+                 "--out", str(samples), *RANK0, str(script)]) == 0
     table = pd.read_csv(samples)
     assert len(table) >= 3 and (table.ps == 0).all() and (table.workers > 1).any() and (table.throughput > 0).all()
     assert main(["fit", str(samples), "-o", str(tmp_path / "model.json")]) == 0
+    assert json.loads((tmp_path / "model.json").read_text())["throughput"]["params"]["worker_compute"] > 0
+
+
+def test_a_rank0_trainer_recovers_a_killed_rank_to_the_last_sample(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(RANK0_TRAINER)
     out = tmp_path / "run"
     assert main(["run-trainer", "--workers", "2", "--worker-cpu", "0.5", "--worker-memory", "1Gi",
-                 "--samples", "2000000", "--inject", "kill-worker@7s", "--out", str(out), *trainer]) == 0
+                 "--samples", "1500000", "--inject", "kill-worker@5s", "--out", str(out), *RANK0, str(script)]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["samples_done"] == summary["samples_total"] == 2_000_000
+    assert summary["samples_done"] == summary["samples_total"] == 1_500_000
     assert summary["restarts"] >= 1 and summary["median_throughput"] > 0
 
 
@@ -328,10 +337,10 @@ def test_the_torchrec_trainer_resumes_its_sharded_state_at_another_world_size_an
     pytest.importorskip("torchrec", reason="the torchrec extra (make installs it)")
     out = tmp_path / "run"
     assert main(["run-trainer", "--workers", "2", "--worker-cpu", "1", "--worker-memory", "2Gi", "--kind", "allreduce",
-                 "--reports-from", "rank0", "--samples", "800000", "--resize", "10s:workers=1,worker_cpu=2",
+                 "--reports-from", "rank0", "--samples", "500000", "--resize", "10s:workers=1,worker_cpu=2",
                  "--inject", "kill-worker@18s", "--out", str(out), "--timeout", "300", "--",
                  sys.executable, str(TORCHREC), "--checkpoint-interval", "2"]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["samples_done"] == summary["samples_total"] == 800_000
+    assert summary["samples_done"] == summary["samples_total"] == 500_000
     assert summary["resizes"] == 1 and summary["restarts"] == 1 and summary["config"]["workers"] == 1
     assert summary["auc"] > 0.7
