@@ -28,10 +28,12 @@ nothing until the master restores it from an older one.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
-import time
 import signal
+import sys
 import threading
+import time
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -60,11 +62,15 @@ class DamagedCheckpoint(RuntimeError):
     """A checkpoint file cannot be read whole (its bytes changed, or it was cut short)."""
 
 
-def initial_rows(seed: int, table: int, ids: np.ndarray, dim: int) -> np.ndarray:
-    """Deterministic initial rows: splitmix64 of (seed, table, id, column) → uniform(±INIT_SCALE)."""
+def initial_rows(seed: int, table: int | np.ndarray, ids: np.ndarray, dim: int) -> np.ndarray:
+    """Deterministic initial rows: splitmix64 of (seed, table, id, column) → uniform(±INIT_SCALE);
+    ``table`` one number, or one per id."""
     with np.errstate(over="ignore"):
         x = (ids.astype(np.uint64)[:, None] * np.uint64(dim) + np.arange(dim, dtype=np.uint64)[None, :])
-        x = x + np.uint64((seed * 1_000_003 + table) * 0x9E3779B97F4A7C15 % (1 << 64))
+        # ((seed·1,000,003 + table) · φ·2⁶⁴) mod 2⁶⁴, in uint64 arithmetic that wraps mod 2⁶⁴
+        offset = (np.uint64(seed * 1_000_003 % (1 << 64)) + np.asarray(table, dtype=np.uint64)) * np.uint64(
+            0x9E3779B97F4A7C15)
+        x = x + (offset[:, None] if offset.ndim else offset)
         x ^= x >> np.uint64(30)
         x *= np.uint64(0xBF58476D1CE4E5B9)
         x ^= x >> np.uint64(27)
@@ -74,60 +80,112 @@ def initial_rows(seed: int, table: int, ids: np.ndarray, dim: int) -> np.ndarray
     return ((unit * 2.0 - 1.0) * INIT_SCALE).astype(np.float32)
 
 
-class EmbeddingShard:
-    """The rows of one table that this PS owns (ids ≡ index mod p), created on first touch."""
+#: Linux's flag for a mapping whose pages are not counted against the commit limit until written
+#: (``mmap(2)``); Python's ``mmap`` module does not name it.
+MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
 
-    def __init__(self, table: int, size: int, dim: int, index: int, count: int, seed: int, initial_accumulator: float):
-        self.table, self.size, self.dim, self.index, self.count, self.seed = table, size, dim, index, count, seed
+
+def reserved(rows: int, dim: int, dtype: Any) -> np.ndarray:
+    """A zeroed (rows, dim) array whose memory is taken page by page as it is first written (an
+    anonymous private mapping, ``MAP_NORESERVE``): a table's region reserved whole, resident as
+    its rows arrive."""
+    nbytes = max(rows * dim * np.dtype(dtype).itemsize, 1)
+    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE)
+    return np.frombuffer(mapping, dtype=dtype, count=rows * dim).reshape(rows, dim)
+
+
+class EmbeddingStore:
+    """The rows this PS owns (ids ≡ index mod p) of every table of one dim, in one array, so that a
+    batch's lookup and Adagrad step over all its tables are a few array operations.
+
+    Table j of the store has a region of ``size_j // p + 1`` rows; its rows are created on first
+    touch, in the order they arrive, at the start of its region (``used[j]`` of them), so that
+    the memory a table takes grows with its ids (``reserved``). A row's *key* is its region's
+    start plus ``id // p``; ``slot[key]`` is the row it lies in (−1: not created yet)."""
+
+    def __init__(self, tables: list[tuple[int, int]], dim: int, index: int, count: int, seed: int,
+                 initial_accumulator: float):
+        self.tables = np.array([t for t, _ in tables], dtype=np.int64)  # the job's table numbers
+        self.dim, self.index, self.count, self.seed = dim, index, count, seed
         self.initial_accumulator = initial_accumulator
-        self.slot = np.full(size // count + 1, -1, dtype=np.int64)  # local id (id // p) → row slot
-        self.ids = np.empty(0, dtype=np.int64)
-        self.rows = np.empty((0, dim), dtype=np.float32)
-        self.accumulator = np.empty((0, dim), dtype=np.float32)
-        self.used = 0
+        capacity = np.array([size // count + 1 for _, size in tables], dtype=np.int64)
+        self.base = np.concatenate([[0], np.cumsum(capacity)]).astype(np.int64)  # region j: [base[j], base[j+1])
+        total = int(self.base[-1])
+        self.slot = np.full(total, -1, dtype=np.int64)
+        self.ids = np.empty(total, dtype=np.int64)
+        self.rows = reserved(total, dim, np.float32)
+        self.accumulator = reserved(total, dim, np.float32)
+        self.used = np.zeros(len(tables), dtype=np.int64)
 
-    def _slots(self, ids: np.ndarray, initialise: bool = True) -> np.ndarray:
-        """The row slots of ``ids``, creating the missing rows (their initial values unless the
-        caller writes them: ``initialise`` False)."""
-        local = ids // self.count
-        slots = self.slot[local]
+    def keys(self, position: int, ids: np.ndarray) -> np.ndarray:
+        return self.base[position] + ids // self.count
+
+    def slots(self, keys: np.ndarray, initialise: bool = True) -> np.ndarray:
+        """The rows of ``keys``, creating the missing ones (their initial values unless the caller
+        writes them: ``initialise`` False)."""
+        slots = self.slot[keys]
         new = slots < 0
         if new.any():
-            fresh_ids = np.unique(ids[new])
-            self._grow(self.used + len(fresh_ids))
-            start = self.used
-            self.used += len(fresh_ids)
-            self.slot[fresh_ids // self.count] = np.arange(start, self.used)
-            self.ids[start:self.used] = fresh_ids
+            fresh = np.unique(keys[new])  # sorted: grouped by table, each table's ids ascending
+            j = np.searchsorted(self.base, fresh, side="right") - 1
+            counts = np.bincount(j, minlength=len(self.used))
+            rank = np.arange(len(fresh)) - (np.cumsum(counts) - counts)[j]
+            made = self.base[j] + self.used[j] + rank
+            self.used += counts
+            self.slot[fresh] = made
+            ids = (fresh - self.base[j]) * self.count + self.index
+            self.ids[made] = ids
             if initialise:
-                self.rows[start:self.used] = initial_rows(self.seed, self.table, fresh_ids, self.dim)
-                self.accumulator[start:self.used] = self.initial_accumulator
-            slots = self.slot[local]
+                self.rows[made] = initial_rows(self.seed, self.tables[j], ids, self.dim)
+                self.accumulator[made] = self.initial_accumulator
+            slots = self.slot[keys]
         return slots
 
-    def _grow(self, needed: int) -> None:
-        if needed <= len(self.rows):
-            return
-        capacity = max(needed, 2 * len(self.rows), 1024)
-        for name in ("rows", "accumulator"):
-            old = getattr(self, name)
-            grown = np.empty((capacity, self.dim), dtype=np.float32)
-            grown[: self.used] = old[: self.used]
-            setattr(self, name, grown)
-        ids = np.empty(capacity, dtype=np.int64)
-        ids[: self.used] = self.ids[: self.used]
-        self.ids = ids
+    def adagrad(self, slots: np.ndarray, grads: np.ndarray, lr: float) -> None:
+        """Sparse Adagrad (Duchi et al. 2011) on unique rows: G += g², θ −= lr·g/√G."""
+        acc = np.take(self.accumulator, slots, axis=0)  # take: half the time of [slots] on rows
+        acc += grads * grads
+        self.accumulator[slots] = acc
+        rows = np.take(self.rows, slots, axis=0)
+        rows -= lr * grads / np.sqrt(acc)
+        self.rows[slots] = rows
+
+
+class EmbeddingShard:
+    """One table of an :class:`EmbeddingStore`: its ``rows``, ``accumulator`` and ``ids`` are views
+    of the store's arrays over the table's region, the first ``used`` of them in use."""
+
+    def __init__(self, store: EmbeddingStore, position: int, size: int):
+        self.store, self.position, self.size = store, position, size
+        self.table, self.dim = int(store.tables[position]), store.dim
+        self.index, self.count = store.index, store.count
+        self.region = slice(int(store.base[position]), int(store.base[position + 1]))
+
+    @property
+    def used(self) -> int:
+        return int(self.store.used[self.position])
+
+    @property
+    def rows(self) -> np.ndarray:
+        return self.store.rows[self.region]
+
+    @property
+    def accumulator(self) -> np.ndarray:
+        return self.store.accumulator[self.region]
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self.store.ids[self.region]
+
+    def _slots(self, ids: np.ndarray, initialise: bool = True) -> np.ndarray:
+        return self.store.slots(self.store.keys(self.position, ids), initialise)
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
-        slots = self._slots(ids)  # first: it may reallocate self.rows
-        return self.rows[slots]
+        return self.store.rows[self._slots(ids)]
 
     def apply_adagrad(self, ids: np.ndarray, grads: np.ndarray, lr: float) -> None:
         """Sparse Adagrad; ``ids`` are unique (the worker aggregates duplicates)."""
-        slots = self._slots(ids)
-        acc = self.accumulator[slots] + grads * grads
-        self.accumulator[slots] = acc
-        self.rows[slots] -= lr * grads / np.sqrt(acc)
+        self.store.adagrad(self._slots(ids), grads, lr)
 
     def export(self) -> dict[str, np.ndarray]:
         """The rows in use, as views: valid while the caller holds the PS's lock (``save`` writes
@@ -145,12 +203,8 @@ class EmbeddingShard:
             ids, rows, acc = ids[mine], rows[mine], acc[mine]
         if len(ids):
             slots = self._slots(ids, initialise=False)
-            self.rows[slots] = rows
-            self.accumulator[slots] = acc
-
-    @property
-    def nbytes(self) -> int:
-        return self.rows.nbytes + self.accumulator.nbytes + self.ids.nbytes + self.slot.nbytes
+            self.store.rows[slots] = rows
+            self.store.accumulator[slots] = acc
 
 
 @dataclass
@@ -177,9 +231,28 @@ class ParameterServer:
         self._batches: np.ndarray | None = None  # the job's batch starts, sorted (``batch_starts``)
 
     def _empty_tables(self) -> list[EmbeddingShard]:
-        return [EmbeddingShard(t, column.rows, column.dim, self.index, self.count, self.spec.seed,
-                               self.spec.adagrad_initial_accumulator)
-                for t, column in enumerate(self.spec.layout.sparse)]
+        """One empty shard per table, the tables of one dim in one :class:`EmbeddingStore`."""
+        columns = self.spec.layout.sparse
+        tables: list[EmbeddingShard | None] = [None] * len(columns)
+        for dim in sorted({c.dim for c in columns}):
+            members = [(t, c.rows) for t, c in enumerate(columns) if c.dim == dim]
+            store = EmbeddingStore(members, dim, self.index, self.count, self.spec.seed,
+                                   self.spec.adagrad_initial_accumulator)
+            for position, (t, size) in enumerate(members):
+                tables[t] = EmbeddingShard(store, position, size)
+        return tables
+
+    def _by_store(self, ids: list[np.ndarray]) -> list[tuple[EmbeddingStore, np.ndarray, list[int]]]:
+        """Per store of the tables: the store, the rows of ``ids`` (one array per table) in it,
+        created where missing, and each of its tables' count of ids."""
+        stores = {id(t.store): t.store for t in self.tables}.values()
+        out = []
+        for store in stores:
+            parts = [ids[t] for t in store.tables]
+            lengths = [len(part) for part in parts]
+            keys = np.concatenate(parts) // self.count + np.repeat(store.base[:-1], lengths)
+            out.append((store, store.slots(keys), lengths))
+        return out
 
     def _start_tables(self) -> list[EmbeddingShard]:
         """The job's first state of the tables: empty, or the rows this PS owns of the export the
@@ -275,8 +348,11 @@ class ParameterServer:
         ids = self._check_ids(ids)
         with self.lock:
             self.requests += 1
-            rows = [table.lookup(i) if len(i) else np.empty((0, table.dim), np.float32)
-                    for table, i in zip(self.tables, ids)]
+            rows: list[np.ndarray] = [None] * len(self.tables)
+            for store, slots, lengths in self._by_store(ids):
+                found = np.take(store.rows, slots, axis=0)
+                for t, part in zip(store.tables, np.split(found, np.cumsum(lengths)[:-1])):
+                    rows[t] = part
             params = self.dense.params.copy() if dense and self.dense is not None else None
         return {"rows": rows, "dense": params}
 
@@ -293,9 +369,9 @@ class ParameterServer:
                 return False
             if dense_grad is not None and self.dense is None:
                 raise StaleGeneration("dense parameters are not initialised (restored without them)")
-            for table, i, g in zip(self.tables, ids, grads):
-                if len(i):
-                    table.apply_adagrad(i, g, self.spec.learning_rate)
+            for store, slots, _ in self._by_store(ids):
+                store.adagrad(slots, np.concatenate([grads[t] for t in store.tables], dtype=np.float32),
+                              self.spec.learning_rate)
             if dense_grad is not None:
                 self._adam(np.asarray(dense_grad, dtype=np.float32))
             self.batches.add(batch)
