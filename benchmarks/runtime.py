@@ -5,6 +5,8 @@
     python benchmarks/runtime.py recovery
     python benchmarks/runtime.py memory
     python benchmarks/runtime.py transitions [--repeats 3] [--write]
+    python benchmarks/runtime.py versus-torchrec [--layouts 26x20000x16 …] [--cores 1 2] [--repeats 3]
+    python benchmarks/runtime.py transport
 
 grid      throughput over w, p, λw, λp and batch (total cores ≤ this machine's), written as a sample
           table, then the optimizer's fit on it: in-sample and leave-one-configuration-out MAPE.
@@ -15,6 +17,14 @@ memory    peak memory per role against the memory model's prediction.
 transitions  what each transition costs a running job (``optimizer.transitions``: an equivalent
           pause), the median over repeats; ``--write`` stores it as the table the controller and
           the simulator read.
+versus-torchrec  samples/s per core of the runtime (the best of a few configurations within the
+          cores: cgroup quotas) against TorchRec's DLRM with fbgemm's fused kernels (row-wise Adagrad
+          in the backward; examples/torchrec_dlrm's model, one process, one thread a core, in a cgroup
+          of the same cores), per layout (tables × rows × dim), the median of the repeats; data
+          generation included on both sides.
+transport  what a batch's messages cost to encode and decode: the PS protocol's frame (pickle 5,
+          buffers out of band, one array per direction) against a protocol-4 pickle of one array per
+          table, on the demo's batches.
 """
 
 from __future__ import annotations
@@ -323,6 +333,144 @@ def cmd_transitions(args) -> None:
         print(f"wrote {MEASURED_PATH}")
 
 
+#: configurations of the runtime tried within a number of cores: (workers, PS, λw, λp)
+CORE_CONFIGS = {1: [(1, 1, 0.5, 0.5), (2, 1, 0.3, 0.4)],
+                2: [(3, 1, 0.5, 0.5), (2, 1, 0.7, 0.6), (3, 1, 0.45, 0.65)]}
+TORCHREC_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "torchrec_dlrm" / "train.py"
+
+
+def parse_layout(text: str) -> tuple[int, int, int]:
+    """``"26x20000x16"`` → (tables, rows, dim)."""
+    tables, rows, dim = (int(x) for x in text.lower().split("x"))
+    return tables, rows, dim
+
+
+def torchrec_throughput(layout: tuple[int, int, int], cores: int, seconds: float) -> float:
+    """TorchRec's fused DLRM (``examples/torchrec_dlrm``) alone in a cgroup of ``cores`` CPUs, one
+    torch thread per core: samples/s over ``seconds`` after a warm-up (its own process)."""
+    import subprocess
+    import sys
+
+    from airflow_dlrover.launchers.cgroups import Limits
+
+    tables, rows, dim = layout
+    command = [sys.executable, __file__, "_torchrec", str(tables), str(rows), str(dim), str(cores), str(seconds)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    CgroupManager("dlrover-bench").create("torchrec", f"c{cores}-{process.pid}", Limits(float(cores), 8192)).add_pid(
+        process.pid)
+    out, _ = process.communicate(timeout=seconds + 300)
+    if process.returncode:
+        raise RuntimeError(f"the TorchRec measurement exited {process.returncode}")
+    return float(out.strip().splitlines()[-1])
+
+
+def _torchrec_child(tables: int, rows: int, dim: int, threads: int, seconds: float) -> None:
+    import importlib.util
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    spec = importlib.util.spec_from_file_location("torchrec_example", TORCHREC_EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo")
+    args = example.parse_args(["--tables", str(tables), "--rows", str(rows), "--dim", str(dim)])
+    model, optimizer = example.build(args)
+    stream, loss_fn = example.Stream(args), torch.nn.BCEWithLogitsLoss()
+    done, started, measured_from = 0, time.perf_counter(), None
+    while measured_from is None or time.perf_counter() - measured_from < seconds:
+        if measured_from is None and time.perf_counter() - started >= WARMUP_S:
+            measured_from, done = time.perf_counter(), 0
+        dense, sparse, labels = stream(done, args.batch_size)
+        optimizer.zero_grad()
+        loss_fn(model(dense, sparse).squeeze(1), labels).backward()
+        optimizer.step()
+        done += args.batch_size
+    print(done / (time.perf_counter() - measured_from), flush=True)
+    dist.destroy_process_group()
+
+
+def cmd_versus_torchrec(args) -> None:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        launcher = LocalLauncher(tmp, CgroupManager())
+        for text in args.layouts:
+            tables, table_rows, dim = parse_layout(text)
+            spec_of = lambda job_id: JobSpec(job_id=job_id, samples=50_000_000, checkpoint_interval_s=3600,  # noqa: E731
+                                             table_sizes=(table_rows,) * tables, embedding_dim=dim, bottom_mlp=(64, dim))
+            for cores in args.cores:
+                ours, theirs = [], []
+                for repeat in range(args.repeats):
+                    best = max((measure(launcher, Configuration(w, p, lw, lp, 4096, 4096), "", spec=spec_of(
+                        f"vs-{tables}-{dim}-{cores}-{repeat}-{i}")) for i, (w, p, lw, lp) in enumerate(CORE_CONFIGS[cores])),
+                        key=lambda row: row["throughput"])
+                    ours.append(best)
+                    theirs.append(torchrec_throughput((tables, table_rows, dim), cores, MEASURE_S))
+                    print(f"{text} {cores} core(s) repeat {repeat + 1}: ours {best['throughput']:.0f} samples/s "
+                          f"(w={best['workers']} p={best['ps']} λw={best['worker_cpu']:g} λp={best['ps_cpu']:g}), "
+                          f"TorchRec fused {theirs[-1]:.0f}", flush=True)
+                median_ours = statistics.median(r["throughput"] for r in ours)
+                rows.append({"layout": text, "cores": cores, "ours": median_ours, "torchrec": statistics.median(theirs)})
+    table = pd.DataFrame(rows)
+    table["ours_per_core"] = table.ours / table.cores
+    table["torchrec_per_core"] = table.torchrec / table.cores
+    table["ratio"] = table.ours / table.torchrec
+    print("\nsamples/s, the median of the repeats (ratio: ours / TorchRec fused on the same cores)")
+    print(table.round({"ours": 0, "torchrec": 0, "ours_per_core": 0, "torchrec_per_core": 0, "ratio": 2}).to_string(index=False))
+    for text in args.layouts:
+        one = table[(table.layout == text) & (table.cores == 1)]
+        two = table[(table.layout == text) & (table.cores == 2)]
+        if len(one) and len(two):
+            target = 0.8 * 2 * float(one.torchrec.iloc[0])
+            print(f"{text}: ours on 2 cores {float(two.ours.iloc[0]):.0f} against 0.8 × 2 × TorchRec on 1 core = "
+                  f"{target:.0f} ({float(two.ours.iloc[0]) / target:.2f} of it)")
+
+
+def cmd_transport(args) -> None:
+    import pickle
+
+    from airflow_dlrover.runtime.accounting import batch_starts
+    from airflow_dlrover.runtime.lookup import route
+    from airflow_dlrover.runtime.transport import decode, encode
+    from airflow_dlrover.runtime.worker import source_for
+
+    spec = JobSpec(job_id="transport", samples=5_000_000)
+    source, starts = source_for(spec), batch_starts(spec)
+    pushes = []
+    for start in starts[:200]:
+        uniques, _, _ = route(source.samples(int(start), int(start) + spec.batch_size).sparse, 1)
+        grads = [np.ones((len(u), spec.embedding_dim), np.float32) for u in uniques]
+        pushes.append((uniques, grads))
+
+    def timed(run) -> float:
+        times = []
+        for uniques, grads in pushes:
+            started = time.perf_counter()
+            run(uniques, grads)
+            times.append(time.perf_counter() - started)
+        return statistics.median(times) * 1e3
+
+    def pickled(uniques, grads):
+        pickle.loads(pickle.dumps(("push", {"ids": uniques, "grads": grads}), protocol=4))
+
+    def framed(uniques, grads):
+        frame = b"".join(bytes(part) for part in encode(("push", {
+            "ids": np.concatenate(uniques), "lengths": [len(u) for u in uniques], "grads": np.concatenate(grads)})))
+        decode(bytearray(frame))
+
+    rows = np.median([sum(len(u) for u in uniques) for uniques, _ in pushes])
+    print(f"a push of {len(spec.table_sizes)} tables' ids and gradients ({rows:.0f} rows × {spec.embedding_dim} floats), "
+          f"the median of {len(pushes)} batches:")
+    print(f"  protocol-4 pickle, one array per table: {timed(pickled):.3f} ms to encode and decode")
+    print(f"  frame (pickle 5, out of band), one array: {timed(framed):.3f} ms")
+
+
 def cmd_memory(args) -> None:
     from airflow_dlrover.optimizer.memory import fit_memory
 
@@ -354,9 +502,21 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--write", action="store_true", help="store the medians as optimizer/transition_costs.json")
     p.set_defaults(func=cmd_transitions)
+    p = sub.add_parser("versus-torchrec")
+    p.add_argument("--layouts", nargs="+", default=["26x20000x16"], help="tables×rows×dim, e.g. 100x1000000x64")
+    p.add_argument("--cores", nargs="+", type=int, default=[1, 2], choices=sorted(CORE_CONFIGS))
+    p.add_argument("--repeats", type=int, default=3)
+    p.set_defaults(func=cmd_versus_torchrec)
+    sub.add_parser("transport").set_defaults(func=cmd_transport)
     args = parser.parse_args()
     args.func(args)
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if sys.argv[1:2] == ["_torchrec"]:  # the TorchRec measurement's own process
+        tables, rows, dim, threads = (int(x) for x in sys.argv[2:6])
+        _torchrec_child(tables, rows, dim, threads, float(sys.argv[6]))
+    else:
+        main()

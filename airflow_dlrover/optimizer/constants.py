@@ -108,7 +108,7 @@ PS_MIN_HEADROOM_MB = 32.0
 #: its design proposal). (VPA)
 MEMORY_OOM_HISTORY_RUNS = 8
 
-#: What a PS holds above its tables while it restores a checkpoint or grows a table, one table
+#: What a PS holds above its tables while it restores a checkpoint, one table
 #: at a time, as a multiple of that table's share (``MemoryModel.ps_transient_mb``): the file's
 #: ids, rows and accumulators beside the table it fills, and their index temporaries. (ours,
 #: measured by tracemalloc: tests/runtime/test_ps_master.py; docs/tuning.md#ps_table_copy_factor)

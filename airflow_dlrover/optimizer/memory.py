@@ -189,9 +189,9 @@ class MemoryModel:
 
     def ps_transient_mb(self, ps: Any, samples: Any = 0.0) -> Any:
         """What a PS holds twice for a moment: a table it restores from a checkpoint (read beside
-        the one it fills) or grows (copied into a larger array), one table at a time (a save
-        streams the rows: ``EmbeddingShard.export``) — ``PS_TABLE_COPY_FACTOR`` × its share of the
-        largest table, at most of them all."""
+        the one it fills), one table at a time (a table grows in place, ``ps.EmbeddingStore``, and a
+        save streams the rows, ``EmbeddingShard.export``) — ``PS_TABLE_COPY_FACTOR`` × its share
+        of the largest table, at most of them all."""
         tables = self.ps_tables_mb(ps, samples)
         if self.largest_table_mb is not None:
             p = np.asarray(ps, dtype=float)

@@ -20,12 +20,14 @@ def route(sparse: tuple[np.ndarray, ...], p: int) -> tuple[list[np.ndarray], lis
         u, inverse = np.unique(ids if ids.ndim == 1 else ids[ids >= 0], return_inverse=True)
         uniques.append(u)
         inverses.append(inverse.reshape(-1))
-    return uniques, inverses, [[u[u % p == k] for u in uniques] for k in range(p)]
+    return uniques, inverses, [uniques] if p == 1 else [[u[u % p == k] for u in uniques] for k in range(p)]
 
 
 def gather(uniques: list[np.ndarray], replies: list[dict[str, Any]], dims: tuple[int, ...]) -> list[np.ndarray]:
     """Each table's unique rows in the order of ``uniques``, reassembled from the PS replies."""
     p = len(replies)
+    if p == 1:
+        return list(replies[0]["rows"])
     out = []
     for t, u in enumerate(uniques):
         rows = np.empty((len(u), dims[t]), dtype=np.float32)

@@ -71,6 +71,7 @@ class Worker:
             self.model.load_state_dict(read_dense(spec.init_from))
         self.model = self.model.to(self.device)
         self.source = source_for(spec)
+        self.packed = len(set(spec.layout.dims)) == 1  # every table's ids and rows in one array each way
         self._read: tuple[int, int, Batch | None] = (0, 0, None)  # the rows last read: first, last, them
         self.ps_addresses: list[str] = []
         self.peers: list[Peer] = []
@@ -144,16 +145,28 @@ class Worker:
         return {"bad_rows": data.bad_rows, "first_bad": str(errors[0]) if errors else f"a row in [{first}, {last})"}
 
     def _lookup(self, owner: list[list[np.ndarray]]) -> list[dict[str, Any]]:
-        """Each PS's rows for its share of the ids, PS 0's reply with the dense parameters. A PS 0
-        that holds none (a new job, or a checkpoint taken before any) is given the initial ones first."""
-        p = len(self.peers)
-        replies = list(self.pool.map(
-            lambda k: self.peers[k].call("lookup", generation=self.generation, ids=owner[k], dense=k == 0), range(p)
-        ))
+        """Each PS's rows for its share of the ids (one array per table), PS 0's reply with the
+        dense parameters. A PS 0 that holds none (a new job, or a checkpoint taken before any) is
+        given the initial ones first. Tables of one dim travel as one array each way (``lengths``)."""
+        def lookup(k: int, dense: bool) -> dict[str, Any]:
+            if not self.packed:
+                return self.peers[k].call("lookup", generation=self.generation, ids=owner[k], dense=dense)
+            lengths = [len(u) for u in owner[k]]
+            reply = self.peers[k].call("lookup", generation=self.generation, ids=np.concatenate(owner[k]),
+                                       lengths=lengths, dense=dense)
+            return {**reply, "rows": np.split(reply["rows"], np.cumsum(lengths)[:-1])}
+
+        replies = self._each_ps(lambda k: lookup(k, dense=k == 0))
         if replies[0]["dense"] is None:
             self.peers[0].call("init_dense", generation=self.generation, params=self.initial_dense)
-            replies[0] = self.peers[0].call("lookup", generation=self.generation, ids=owner[0], dense=True)
+            replies[0] = lookup(0, dense=True)
         return replies
+
+    def _each_ps(self, request):
+        """``request(k)`` for every PS k, at once (one thread each) where there are several."""
+        if len(self.peers) == 1:
+            return [request(0)]
+        return list(self.pool.map(request, range(len(self.peers))))
 
     def _forward(self, batch: Batch, uniques, inverses, replies, grad: bool):
         """Logits of ``batch`` from the PS replies, and the leaf row tensors (for their gradients)."""
@@ -183,18 +196,9 @@ class Worker:
         loss.backward()
         if count:
             self.last_loss = float(loss.detach())
-        grads = [r.grad.cpu().numpy() for r in rows]
         dense_grad = flat_gradients(self.model) if count else None
         t3 = time.perf_counter()
-
-        def push(k: int) -> None:
-            mask = [u % p == k for u in uniques] if count else [np.zeros(len(u), bool) for u in uniques]
-            ids = [u[m] for u, m in zip(uniques, mask)]
-            table_grads = [g[m] for g, m in zip(grads, mask)]
-            self.peers[k].call("push", generation=self.generation, ids=ids, grads=table_grads, batch=first_sample,
-                               samples=len(batch), worker=self.name, dense_grad=dense_grad if k == 0 else None)
-
-        list(self.pool.map(push, range(p)))
+        self._each_ps(self._pusher(first_sample, len(batch), uniques, rows if count else None, dense_grad))
         t4 = time.perf_counter()
         self.samples += len(batch)
         w = self.window
@@ -203,6 +207,38 @@ class Worker:
         w["lookup"] += t2 - t1
         w["compute"] += t3 - t2
         w["push"] += t4 - t3
+
+    def _pusher(self, first_sample: int, samples: int, uniques: list[np.ndarray], rows: list[torch.Tensor] | None,
+                dense_grad: np.ndarray | None):
+        """``push(k)``: the batch's gradients of the rows PS k holds (none when ``rows`` is None:
+        a batch of bad rows only, pushed so that it counts as trained), the dense one to PS 0."""
+        p = len(self.peers)
+        lengths = np.array([len(u) for u in uniques])
+        if self.packed:
+            ids = np.concatenate(uniques)
+            grads = (torch.cat([r.grad for r in rows]).cpu().numpy() if rows is not None
+                     else np.zeros((0, self.spec.layout.dims[0]), np.float32))
+            if rows is None:
+                ids, lengths = ids[:0], lengths * 0
+        else:
+            ids, grads = uniques, [r.grad.cpu().numpy() for r in rows] if rows is not None else None
+
+        def push(k: int) -> None:
+            shares: dict[str, Any]
+            if self.packed:
+                mine = None if p == 1 else ids % p == k
+                shares = {"ids": ids, "grads": grads, "lengths": lengths} if mine is None else {
+                    "ids": ids[mine], "grads": grads[mine],
+                    "lengths": np.bincount(np.repeat(np.arange(len(lengths)), lengths)[mine], minlength=len(lengths))}
+            elif grads is None:
+                shares = {"ids": [u[:0] for u in uniques],
+                          "grads": [np.zeros((0, d), np.float32) for d in self.spec.layout.dims]}
+            else:
+                masks = [u % p == k for u in uniques]
+                shares = {"ids": [u[m] for u, m in zip(uniques, masks)], "grads": [g[m] for g, m in zip(grads, masks)]}
+            self.peers[k].call("push", generation=self.generation, batch=first_sample, samples=samples,
+                               worker=self.name, dense_grad=dense_grad if k == 0 else None, **shares)
+        return push
 
     def evaluate(self, start: int, stop: int, batch_size: int = 4096, previous=None) -> dict[str, Any]:
         """Held-out metrics (``evaluate.StreamingMetrics``) of the readable rows of ``[start, stop)``,
