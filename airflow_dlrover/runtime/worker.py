@@ -138,6 +138,8 @@ class Worker:
         for offset in range(0, len(data), self.spec.batch_size):
             self._step(start + offset, data.slice(offset, min(offset + self.spec.batch_size, len(data))))
             self._report()
+        for peer in self.peers:  # every push of the shard applied (or refused) before it is done
+            peer.wait()
         if not data.bad_rows:
             return {}
         rows = None if order is None else first + order
@@ -179,7 +181,10 @@ class Worker:
     def _step(self, first_sample: int, batch: Batch) -> None:
         """One batch: lookup, forward/backward, push (the push names the batch by its first sample:
         a PS applies each batch once). Bad rows weigh nothing; a batch of bad rows only is pushed
-        without gradients, so that it counts as trained once like any other."""
+        without gradients, so that it counts as trained once like any other. The push is posted:
+        the next batch's data is read and routed while the PS applies it, and its reply is read
+        before the next lookup on the same connection, which the PS serves after it (so a
+        worker's lookup always sees its own last push)."""
         p = len(self.peers)
         t0 = time.perf_counter()
         uniques, inverses, owner = route(batch.sparse, p)
@@ -198,7 +203,9 @@ class Worker:
             self.last_loss = float(loss.detach())
         dense_grad = flat_gradients(self.model) if count else None
         t3 = time.perf_counter()
-        self._each_ps(self._pusher(first_sample, len(batch), uniques, rows if count else None, dense_grad))
+        push = self._pusher(first_sample, len(batch), uniques, rows if count else None, dense_grad)
+        for k in range(p):
+            push(k)
         t4 = time.perf_counter()
         self.samples += len(batch)
         w = self.window
@@ -236,7 +243,7 @@ class Worker:
             else:
                 masks = [u % p == k for u in uniques]
                 shares = {"ids": [u[m] for u, m in zip(uniques, masks)], "grads": [g[m] for g, m in zip(grads, masks)]}
-            self.peers[k].call("push", generation=self.generation, batch=first_sample, samples=samples,
+            self.peers[k].post("push", generation=self.generation, batch=first_sample, samples=samples,
                                worker=self.name, dense_grad=dense_grad if k == 0 else None, **shares)
         return push
 
