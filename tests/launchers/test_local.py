@@ -395,7 +395,7 @@ def test_chaos_control_plane_faults_each_once_and_the_job_finishes(tmp_path):
     jobs = tmp_path / "jobs"
     jobs.mkdir()
     assert subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", str(jobs)]).returncode == 0
-    job, events = spec("chaos", samples=400_000), {}
+    job, events = spec("chaos", samples=700_000), {}
 
     def fire(name, fault):
         def act(launcher, job_id):
