@@ -203,9 +203,7 @@ class Worker:
             self.last_loss = float(loss.detach())
         dense_grad = flat_gradients(self.model) if count else None
         t3 = time.perf_counter()
-        push = self._pusher(first_sample, len(batch), uniques, rows if count else None, dense_grad)
-        for k in range(p):
-            push(k)
+        self._push(first_sample, len(batch), uniques, rows if count else None, dense_grad)
         t4 = time.perf_counter()
         self.samples += len(batch)
         w = self.window
@@ -215,37 +213,32 @@ class Worker:
         w["compute"] += t3 - t2
         w["push"] += t4 - t3
 
-    def _pusher(self, first_sample: int, samples: int, uniques: list[np.ndarray], rows: list[torch.Tensor] | None,
-                dense_grad: np.ndarray | None):
-        """``push(k)``: the batch's gradients of the rows PS k holds (none when ``rows`` is None:
-        a batch of bad rows only, pushed so that it counts as trained), the dense one to PS 0."""
-        p = len(self.peers)
-        lengths = np.array([len(u) for u in uniques])
+    def _push(self, first_sample: int, samples: int, uniques: list[np.ndarray], rows: list[torch.Tensor] | None,
+              dense_grad: np.ndarray | None) -> None:
+        """Post to each PS the batch's gradients of the rows it holds (none when ``rows`` is None: a
+        batch of bad rows only, pushed so that it counts as trained); the dense one to PS 0."""
+        p, dims = len(self.peers), self.spec.layout.dims
         if self.packed:
             ids = np.concatenate(uniques)
-            grads = (torch.cat([r.grad for r in rows]).cpu().numpy() if rows is not None
-                     else np.zeros((0, self.spec.layout.dims[0]), np.float32))
+            lengths = np.array([len(u) for u in uniques]) * (rows is not None)
+            grads = torch.cat([r.grad for r in rows]).cpu().numpy() if rows is not None else None
             if rows is None:
-                ids, lengths = ids[:0], lengths * 0
+                ids, grads = ids[:0], np.zeros((0, dims[0]), np.float32)
+            table = np.repeat(np.arange(len(lengths)), lengths)
         else:
-            ids, grads = uniques, [r.grad.cpu().numpy() for r in rows] if rows is not None else None
-
-        def push(k: int) -> None:
-            shares: dict[str, Any]
+            grads = [r.grad.cpu().numpy() for r in rows] if rows is not None else None
+        for k in range(p):
             if self.packed:
-                mine = None if p == 1 else ids % p == k
-                shares = {"ids": ids, "grads": grads, "lengths": lengths} if mine is None else {
-                    "ids": ids[mine], "grads": grads[mine],
-                    "lengths": np.bincount(np.repeat(np.arange(len(lengths)), lengths)[mine], minlength=len(lengths))}
+                mine = slice(None) if p == 1 else ids % p == k
+                shares = {"ids": ids[mine], "grads": grads[mine],
+                          "lengths": lengths if p == 1 else np.bincount(table[mine], minlength=len(lengths))}
             elif grads is None:
-                shares = {"ids": [u[:0] for u in uniques],
-                          "grads": [np.zeros((0, d), np.float32) for d in self.spec.layout.dims]}
+                shares = {"ids": [u[:0] for u in uniques], "grads": [np.zeros((0, d), np.float32) for d in dims]}
             else:
                 masks = [u % p == k for u in uniques]
                 shares = {"ids": [u[m] for u, m in zip(uniques, masks)], "grads": [g[m] for g, m in zip(grads, masks)]}
             self.peers[k].post("push", generation=self.generation, batch=first_sample, samples=samples,
                                worker=self.name, dense_grad=dense_grad if k == 0 else None, **shares)
-        return push
 
     def evaluate(self, start: int, stop: int, batch_size: int = 4096, previous=None) -> dict[str, Any]:
         """Held-out metrics (``evaluate.StreamingMetrics``) of the readable rows of ``[start, stop)``,

@@ -21,6 +21,7 @@ from airflow_dlrover.optimizer.types import InvalidInputError
 from airflow_dlrover.runtime import master as master_module
 from airflow_dlrover.runtime.auth import HEADER, MasterRejected, call_master, sign, sign_hashed
 from airflow_dlrover.runtime.master import Master, http_server
+from airflow_dlrover.runtime.layout import FeatureLayout
 from airflow_dlrover.runtime.ps import ParameterServer
 from airflow_dlrover.runtime.spec import JobSpec
 
@@ -391,6 +392,42 @@ def test_the_ps_refuses_a_push_of_the_wrong_shape_or_batch():
         assert err.value.field == field
     assert ps.batches == set()
     assert ps.handle("push", generation=0, ids=ids, grads=grads, batch=25, samples=25, worker="w") is True
+
+
+@pytest.mark.unit
+def test_ids_and_gradients_in_one_array_give_the_rows_and_updates_of_one_array_per_table():
+    """``lengths``: every table's ids in one array (and the rows and gradients likewise) — the same
+    rows, the same update, the same refusals as the list of per-table arrays."""
+    lists, packed = ParameterServer(SPEC, 0, 1), ParameterServer(SPEC, 0, 1)
+    for ps in (lists, packed):
+        ps.set_generation(0)
+    ids = [np.array([3, 999, 7], np.int64), np.array([0, 499], np.int64)]
+    flat, lengths = np.concatenate(ids), [3, 2]
+    grads = [np.full((3, SPEC.embedding_dim), 0.5, np.float32), np.full((2, SPEC.embedding_dim), -1.0, np.float32)]
+    assert np.array_equal(np.concatenate(lists.lookup(ids)["rows"]), packed.lookup(flat, lengths=lengths)["rows"])
+    assert lists.push(ids, grads, batch=0, samples=25, worker="w")
+    assert packed.push(flat, np.concatenate(grads), batch=0, samples=25, worker="w", lengths=lengths)
+    assert np.array_equal(np.concatenate(lists.lookup(ids)["rows"]), packed.lookup(flat, lengths=lengths)["rows"])
+    assert not packed.push(flat, np.concatenate(grads), batch=0, samples=25, worker="w", lengths=lengths)  # once
+    cases = [({"lengths": [3, 1]}, "ids"),  # 4 ids counted for 5
+             ({"lengths": [5]}, "lengths"),  # one count for two tables
+             ({"ids": np.array([3, 999, 7, 0, 500])}, "ids[1]"),  # past table 1
+             ({"grads": np.ones((4, SPEC.embedding_dim), np.float32)}, "grads")]
+    for change, field in cases:
+        push = {"ids": flat, "grads": np.concatenate(grads), "batch": 25, "samples": 25, "worker": "w",
+                "lengths": lengths, **change}
+        with pytest.raises(InvalidInputError) as err:
+            packed.handle("push", generation=0, **push)
+        assert err.value.field == field
+    assert packed.batches == {0}
+    layout = FeatureLayout.from_dict({"label": "y", "dense": [{"name": "x"}], "sparse": [
+        {"name": "a", "table_size": 10, "dim": 4}, {"name": "b", "table_size": 10, "dim": 8}]})
+    two_dims = ParameterServer(JobSpec(job_id="dims", samples=1000, layout=layout, model="users.model:build"), 0, 1)
+    two_dims.set_generation(0)
+    with pytest.raises(InvalidInputError) as err:
+        two_dims.lookup(np.array([1, 2]), lengths=[1, 1])
+    assert err.value.field == "lengths"
+    assert [r.shape for r in two_dims.lookup([np.array([1]), np.array([2])])["rows"]] == [(1, 4), (1, 8)]
 
 
 # -- G: job ids and the job's settings ------------------------------------------------------------

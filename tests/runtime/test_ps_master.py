@@ -229,6 +229,39 @@ def test_a_wrong_key_or_a_silent_client_never_stops_a_server_from_serving(monkey
         server.close()
 
 
+def test_posted_requests_are_answered_in_order_their_error_raised_at_the_next_call_and_resent_after_a_drop():
+    """``Peer.post`` sends now and reads later: the next ``call`` reads every reply due, in order,
+    and raises the first error among them; a connection lost with replies unread sends those
+    requests again on the next one (a PS refuses a batch it applied: resending is safe)."""
+    seen = []
+
+    def handler(method, **kwargs):
+        seen.append((method, kwargs.get("n")))
+        if method == "fail":
+            raise ValueError("no")
+        return kwargs.get("n")
+
+    server = Server(handler, b"k" * 32).start()
+    try:
+        peer = Peer(server.address, b"k" * 32, retry_s=5)
+        assert peer.call("echo", n=0) == 0
+        for n in (1, 2):
+            peer.post("echo", n=n)
+        assert peer.call("echo", n=3) == 3 and seen[-3:] == [("echo", 1), ("echo", 2), ("echo", 3)]
+        peer.post("fail", n=4)
+        peer.post("echo", n=5)
+        with pytest.raises(RemoteError, match="fail .*ValueError: no"):
+            peer.wait()
+        assert peer.call("echo", n=6) == 6 and seen[-3:] == [("fail", 4), ("echo", 5), ("echo", 6)]
+        peer.post("echo", n=7)
+        peer._conn.sock.shutdown(2)  # the connection breaks: 7 sent and unanswered, 8 not sent
+        peer.post("echo", n=8)
+        assert peer.call("echo", n=9) == 9
+        assert seen[-3:] == [("echo", 7), ("echo", 8), ("echo", 9)]
+    finally:
+        server.close()
+
+
 def test_the_job_spec_with_its_key_is_readable_by_its_owner_only(tmp_path):
     import os
     import stat
