@@ -387,8 +387,8 @@ def test_chaos_control_plane_faults_each_once_and_the_job_finishes(tmp_path):
     unsigned 400 MB POST (refused, RSS + < 64 MB), 150 half-open connections (signed requests
     answered, threads bounded), a worker 90 s ahead (it trains), a supervisor dying before
     ``/cluster`` (adopted), a bit-flipped newest checkpoint (the restore falls back), a supervisor
-    dying before ``/restore`` (adopted; the master restores the relaunched PS itself), a full disk
-    (the run ends with ENOSPC; the retry resumes). Every sample is trained, none lost."""
+    dying before ``/restore`` (adopted), a full disk (the run ends with ENOSPC; the retry resumes).
+    Every sample is trained, none lost."""
     import errno
     import subprocess
 

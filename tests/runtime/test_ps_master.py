@@ -109,6 +109,31 @@ def test_restore_rolls_model_applied_batches_and_shards_back_to_the_checkpoint(c
     assert (accounting["samples_trained"], accounting["samples_lost"], accounting["samples_duplicated"]) == (1000, 0, 0)
 
 
+def test_a_relaunched_ps_whose_restore_never_came_is_found_and_restored_by_the_master(cluster):
+    """A PS relaunched by a launcher that died before ``/restore`` serves no generation: the
+    master finds it (``unserved_ps``) and restores the job onto it from the last checkpoint
+    (``restore_if_unserved``, then ``restore``: what ``master.serve`` does after ``UNSERVED_PS_S``)."""
+    master, ps, peers = cluster(1)
+    rng = np.random.default_rng(3)
+    for _ in range(2):
+        train_shard(master, peers, "w", rng)
+    master.checkpoint()
+    train_shard(master, peers, "w", rng)
+    assert master.unserved_ps() == []
+    ps[0].generation, ps[0].tables, ps[0].dense, ps[0].batches = -1, ps[0]._empty_tables(), None, set()  # relaunched
+    [address] = master.ps_addresses
+    assert master.unserved_ps() == [address]
+    assert not master.restore_if_unserved(["127.0.0.1:1"])  # not a PS of the job's set
+    assert master.restore_if_unserved([address]) and master.restoring
+    master.restore()
+    assert master.unserved_ps() == [] and ps[0].generation == master.generation
+    assert len(ps[0].batches) == 2 * 4 and master.status()["shards"]["done"] == 2  # the checkpoint's state
+    while not trained(master):
+        train_shard(master, peers, "w", rng)
+    accounting = master.accounting()
+    assert (accounting["samples_trained"], accounting["samples_lost"], accounting["samples_duplicated"]) == (1000, 0, 0)
+
+
 def test_repartition_keeps_every_row(tmp_path):
     two = [ParameterServer(SPEC, i, 2) for i in range(2)]
     rng = np.random.default_rng(2)
