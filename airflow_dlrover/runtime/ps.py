@@ -180,9 +180,6 @@ class EmbeddingShard:
     def _slots(self, ids: np.ndarray, initialise: bool = True) -> np.ndarray:
         return self.store.slots(self.store.keys(self.position, ids), initialise)
 
-    def lookup(self, ids: np.ndarray) -> np.ndarray:
-        return self.store.rows[self._slots(ids)]
-
     def apply_adagrad(self, ids: np.ndarray, grads: np.ndarray, lr: float) -> None:
         """Sparse Adagrad; ``ids`` are unique (the worker aggregates duplicates)."""
         self.store.adagrad(self._slots(ids), grads, lr)
