@@ -110,11 +110,34 @@ def cmd_grid(args) -> None:
                   flush=True)
     table = pd.DataFrame(rows)
     table.round(3).to_csv(args.out, index=False)
+    print_ps_scaling(table)
     model = fit_throughput(table, leave_one_out=True)
     report = model.report
     print(f"\nwrote {len(table)} samples to {args.out}")
     print(f"fit: q={model.sharpness:g}  in-sample MAPE {report.in_sample_mape:.1%}  "
           f"leave-one-configuration-out MAPE {report.out_of_sample_mape:.1%}  pinned {sorted(report.pinned)}")
+
+
+def ps_scaling(table: pd.DataFrame) -> pd.DataFrame:
+    """PS scaling efficiency, X(p PS) / (p · X(1 PS)), for each grid configuration with p > 1 whose
+    one-PS twin (same workers, worker and PS CPU, batch) was measured: 1 is linear scaling."""
+    keys = ["workers", "worker_cpu", "ps_cpu", "batch_size"]
+    one = table[table.ps == 1].groupby(keys).throughput.median().rename("one_ps")
+    many = table[table.ps > 1].join(one, on=keys, how="inner")
+    many = many.assign(efficiency=many.throughput / (many.ps * many.one_ps))
+    return many[[*keys, "ps", "one_ps", "throughput", "efficiency"]].reset_index(drop=True)
+
+
+def print_ps_scaling(table: pd.DataFrame) -> None:
+    scaling = ps_scaling(table)
+    print("\nPS scaling efficiency, X(p PS) / (p · X(1 PS)), same workers, CPU per node and batch")
+    print(scaling.round(3).to_string(index=False) if len(scaling) else "(no configuration measured at 1 and p PS)")
+    if len(scaling):
+        print(f"median efficiency {scaling.efficiency.median():.2f}")
+
+
+def cmd_ps_scaling(args) -> None:
+    print_ps_scaling(pd.read_csv(args.grid))
 
 
 def single_process_throughput(spec: JobSpec, threads: int, seconds: float) -> float:
@@ -509,6 +532,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.set_defaults(func=cmd_versus_torchrec)
     sub.add_parser("transport").set_defaults(func=cmd_transport)
+    p = sub.add_parser("ps-scaling", help="the PS scaling efficiency of a measured grid (``grid --out``)")
+    p.add_argument("--grid", default="benchmarks/sim/data/local_grid.csv")
+    p.set_defaults(func=cmd_ps_scaling)
     args = parser.parse_args()
     args.func(args)
 

@@ -116,6 +116,10 @@ class EmbeddingStore:
         self.rows = reserved(total, dim, np.float32)
         self.accumulator = reserved(total, dim, np.float32)
         self.used = np.zeros(len(tables), dtype=np.int64)
+        # the same memory with one element per row, so that gathers and scatters move whole rows
+        self._row = np.dtype((np.void, dim * 4))
+        self._rows_whole = self.rows.view(self._row).reshape(-1)
+        self._accumulator_whole = self.accumulator.view(self._row).reshape(-1)
 
     def keys(self, position: int, ids: np.ndarray) -> np.ndarray:
         return self.base[position] + ids // self.count
@@ -141,14 +145,22 @@ class EmbeddingStore:
             slots = self.slot[keys]
         return slots
 
+    def gather(self, slots: np.ndarray) -> np.ndarray:
+        """The rows in ``slots``, a (len(slots), dim) copy."""
+        return self._gather(self._rows_whole, slots)
+
+    def _gather(self, whole: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        # one element per row: half the time of ``np.take(..., axis=0)`` on (n, dim), a third of ``[slots]``
+        return np.take(whole, slots).view(np.float32).reshape(len(slots), self.dim)
+
     def adagrad(self, slots: np.ndarray, grads: np.ndarray, lr: float) -> None:
         """Sparse Adagrad (Duchi et al. 2011) on unique rows: G += g², θ −= lr·g/√G."""
-        acc = np.take(self.accumulator, slots, axis=0)  # take: half the time of [slots] on rows
+        acc = self._gather(self._accumulator_whole, slots)
         acc += grads * grads
-        self.accumulator[slots] = acc
-        rows = np.take(self.rows, slots, axis=0)
+        self._accumulator_whole[slots] = acc.view(self._row).reshape(-1)
+        rows = self._gather(self._rows_whole, slots)
         rows -= lr * grads / np.sqrt(acc)
-        self.rows[slots] = rows
+        self._rows_whole[slots] = rows.view(self._row).reshape(-1)
 
 
 class EmbeddingShard:
@@ -368,7 +380,7 @@ class ParameterServer:
         self._check_packable(lengths)
         with self.lock:
             self.requests += 1
-            taken = [(store, np.take(store.rows, slots, axis=0)) for store, slots in self._by_store(every, counts)]
+            taken = [(store, store.gather(slots)) for store, slots in self._by_store(every, counts)]
             params = self.dense.params.copy() if dense and self.dense is not None else None
         if lengths is not None:  # one store: the tables share their dim
             return {"rows": taken[0][1], "dense": params}

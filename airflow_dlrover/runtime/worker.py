@@ -20,8 +20,8 @@ import torch
 from airflow_dlrover.optimizer.types import InvalidInputError
 from airflow_dlrover.runtime.auth import call_master
 from airflow_dlrover.runtime.data import Batch
-from airflow_dlrover.runtime.dlrm import build_model, flat_gradients, flat_parameters, load_flat
-from airflow_dlrover.runtime.lookup import embed, gather, route
+from airflow_dlrover.runtime.dlrm import FlatParameters, build_model
+from airflow_dlrover.runtime.lookup import PackedRoute, embed, gather, route
 from airflow_dlrover.runtime.spec import JobSpec
 from airflow_dlrover.runtime.transport import Peer, RemoteError, Unreachable, parse_address
 
@@ -70,14 +70,18 @@ class Worker:
 
             self.model.load_state_dict(read_dense(spec.init_from))
         self.model = self.model.to(self.device)
+        self.dense = FlatParameters(self.model)
         self.source = source_for(spec)
-        self.packed = len(set(spec.layout.dims)) == 1  # every table's ids and rows in one array each way
+        layout = spec.layout
+        # single-hot tables of one dim: every table's ids and rows in one array each way
+        self.packed = len(set(layout.dims)) == 1 and not any(column.multi_hot for column in layout.sparse)
+        self.table_sizes = np.array(layout.table_sizes, dtype=np.int64)
         self._read: tuple[int, int, Batch | None] = (0, 0, None)  # the rows last read: first, last, them
         self.ps_addresses: list[str] = []
         self.peers: list[Peer] = []
         self.pool: ThreadPoolExecutor | None = None
         self.generation = -1
-        self.initial_dense = flat_parameters(self.model)  # the deterministic init every worker shares
+        self.initial_dense = self.dense.numpy()  # the deterministic init every worker shares
         self.process = psutil.Process()
         self.samples = 0
         self.window = {"samples": 0, "data": 0.0, "lookup": 0.0, "compute": 0.0, "push": 0.0, "start": time.monotonic()}
@@ -146,22 +150,31 @@ class Worker:
         errors = [e for e in self.source.errors(first, last) if rows is None or self.source.row_of(e) in rows]
         return {"bad_rows": data.bad_rows, "first_bad": str(errors[0]) if errors else f"a row in [{first}, {last})"}
 
-    def _lookup(self, owner: list[list[np.ndarray]]) -> list[dict[str, Any]]:
-        """Each PS's rows for its share of the ids (one array per table), PS 0's reply with the
-        dense parameters. A PS 0 that holds none (a new job, or a checkpoint taken before any) is
-        given the initial ones first. Tables of one dim travel as one array each way (``lengths``)."""
-        def lookup(k: int, dense: bool) -> dict[str, Any]:
-            if not self.packed:
-                return self.peers[k].call("lookup", generation=self.generation, ids=owner[k], dense=dense)
-            lengths = [len(u) for u in owner[k]]
-            reply = self.peers[k].call("lookup", generation=self.generation, ids=np.concatenate(owner[k]),
-                                       lengths=lengths, dense=dense)
-            return {**reply, "rows": np.split(reply["rows"], np.cumsum(lengths)[:-1])}
+    def _route(self, batch: Batch):
+        """The batch's ids, distinct per table, with each PS's share: a :class:`PackedRoute`, or
+        ``lookup.route``'s per-table lists."""
+        if self.packed:
+            return PackedRoute(batch.sparse, self.table_sizes, len(self.peers))
+        return route(batch.sparse, len(self.peers))
 
-        replies = self._each_ps(lambda k: lookup(k, dense=k == 0))
+    def _ids(self, routed, k: int) -> dict[str, Any]:
+        """PS k's ids of a routed batch, as a lookup request takes them."""
+        if self.packed:
+            _, ids, lengths = routed.shares[k]
+            return {"ids": ids, "lengths": lengths}
+        return {"ids": routed[2][k]}
+
+    def _lookup(self, ids) -> list[dict[str, Any]]:
+        """Each PS's rows for its share of the ids (``ids(k)``: PS k's request fields), PS 0's reply
+        with the dense parameters. A PS 0 that holds none (a new job, or a checkpoint taken before
+        any) is given the initial ones first."""
+        def lookup(k: int) -> dict[str, Any]:
+            return self.peers[k].call("lookup", generation=self.generation, dense=k == 0, **ids(k))
+
+        replies = self._each_ps(lookup)
         if replies[0]["dense"] is None:
             self.peers[0].call("init_dense", generation=self.generation, params=self.initial_dense)
-            replies[0] = lookup(0, dense=True)
+            replies[0] = lookup(0)
         return replies
 
     def _each_ps(self, request):
@@ -170,12 +183,18 @@ class Worker:
             return [request(0)]
         return list(self.pool.map(request, range(len(self.peers))))
 
-    def _forward(self, batch: Batch, uniques, inverses, replies, grad: bool):
-        """Logits of ``batch`` from the PS replies, and the leaf row tensors (for their gradients)."""
-        load_flat(self.model, replies[0]["dense"])
-        rows = [torch.from_numpy(r).to(self.device).requires_grad_(grad)
-                for r in gather(uniques, replies, self.spec.layout.dims)]
-        embedded = embed(rows, inverses, batch.sparse, self.spec.layout, self.device)
+    def _forward(self, batch: Batch, routed, replies, grad: bool):
+        """Logits of ``batch`` from the PS replies, and the leaf row tensor(s) (for their gradients):
+        one for a packed route, one per table otherwise."""
+        self.dense.load(replies[0]["dense"])
+        if self.packed:
+            rows = torch.from_numpy(routed.gather(replies)).to(self.device).requires_grad_(grad)
+            embedded = routed.embed(rows)
+        else:
+            uniques, inverses, _ = routed
+            rows = [torch.from_numpy(r).to(self.device).requires_grad_(grad)
+                    for r in gather(uniques, replies, self.spec.layout.dims)]
+            embedded = embed(rows, inverses, batch.sparse, self.spec.layout, self.device)
         return self.model(torch.from_numpy(batch.dense).to(self.device), embedded), rows
 
     def _step(self, first_sample: int, batch: Batch) -> None:
@@ -185,25 +204,24 @@ class Worker:
         the next batch's data is read and routed while the PS applies it, and its reply is read
         before the next lookup on the same connection, which the PS serves after it (so a
         worker's lookup always sees its own last push)."""
-        p = len(self.peers)
         t0 = time.perf_counter()
-        uniques, inverses, owner = route(batch.sparse, p)
+        routed = self._route(batch)
         t1 = time.perf_counter()
-        replies = self._lookup(owner)
+        replies = self._lookup(lambda k: self._ids(routed, k))
         t2 = time.perf_counter()
         valid = torch.from_numpy(batch.valid_mask.astype(np.float32)).to(self.device)
         count = float(valid.sum())
-        logits, rows = self._forward(batch, uniques, inverses, replies, grad=True)
-        self.model.zero_grad(set_to_none=False)
+        logits, rows = self._forward(batch, routed, replies, grad=True)
+        self.dense.zero_grad()
         label = torch.from_numpy(batch.label).to(self.device)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, label, weight=valid, reduction="sum")
         loss = loss / max(count, 1.0)
         loss.backward()
         if count:
             self.last_loss = float(loss.detach())
-        dense_grad = flat_gradients(self.model) if count else None
+        dense_grad = self.dense.gradients() if count else None
         t3 = time.perf_counter()
-        self._push(first_sample, len(batch), uniques, rows if count else None, dense_grad)
+        self._push(first_sample, len(batch), routed, rows if count else None, dense_grad)
         t4 = time.perf_counter()
         self.samples += len(batch)
         w = self.window
@@ -213,32 +231,29 @@ class Worker:
         w["compute"] += t3 - t2
         w["push"] += t4 - t3
 
-    def _push(self, first_sample: int, samples: int, uniques: list[np.ndarray], rows: list[torch.Tensor] | None,
-              dense_grad: np.ndarray | None) -> None:
+    def _push(self, first_sample: int, samples: int, routed, rows, dense_grad: np.ndarray | None) -> None:
         """Post to each PS the batch's gradients of the rows it holds (none when ``rows`` is None: a
         batch of bad rows only, pushed so that it counts as trained); the dense one to PS 0."""
-        p, dims = len(self.peers), self.spec.layout.dims
+        dims = self.spec.layout.dims
         if self.packed:
-            ids = np.concatenate(uniques)
-            lengths = np.array([len(u) for u in uniques]) * (rows is not None)
-            grads = torch.cat([r.grad for r in rows]).cpu().numpy() if rows is not None else None
-            if rows is None:
-                ids, grads = ids[:0], np.zeros((0, dims[0]), np.float32)
-            table = np.repeat(np.arange(len(lengths)), lengths)
+            grads = rows.grad.cpu().numpy() if rows is not None else None
         else:
+            uniques, _, owner = routed
             grads = [r.grad.cpu().numpy() for r in rows] if rows is not None else None
-        for k in range(p):
+        for k, peer in enumerate(self.peers):
             if self.packed:
-                mine = slice(None) if p == 1 else ids % p == k
-                shares = {"ids": ids[mine], "grads": grads[mine],
-                          "lengths": lengths if p == 1 else np.bincount(table[mine], minlength=len(lengths))}
+                mine, ids, lengths = routed.shares[k]
+                shares = ({"ids": ids, "grads": grads[mine], "lengths": lengths} if grads is not None else
+                          {"ids": ids[:0], "grads": np.zeros((0, dims[0]), np.float32), "lengths": lengths * 0})
             elif grads is None:
                 shares = {"ids": [u[:0] for u in uniques], "grads": [np.zeros((0, d), np.float32) for d in dims]}
+            elif len(self.peers) == 1:
+                shares = {"ids": uniques, "grads": grads}
             else:
-                masks = [u % p == k for u in uniques]
-                shares = {"ids": [u[m] for u, m in zip(uniques, masks)], "grads": [g[m] for g, m in zip(grads, masks)]}
-            self.peers[k].post("push", generation=self.generation, batch=first_sample, samples=samples,
-                               worker=self.name, dense_grad=dense_grad if k == 0 else None, **shares)
+                masks = [u % len(self.peers) == k for u in uniques]
+                shares = {"ids": owner[k], "grads": [g[m] for g, m in zip(grads, masks)]}
+            peer.post("push", generation=self.generation, batch=first_sample, samples=samples,
+                      worker=self.name, dense_grad=dense_grad if k == 0 else None, **shares)
 
     def evaluate(self, start: int, stop: int, batch_size: int = 4096, previous=None) -> dict[str, Any]:
         """Held-out metrics (``evaluate.StreamingMetrics``) of the readable rows of ``[start, stop)``,
@@ -250,8 +265,8 @@ class Worker:
         with torch.no_grad():
             for offset in range(start, stop, batch_size):
                 batch = self.source.samples(offset, min(offset + batch_size, stop))
-                uniques, inverses, owner = route(batch.sparse, len(self.peers))
-                logits, _ = self._forward(batch, uniques, inverses, self._lookup(owner), grad=False)
+                routed = self._route(batch)
+                logits, _ = self._forward(batch, routed, self._lookup(lambda k: self._ids(routed, k)), grad=False)
                 keep = batch.valid_mask
                 streaming.update(batch.label[keep], logits.cpu().numpy()[keep])
                 if previous is not None:
@@ -276,8 +291,8 @@ class Worker:
             from airflow_dlrover.runtime.export import export_model
 
             checkpoint = self.master.post("/checkpoint")
-            replies = self._lookup([[np.zeros(0, np.int64) for _ in self.spec.layout.sparse]] * len(self.peers))
-            load_flat(self.model, replies[0]["dense"])
+            replies = self._lookup(lambda k: {"ids": [np.zeros(0, np.int64) for _ in self.spec.layout.sparse]})
+            self.dense.load(replies[0]["dense"])
             result["export"] = export_model(self.spec, self.model, checkpoint["files"], result,
                                             heartbeat=lambda: self._report(force=True))
         return result
