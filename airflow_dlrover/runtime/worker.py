@@ -157,19 +157,18 @@ class Worker:
             return PackedRoute(batch.sparse, self.table_sizes, len(self.peers))
         return route(batch.sparse, len(self.peers))
 
-    def _ids(self, routed, k: int) -> dict[str, Any]:
-        """PS k's ids of a routed batch, as a lookup request takes them."""
-        if self.packed:
-            _, ids, lengths = routed.shares[k]
-            return {"ids": ids, "lengths": lengths}
-        return {"ids": routed[2][k]}
-
-    def _lookup(self, ids) -> list[dict[str, Any]]:
-        """Each PS's rows for its share of the ids (``ids(k)``: PS k's request fields), PS 0's reply
-        with the dense parameters. A PS 0 that holds none (a new job, or a checkpoint taken before
-        any) is given the initial ones first."""
+    def _lookup(self, routed) -> list[dict[str, Any]]:
+        """Each PS's rows for its share of the ids of a routed batch (``_route``; None: no ids),
+        PS 0's reply with the dense parameters. A PS 0 that holds none (a new job, or a checkpoint
+        taken before any) is given the initial ones first."""
         def lookup(k: int) -> dict[str, Any]:
-            return self.peers[k].call("lookup", generation=self.generation, dense=k == 0, **ids(k))
+            if routed is None:
+                ids = {"ids": [np.zeros(0, np.int64) for _ in self.spec.layout.sparse]}
+            elif self.packed:
+                ids = dict(zip(("ids", "lengths"), routed.shares[k][1:]))
+            else:
+                ids = {"ids": routed[2][k]}
+            return self.peers[k].call("lookup", generation=self.generation, dense=k == 0, **ids)
 
         replies = self._each_ps(lookup)
         if replies[0]["dense"] is None:
@@ -207,7 +206,7 @@ class Worker:
         t0 = time.perf_counter()
         routed = self._route(batch)
         t1 = time.perf_counter()
-        replies = self._lookup(lambda k: self._ids(routed, k))
+        replies = self._lookup(routed)
         t2 = time.perf_counter()
         valid = torch.from_numpy(batch.valid_mask.astype(np.float32)).to(self.device)
         count = float(valid.sum())
@@ -266,7 +265,7 @@ class Worker:
             for offset in range(start, stop, batch_size):
                 batch = self.source.samples(offset, min(offset + batch_size, stop))
                 routed = self._route(batch)
-                logits, _ = self._forward(batch, routed, self._lookup(lambda k: self._ids(routed, k)), grad=False)
+                logits, _ = self._forward(batch, routed, self._lookup(routed), grad=False)
                 keep = batch.valid_mask
                 streaming.update(batch.label[keep], logits.cpu().numpy()[keep])
                 if previous is not None:
@@ -291,7 +290,7 @@ class Worker:
             from airflow_dlrover.runtime.export import export_model
 
             checkpoint = self.master.post("/checkpoint")
-            replies = self._lookup(lambda k: {"ids": [np.zeros(0, np.int64) for _ in self.spec.layout.sparse]})
+            replies = self._lookup(None)
             self.dense.load(replies[0]["dense"])
             result["export"] = export_model(self.spec, self.model, checkpoint["files"], result,
                                             heartbeat=lambda: self._report(force=True))
