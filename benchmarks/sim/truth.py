@@ -218,6 +218,30 @@ def measured_roofline() -> tuple[Roofline, float]:
 # ---------------------------------------------------------------------------------------------
 
 
+def _hottest_of(truth: "MovingHotShard", values: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``MovingHotShard._hottest`` at ``p`` ≥ 1 (``values``: its distinct values, ascending)."""
+    shares, ids = truth.hot_ranges()
+    rest = 1.0 - shares.sum()
+    load, hot = np.empty(values.size), np.empty(values.size)
+    for n, v in enumerate(values):
+        per_ps = np.bincount(ids % int(v), weights=shares, minlength=int(v))
+        j = int(np.argmax(per_ps))
+        load[n], hot[n] = per_ps[j] + rest / v, per_ps[j]
+    where = np.searchsorted(values, p)
+    return load[where], hot[where]
+
+
+#: ``MovingHotShard._hottest`` is kept for each PS count up to this (``PLAN_MAX_PS``, the planner's most).
+_HOTTEST_KEPT = 256
+
+
+@lru_cache(maxsize=256)
+def _hottest_by_count(truth: "MovingHotShard") -> tuple[np.ndarray, np.ndarray]:
+    """``_hottest`` of a truth at p = 0, 1, …, ``_HOTTEST_KEPT`` (p = 0 as p = 1), by index."""
+    counts = np.arange(0, _HOTTEST_KEPT + 1, dtype=float)
+    return _hottest_of(truth, counts[1:], np.maximum(counts, 1.0))
+
+
 @dataclass(frozen=True)
 class MovingHotShard(Truth):
     """Hot row ranges i = 1..k with lookup shares h_i (H = Σ h_i) and ids u_i, each on PS u_i mod p;
@@ -260,16 +284,11 @@ class MovingHotShard(Truth):
     def _hottest(self, p) -> tuple[np.ndarray, np.ndarray]:
         """(L_j*(p), H_j*(p)): the hottest PS's load and hot share, as fractions of all rows."""
         p = np.maximum(np.asarray(p, dtype=float), 1.0)
-        shares, ids = self.hot_ranges()
-        rest = 1.0 - shares.sum()
-        values = np.unique(p)
-        load, hot = np.empty(values.size), np.empty(values.size)
-        for n, v in enumerate(values):
-            per_ps = np.bincount(ids % int(v), weights=shares, minlength=int(v))
-            j = int(np.argmax(per_ps))
-            load[n], hot[n] = per_ps[j] + rest / v, per_ps[j]
-        where = np.searchsorted(values, p)
-        return load[where], hot[where]
+        whole = p.astype(np.int64)
+        if p.size and np.array_equal(whole, p) and int(whole.max()) <= _HOTTEST_KEPT:  # a PS count: kept
+            load, hot = _hottest_by_count(self)
+            return load[whole], hot[whole]
+        return _hottest_of(self, np.unique(p), p)
 
     def _caps(self, w, p, lw, lp):
         w, p, lw, lp = _arrays(w, p, lw, lp)
