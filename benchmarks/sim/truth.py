@@ -127,8 +127,30 @@ def _max_share(p: int, skew: float) -> float:
     return max(shares) * int(p)
 
 
+#: Per-PS-count values of a truth (``max_share``, ``MovingHotShard._hottest``) are kept for each count
+#: up to this (``PLAN_MAX_PS``, the planner's most PS); others are computed per call.
+_PS_COUNTS_KEPT = 256
+#: ``_max_share`` by PS count (NaN: not computed yet), per skew.
+_MAX_SHARE_KEPT: dict[float, np.ndarray] = {}
+
+
+def _whole_counts(p: np.ndarray) -> np.ndarray | None:
+    """``p`` as integers when each is a PS count of 1 … ``_PS_COUNTS_KEPT`` (else None)."""
+    whole = p.astype(np.int64)
+    ok = p.size and np.array_equal(whole, p) and int(whole.min()) >= 1 and int(whole.max()) <= _PS_COUNTS_KEPT
+    return whole if ok else None
+
+
 def max_share(p, skew: float) -> np.ndarray:
     p = np.asarray(p, dtype=float)
+    whole = _whole_counts(p)
+    if whole is not None:
+        kept = _MAX_SHARE_KEPT.setdefault(float(skew), np.full(_PS_COUNTS_KEPT + 1, np.nan))
+        seen = np.zeros(len(kept), dtype=bool)
+        seen[whole] = True
+        for v in np.flatnonzero(seen & np.isnan(kept)):
+            kept[v] = _max_share(int(v), skew)
+        return kept[whole]
     flat = np.array([_max_share(int(v), skew) for v in np.unique(p)])
     return flat[np.searchsorted(np.unique(p), p)]
 
@@ -231,14 +253,10 @@ def _hottest_of(truth: "MovingHotShard", values: np.ndarray, p: np.ndarray) -> t
     return load[where], hot[where]
 
 
-#: ``MovingHotShard._hottest`` is kept for each PS count up to this (``PLAN_MAX_PS``, the planner's most).
-_HOTTEST_KEPT = 256
-
-
 @lru_cache(maxsize=256)
 def _hottest_by_count(truth: "MovingHotShard") -> tuple[np.ndarray, np.ndarray]:
-    """``_hottest`` of a truth at p = 0, 1, …, ``_HOTTEST_KEPT`` (p = 0 as p = 1), by index."""
-    counts = np.arange(0, _HOTTEST_KEPT + 1, dtype=float)
+    """``_hottest`` of a truth at p = 0, 1, …, ``_PS_COUNTS_KEPT`` (p = 0 as p = 1), by index."""
+    counts = np.arange(0, _PS_COUNTS_KEPT + 1, dtype=float)
     return _hottest_of(truth, counts[1:], np.maximum(counts, 1.0))
 
 
@@ -284,8 +302,8 @@ class MovingHotShard(Truth):
     def _hottest(self, p) -> tuple[np.ndarray, np.ndarray]:
         """(L_j*(p), H_j*(p)): the hottest PS's load and hot share, as fractions of all rows."""
         p = np.maximum(np.asarray(p, dtype=float), 1.0)
-        whole = p.astype(np.int64)
-        if p.size and np.array_equal(whole, p) and int(whole.max()) <= _HOTTEST_KEPT:  # a PS count: kept
+        whole = _whole_counts(p)
+        if whole is not None:
             load, hot = _hottest_by_count(self)
             return load[whole], hot[whole]
         return _hottest_of(self, np.unique(p), p)

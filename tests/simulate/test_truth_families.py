@@ -113,3 +113,15 @@ def test_the_hot_shards_kept_loads_equal_the_per_count_ones():
             at = np.maximum(p, 1.0)
             for got, want in zip(truth._hottest(p), _hottest_of(truth, np.unique(at), at)):
                 np.testing.assert_array_equal(got, want)
+
+
+def test_the_kept_max_share_equals_the_per_count_one():
+    """``max_share`` of whole PS counts (kept per skew) equals ``_max_share`` of each count, exactly."""
+    from sim.truth import _max_share, max_share
+
+    rng = np.random.default_rng(1)
+    for skew in (0.8, 1.1, 0.35):
+        for p in (rng.integers(1, 257, 3000).astype(float), np.array([1.0, 256.0]), rng.uniform(1, 40, 30),
+                  np.array([300.0, 2.0])):
+            want = np.array([_max_share(int(v), skew) for v in p])
+            np.testing.assert_array_equal(max_share(p, skew), want)
