@@ -351,8 +351,9 @@ class _Grid:
     """What a plan computes from its range, quota, memory model, samples and exclusions alone,
     whatever the throughput model: node memory (:class:`_NodeMemory`), the smallest job's needs, the
     exclusions' keys and (w, p) pairs, and what the branch and bound reads of [w, p]. The latest
-    ``_GRIDS_KEPT`` are kept by their inputs' values (:meth:`of`): the fine-tune plans a job again
-    every window, and on posterior draws of its model, mostly on the same inputs."""
+    are kept by their inputs' values (:meth:`of`; at least ``_GRIDS_KEPT``, more while they hold at
+    most ``_GRIDS_KEPT_CELLS`` cells): the fine-tune plans each running job again every window, and
+    on posterior draws of its model, mostly on the same inputs."""
 
     def __init__(self, rng: SearchRange, quota: Quota, memory, batch, samples, worker_memory_mb, ps_memory_mb,
                  exclude: tuple[Configuration, ...]):
@@ -404,10 +405,13 @@ class _Grid:
                 _GRIDS.move_to_end(key)
                 return grid
         grid = cls(rng, quota, memory, batch, samples, worker_memory_mb, ps_memory_mb, exclude)
+        global _GRIDS_CELLS
         with _GRIDS_LOCK:
+            if key not in _GRIDS:
+                _GRIDS_CELLS += grid.mem.total.size
             _GRIDS[key] = grid
-            while len(_GRIDS) > _GRIDS_KEPT:
-                _GRIDS.popitem(last=False)
+            while len(_GRIDS) > _GRIDS_KEPT and _GRIDS_CELLS > _GRIDS_KEPT_CELLS:
+                _GRIDS_CELLS -= _GRIDS.popitem(last=False)[1].mem.total.size
         return grid
 
 
@@ -434,9 +438,12 @@ def _keep_plan(memo: tuple, model: ThroughputModel, plan: "Plan") -> "Plan":
 
 
 #: The grids kept (:meth:`_Grid.of`): one step's plans (the model's and its posterior draws') share one;
-#: each holds a few arrays of at most 1,025 × 257 cells (~10 MB at the largest range).
+#: each holds a few arrays of (w, p) cells, ~40 bytes a cell (~10 MB at the largest range, 1,025 × 257;
+#: ~0.7 MB at 129 × 129). At least the latest ``_GRIDS_KEPT``, more while all hold ≤ ``_GRIDS_KEPT_CELLS`` (~40 MB).
 _GRIDS_KEPT = 4
+_GRIDS_KEPT_CELLS = 2**20
 _GRIDS: OrderedDict[tuple, _Grid] = OrderedDict()
+_GRIDS_CELLS = 0  # the cells of the grids kept
 _GRIDS_LOCK = threading.Lock()
 #: Plans kept by their grid's inputs and the model object (:func:`_keep_plan`): the fine-tune plans a
 #: job's model again every window, on the same grid until the model is refitted or the samples move
