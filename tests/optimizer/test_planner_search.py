@@ -247,30 +247,3 @@ def test_the_knees_hull_is_the_monotone_chains(points):
     c = np.asarray(sorted({p for p, _ in points}), dtype=float) / 2
     t = np.cumsum(np.asarray([v for _, v in points][: len(c)], dtype=float))  # a front: both grow
     assert planner._upper_hull(c, t).tolist() == _monotone_chain(c, t)
-
-
-def test_the_packed_halving_splits_each_box_at_its_geometric_mean():
-    """``_halve`` on packed boxes (rows s, w1, w2, p1, p2) equals halving each box on its own: the
-    lower half in place at ⌊√(lo·hi)⌋, the upper half after all boxes, a box of one value kept."""
-    rng = np.random.default_rng(3)
-    for _ in range(50):
-        n = int(rng.integers(0, 30))
-        lo = rng.integers(1, 300, (2, n))
-        hi = lo + rng.integers(0, 3, (2, n)) * rng.integers(0, 200, (2, n))
-        box = np.stack([rng.integers(0, 40, n), lo[0], hi[0], lo[1], hi[1]]).astype(np.int64)
-        cap = rng.uniform(0, 100, n)
-        for a, b in ((1, 2), (3, 4)):
-            out, out_cap = planner._halve(box, cap, a, b)
-            lower, upper, upper_cap = [], [], []
-            for k in range(n):
-                one = box[:, k].copy()
-                if one[b] > one[a]:
-                    mid = min(max(int(np.floor(np.sqrt(one[a] * one[b]))), one[a]), one[b] - 1)
-                    high = one.copy()
-                    one[b], high[a] = mid, mid + 1
-                    upper.append(high)
-                    upper_cap.append(cap[k])
-                lower.append(one)
-            want = np.array(lower + upper, dtype=np.int64).reshape(-1, 5).T
-            np.testing.assert_array_equal(out, want)
-            np.testing.assert_array_equal(out_cap, np.concatenate([cap, upper_cap]))
