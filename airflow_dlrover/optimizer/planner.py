@@ -768,18 +768,15 @@ class _Known:
         return front, best
 
 
-def _halve(box: np.ndarray, cap: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-    """Boxes (packed: rows s, w1, w2, p1, p2) split in two along rows [lo, hi] (at ⌊√(lo·hi)⌋) where
-    they hold more than one value: the lower halves in place, then the upper ones; ``cap`` copied."""
-    a, b = box[lo], box[hi]
-    cut = b > a
-    mid = np.clip(np.floor(np.sqrt(a * b)).astype(np.int64), a, b - 1)
-    n = box.shape[1]
-    idx = np.concatenate([np.arange(n), np.flatnonzero(cut)])
-    out = box[:, idx]
-    out[hi, :n] = np.where(cut, mid, b)
-    out[lo, n:] = mid[cut] + 1
-    return out, cap[idx]
+def _halve(s, lo, hi, *others):
+    """Boxes split in two along [lo, hi] (at ⌊√(lo·hi)⌋) where it holds more than one value; the
+    others' bounds (``others``: pairs of arrays) are copied."""
+    cut = hi > lo
+    mid = np.clip(np.floor(np.sqrt(lo * hi)).astype(np.int64), lo, hi - 1)
+    idx = np.concatenate([np.arange(len(s)), np.flatnonzero(cut)])
+    new_lo = np.concatenate([lo, mid[cut] + 1])
+    new_hi = np.concatenate([np.where(cut, mid, hi), hi[cut]])
+    return (s[idx], new_lo, new_hi, *(a[idx] for a in others))
 
 
 def _branch_and_bound(sep: _Separable, rng: SearchRange, quota: Quota, grid_of: "_Grid", objective: str,
@@ -813,30 +810,23 @@ def _branch_and_bound(sep: _Separable, rng: SearchRange, quota: Quota, grid_of: 
             key, cores, x, money = key[mine], cores[mine], x[mine], money[mine] if money is not None else None
         known.add(key, cores, x, money)
 
-    # The boxes, packed in the rows (s, w1, w2, p1, p2) of one array, so that one index moves them all;
-    # cap: the most cores a configuration of the box may have and still matter.
-    n = len(lw_s)
+    s = np.arange(len(lw_s))
+    cap = np.full(len(s), budget)  # the most cores a configuration of the box may have and still matter
+    w1, p1 = np.ones(len(s), dtype=np.int64), np.ones(len(s), dtype=np.int64)
     w2 = np.where(g_s > 0, np.minimum(W, quota.gpu // np.maximum(g_s, 1)), W).astype(np.int64)
-    box = np.stack([np.arange(n, dtype=np.int64), np.ones(n, np.int64), w2, np.ones(n, np.int64),
-                    np.full(n, P, dtype=np.int64)])
-    cap = np.full(n, budget)
+    p2 = np.full(len(s), P, dtype=np.int64)
     q = sep.q
-    while box.shape[1]:
-        s, w1, w2, p1, p2 = box
+    while len(s):
         lw, lp = lw_s[s], lp_s[s]
-        w2_ = np.minimum(np.minimum(w2, np.floor((cap - p1 * lp) / lw).astype(np.int64)),
-                         np.minimum(nodes - p1, most_w_from[p1]))
-        p2_ = np.minimum(np.minimum(p2, np.floor((cap - w1 * lw) / lp).astype(np.int64)), nodes - w1)
-        box[2], box[4] = w2_, p2_
-        live = (w1 <= w2_) & (p2_ >= p1)
-        box, cap = box[:, live], cap[live]
-        s, w1, w2, p1, p2 = box
-        box[4], box[3] = last_from[w1, p2], next_from[w1, p1]
+        w2 = np.minimum.reduce([w2, np.floor((cap - p1 * lp) / lw).astype(np.int64), nodes - p1, most_w_from[p1]])
+        p2 = np.minimum.reduce([p2, np.floor((cap - w1 * lw) / lp).astype(np.int64), nodes - w1])
+        live = (w1 <= w2) & (p2 >= p1)
+        s, w1, w2, p1, p2, cap = (a[live] for a in (s, w1, w2, p1, p2, cap))
+        p2, p1 = last_from[w1, p2], next_from[w1, p1]
         live = p1 <= p2
-        box, cap = box[:, live], cap[live]
-        if not box.shape[1]:
+        s, w1, w2, p1, p2, cap = (a[live] for a in (s, w1, w2, p1, p2, cap))
+        if not len(s):
             break
-        s, w1, w2, p1, p2 = box
         lw, lp = lw_s[s], lp_s[s]
 
         # The bound: at p2, the best w of [w1, w2] (module docstring).
@@ -860,7 +850,7 @@ def _branch_and_bound(sep: _Separable, rng: SearchRange, quota: Quota, grid_of: 
         least_cores = w1 * lw + p1 * lp
 
         # Each box's guess: ŵ workers with the most PS that fit; evaluated, it joins the known set.
-        p_guess = np.minimum(np.minimum(p2, np.floor((budget - w_hat * lw) / lp).astype(np.int64)), nodes - w_hat)
+        p_guess = np.minimum.reduce([p2, np.floor((budget - w_hat * lw) / lp).astype(np.int64), nodes - w_hat])
         p_guess = last_fit[w_hat, np.maximum(p_guess, 0)]
         real = p_guess >= 1
         learn(*evaluate(s[real], w_hat[real], p_guess[real].astype(np.int64)))
@@ -871,40 +861,39 @@ def _branch_and_bound(sep: _Separable, rng: SearchRange, quota: Quota, grid_of: 
         # configuration as fast as its bound: it keeps those.
         cap = np.where(best, cap, np.minimum(cap, known.cores_reaching(x_bound) + _CORES_EPS))
         split = front | best
-        box, cap = box[:, split], cap[split]
-        s, w1, w2, p1, p2 = box
+        s, w1, w2, p1, p2, cap = (a[split] for a in (s, w1, w2, p1, p2, cap))
 
         # Short rows (one w) that may still matter: every configuration, evaluated.
         small = (w1 == w2) & (p2 - p1 < C.PLAN_EXPAND_ROW)
         if small.any():
             n = (p2 - p1 + 1)[small]
-            at = np.repeat(np.flatnonzero(small), n)
-            ew, ep, es = w1[at], p1[at] + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n), s[at]
-            fit = fits[ew, ep] & (ew * lw_s[es] + ep * lp_s[es] <= cap[at])
+            box = np.repeat(np.flatnonzero(small), n)
+            ew, ep, es = w1[box], p1[box] + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n), s[box]
+            fit = fits[ew, ep] & (ew * lw_s[es] + ep * lp_s[es] <= cap[box])
             points = (es[fit], ew[fit], ep[fit])
             key, cores, x, money = point = evaluate(*points)
             learn(*point)
             wanted = np.logical_or(*known.wanted(x, cores, money))
             found.append(tuple(a[wanted] for a in points))
-            box, cap = box[:, ~small], cap[~small]
-            s, w1, w2, p1, p2 = box
+            s, w1, w2, p1, p2, cap = (a[~small] for a in (s, w1, w2, p1, p2, cap))
         # A small box becomes its rows (each bounded exactly, at its own w); a larger one is halved
         # along each side of more than one value, at its geometric mean.
         rows = (w2 > w1) & ((w2 - w1 + 1) * (p2 - p1 + 1) <= C.PLAN_ROWS_BOX)
         if rows.any():
             n = (w2 - w1 + 1)[rows]
-            at = np.repeat(np.flatnonzero(rows), n)
-            row_w = w1[at] + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+            box = np.repeat(np.flatnonzero(rows), n)
+            row_w = w1[box] + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
             keep = ~rows
-            each = box[:, at]
-            each[1], each[2] = row_w, row_w
-            halve = int(keep.sum())
-            box, cap = np.concatenate([box[:, keep], each], axis=1), np.concatenate([cap[keep], cap[at]])
+            s, w1, w2, p1, p2, cap = (np.concatenate([a[keep], b]) for a, b in (
+                (s, s[box]), (w1, row_w), (w2, row_w), (p1, p1[box]), (p2, p2[box]), (cap, cap[box])))
+            halve = np.arange(len(s)) < int(keep.sum())
         else:
-            halve = box.shape[1]
-        parts, part_cap = _halve(box[:, :halve], cap[:halve], 1, 2)
-        parts, part_cap = _halve(parts, part_cap, 3, 4)
-        box, cap = np.concatenate([box[:, halve:], parts], axis=1), np.concatenate([cap[halve:], part_cap])
+            halve = np.ones(len(s), dtype=bool)
+        whole = ~halve
+        parts = _halve(s[halve], w1[halve], w2[halve], p1[halve], p2[halve], cap[halve])
+        parts = _halve(parts[0], parts[3], parts[4], parts[1], parts[2], parts[5])  # (s, p1, p2, w1, w2, cap)
+        s, w1, w2, p1, p2, cap = (np.concatenate([a[whole], b]) for a, b in (
+            (s, parts[0]), (w1, parts[3]), (w2, parts[4]), (p1, parts[1]), (p2, parts[2]), (cap, parts[5])))
 
     if not found:
         return Configurations.of(rng, *(np.zeros(0, np.int64),) * 3)
