@@ -351,8 +351,9 @@ class _Grid:
     """What a plan computes from its range, quota, memory model, samples and exclusions alone,
     whatever the throughput model: node memory (:class:`_NodeMemory`), the smallest job's needs, the
     exclusions' keys and (w, p) pairs, and what the branch and bound reads of [w, p]. The latest
-    ``_GRIDS_KEPT`` are kept by their inputs' values (:meth:`of`): the fine-tune plans a job again
-    every window, and on posterior draws of its model, mostly on the same inputs."""
+    are kept by their inputs' values (:meth:`of`; at least ``_GRIDS_KEPT``, more while they hold at
+    most ``_GRIDS_KEPT_CELLS`` cells): the fine-tune plans each running job again every window, and
+    on posterior draws of its model, mostly on the same inputs."""
 
     def __init__(self, rng: SearchRange, quota: Quota, memory, batch, samples, worker_memory_mb, ps_memory_mb,
                  exclude: tuple[Configuration, ...]):
@@ -363,7 +364,6 @@ class _Grid:
         W, P = rng.max_workers, rng.max_ps
         self.nodes = quota.max_nodes if quota.max_nodes is not None else W + P + 1
         self._least_mem = None
-        self._plans: OrderedDict[tuple, tuple[ThroughputModel, Plan]] = OrderedDict()
         if rng.allreduce:  # enumerated: no branch and bound
             return
         lw_s, lp_s, _ = rng.shapes()
@@ -380,26 +380,6 @@ class _Grid:
         most_w = np.where(fits.any(axis=0), W - np.argmax(fits[::-1], axis=0), 0)  # [p]: the most workers that fit p
         self.most_w_from = np.maximum.accumulate(most_w[::-1])[::-1]  # ... for some p' ≥ p
 
-    def kept_plan(self, memo: tuple, model: ThroughputModel) -> "Plan | None":
-        """A copy of the plan kept under ``memo`` for this very ``model`` object (None: none)."""
-        with _GRIDS_LOCK:
-            kept = self._plans.get(memo)
-            if kept is None or kept[0] is not model:
-                return None
-            self._plans.move_to_end(memo)
-        plan = kept[1]
-        return replace(plan, alternatives=[dict(r) for r in plan.alternatives],
-                       pareto_front=[dict(r) for r in plan.pareto_front], extrapolation=dict(plan.extrapolation))
-
-    def keep_plan(self, memo: tuple, model: ThroughputModel, plan: "Plan") -> "Plan":
-        """Keep ``plan`` of ``model`` under ``memo`` (the latest ``_PLANS_KEPT``, the model held with it
-        so that its ``id`` in ``memo`` stays its own); returns a copy (the caller's to change)."""
-        with _GRIDS_LOCK:
-            self._plans[memo] = (model, plan)
-            while len(self._plans) > _PLANS_KEPT:
-                self._plans.popitem(last=False)
-        return self.kept_plan(memo, model)
-
     def least_mem(self) -> np.ndarray:
         """[w, p]: the least memory of a configuration that fits at w' ≥ w, p' ≥ p (the deadline's bound)."""
         if self._least_mem is None:
@@ -408,32 +388,68 @@ class _Grid:
                                                     axis=1)[::-1, ::-1]
         return self._least_mem
 
-    @classmethod
-    def of(cls, rng: SearchRange, quota: Quota, memory: MemoryModel | None, batch: int, samples: float,
-           worker_memory_mb: float | None, ps_memory_mb: float | None, exclude: tuple[Configuration, ...]) -> "_Grid":
-        """The grid of these inputs, kept or made (keyed by their values; floats by ``repr``: exact)."""
+    @staticmethod
+    def key(rng: SearchRange, quota: Quota, memory: MemoryModel | None, batch: int, samples: float,
+            worker_memory_mb: float | None, ps_memory_mb: float | None, exclude: tuple[Configuration, ...]) -> tuple:
+        """The grid's inputs by value (floats by ``repr``: exact)."""
         memory_key = None if memory is None else repr(tuple(getattr(memory, f.name) for f in fields(memory)))
-        key = (rng, quota, memory_key, batch, repr(float(samples)), worker_memory_mb, ps_memory_mb, exclude)
+        return (rng, quota, memory_key, batch, repr(float(samples)), worker_memory_mb, ps_memory_mb, exclude)
+
+    @classmethod
+    def of(cls, key: tuple, rng: SearchRange, quota: Quota, memory: MemoryModel | None, batch: int, samples: float,
+           worker_memory_mb: float | None, ps_memory_mb: float | None, exclude: tuple[Configuration, ...]) -> "_Grid":
+        """The grid of these inputs (``key``: theirs, :meth:`key`), kept or made."""
         with _GRIDS_LOCK:
             grid = _GRIDS.get(key)
             if grid is not None:
                 _GRIDS.move_to_end(key)
                 return grid
         grid = cls(rng, quota, memory, batch, samples, worker_memory_mb, ps_memory_mb, exclude)
+        global _GRIDS_CELLS
         with _GRIDS_LOCK:
+            if key not in _GRIDS:
+                _GRIDS_CELLS += grid.mem.total.size
             _GRIDS[key] = grid
-            while len(_GRIDS) > _GRIDS_KEPT:
-                _GRIDS.popitem(last=False)
+            while len(_GRIDS) > _GRIDS_KEPT and _GRIDS_CELLS > _GRIDS_KEPT_CELLS:
+                _GRIDS_CELLS -= _GRIDS.popitem(last=False)[1].mem.total.size
         return grid
 
 
+def _kept_plan(memo: tuple, model: ThroughputModel) -> "Plan | None":
+    """A copy of the plan kept under ``memo`` for this very ``model`` object (None: none)."""
+    with _GRIDS_LOCK:
+        kept = _PLANS.get(memo)
+        if kept is None or kept[0] is not model:
+            return None
+        _PLANS.move_to_end(memo)
+    plan = kept[1]
+    return replace(plan, alternatives=[dict(r) for r in plan.alternatives],
+                   pareto_front=[dict(r) for r in plan.pareto_front], extrapolation=dict(plan.extrapolation))
+
+
+def _keep_plan(memo: tuple, model: ThroughputModel, plan: "Plan") -> "Plan":
+    """Keep ``plan`` of ``model`` under ``memo`` (the latest ``_PLANS_KEPT``, the model held with it
+    so that its ``id`` in ``memo`` stays its own); returns a copy (the caller's to change)."""
+    with _GRIDS_LOCK:
+        _PLANS[memo] = (model, plan)
+        while len(_PLANS) > _PLANS_KEPT:
+            _PLANS.popitem(last=False)
+    return _kept_plan(memo, model)
+
+
 #: The grids kept (:meth:`_Grid.of`): one step's plans (the model's and its posterior draws') share one;
-#: each holds a few arrays of at most 1,025 × 257 cells (~10 MB at the largest range).
+#: each holds a few arrays of (w, p) cells, ~40 bytes a cell (~10 MB at the largest range, 1,025 × 257;
+#: ~0.7 MB at 129 × 129). At least the latest ``_GRIDS_KEPT``, more while all hold ≤ ``_GRIDS_KEPT_CELLS`` (~40 MB).
 _GRIDS_KEPT = 4
+_GRIDS_KEPT_CELLS = 2**20
 _GRIDS: OrderedDict[tuple, _Grid] = OrderedDict()
+_GRIDS_CELLS = 0  # the cells of the grids kept
 _GRIDS_LOCK = threading.Lock()
-#: Plans kept a grid (:meth:`_Grid.keep_plan`): the fine-tune's model's, between the posterior draws'.
-_PLANS_KEPT = 4
+#: Plans kept by their grid's inputs and the model object (:func:`_keep_plan`): the fine-tune plans a
+#: job's model again every window, on the same grid until the model is refitted or the samples move
+#: the memory; each is small (its rows), kept with its model so that an ``id`` is not reused.
+_PLANS_KEPT = 512
+_PLANS: OrderedDict[tuple, tuple[ThroughputModel, Plan]] = OrderedDict()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -496,8 +512,18 @@ def plan(
         raise InfeasibleQuotaError("cpu", quota.cpu,
                                    minimum_requirement(memory, batch, allreduce, worker_memory_mb, ps_memory_mb))
 
-    grid_of = _Grid.of(rng, quota, memory, batch, samples_done + (samples or 0.0), worker_memory_mb, ps_memory_mb,
-                       exclude)
+    # The plan depends on the samples and the deadline only through the memory (the grid's) but for
+    # the deadline objective: an equal plan of this model object on this grid is kept and copied
+    # (a kept plan passed the checks below on these very inputs).
+    grid_key = _Grid.key(rng, quota, memory, batch, samples_done + (samples or 0.0), worker_memory_mb, ps_memory_mb,
+                         exclude)
+    memo = (grid_key, id(model), objective, exhaustive) + ((repr(float(samples)), repr(float(deadline_s)))
+                                                           if objective == "deadline" else ())
+    kept = _kept_plan(memo, model)
+    if kept is not None:
+        return kept
+    grid_of = _Grid.of(grid_key, rng, quota, memory, batch, samples_done + (samples or 0.0), worker_memory_mb,
+                       ps_memory_mb, exclude)
     minimum, mem, excluded, allowed = grid_of.minimum, grid_of.mem, grid_of.excluded, grid_of.allowed
     if not allowed.any():
         raise InvalidInputError("exclude", len(exclude), "exclusions that leave a configuration")
@@ -514,13 +540,6 @@ def plan(
             f"No configuration within {quota.cpu:g} cores fits the memory{growth}.",
         )
 
-    # The plan depends on the samples and the deadline only through the memory (the grid's) but for
-    # the deadline objective: an equal plan of this model object on this grid is kept and copied.
-    memo = (id(model), objective, exhaustive) + ((repr(float(samples)), repr(float(deadline_s)))
-                                                 if objective == "deadline" else ())
-    kept = grid_of.kept_plan(memo, model)
-    if kept is not None:
-        return kept
     sep = _Separable.of(model, rng, batch)
     needed = samples / deadline_s if objective == "deadline" else None
     price_core = quota.price_per_core_hour if quota.price_per_core_hour is not None else C.DEFAULT_PRICE_PER_CORE_HOUR
@@ -569,7 +588,7 @@ def plan(
     _, lower, upper = model.predict_features(row, columns=kind_columns(allreduce))
     alternatives = _alternatives(score, front, best)
     outside = extrapolation(model, config)
-    return grid_of.keep_plan(memo, model, Plan(
+    return _keep_plan(memo, model, Plan(
         config=config,
         predicted_throughput=float(x[best]),
         lower_throughput=float(lower[0]),

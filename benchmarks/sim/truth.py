@@ -127,8 +127,30 @@ def _max_share(p: int, skew: float) -> float:
     return max(shares) * int(p)
 
 
+#: Per-PS-count values of a truth (``max_share``, ``MovingHotShard._hottest``) are kept for each count
+#: up to this (``PLAN_MAX_PS``, the planner's most PS); others are computed per call.
+_PS_COUNTS_KEPT = 256
+#: ``_max_share`` by PS count (NaN: not computed yet), per skew.
+_MAX_SHARE_KEPT: dict[float, np.ndarray] = {}
+
+
+def _whole_counts(p: np.ndarray) -> np.ndarray | None:
+    """``p`` as integers when each is a PS count of 1 … ``_PS_COUNTS_KEPT`` (else None)."""
+    whole = p.astype(np.int64)
+    ok = p.size and np.array_equal(whole, p) and int(whole.min()) >= 1 and int(whole.max()) <= _PS_COUNTS_KEPT
+    return whole if ok else None
+
+
 def max_share(p, skew: float) -> np.ndarray:
     p = np.asarray(p, dtype=float)
+    whole = _whole_counts(p)
+    if whole is not None:
+        kept = _MAX_SHARE_KEPT.setdefault(float(skew), np.full(_PS_COUNTS_KEPT + 1, np.nan))
+        seen = np.zeros(len(kept), dtype=bool)
+        seen[whole] = True
+        for v in np.flatnonzero(seen & np.isnan(kept)):
+            kept[v] = _max_share(int(v), skew)
+        return kept[whole]
     flat = np.array([_max_share(int(v), skew) for v in np.unique(p)])
     return flat[np.searchsorted(np.unique(p), p)]
 
@@ -218,6 +240,26 @@ def measured_roofline() -> tuple[Roofline, float]:
 # ---------------------------------------------------------------------------------------------
 
 
+def _hottest_of(truth: "MovingHotShard", values: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``MovingHotShard._hottest`` at ``p`` ≥ 1 (``values``: its distinct values, ascending)."""
+    shares, ids = truth.hot_ranges()
+    rest = 1.0 - shares.sum()
+    load, hot = np.empty(values.size), np.empty(values.size)
+    for n, v in enumerate(values):
+        per_ps = np.bincount(ids % int(v), weights=shares, minlength=int(v))
+        j = int(np.argmax(per_ps))
+        load[n], hot[n] = per_ps[j] + rest / v, per_ps[j]
+    where = np.searchsorted(values, p)
+    return load[where], hot[where]
+
+
+@lru_cache(maxsize=256)
+def _hottest_by_count(truth: "MovingHotShard") -> tuple[np.ndarray, np.ndarray]:
+    """``_hottest`` of a truth at p = 0, 1, …, ``_PS_COUNTS_KEPT`` (p = 0 as p = 1), by index."""
+    counts = np.arange(0, _PS_COUNTS_KEPT + 1, dtype=float)
+    return _hottest_of(truth, counts[1:], np.maximum(counts, 1.0))
+
+
 @dataclass(frozen=True)
 class MovingHotShard(Truth):
     """Hot row ranges i = 1..k with lookup shares h_i (H = Σ h_i) and ids u_i, each on PS u_i mod p;
@@ -260,16 +302,11 @@ class MovingHotShard(Truth):
     def _hottest(self, p) -> tuple[np.ndarray, np.ndarray]:
         """(L_j*(p), H_j*(p)): the hottest PS's load and hot share, as fractions of all rows."""
         p = np.maximum(np.asarray(p, dtype=float), 1.0)
-        shares, ids = self.hot_ranges()
-        rest = 1.0 - shares.sum()
-        values = np.unique(p)
-        load, hot = np.empty(values.size), np.empty(values.size)
-        for n, v in enumerate(values):
-            per_ps = np.bincount(ids % int(v), weights=shares, minlength=int(v))
-            j = int(np.argmax(per_ps))
-            load[n], hot[n] = per_ps[j] + rest / v, per_ps[j]
-        where = np.searchsorted(values, p)
-        return load[where], hot[where]
+        whole = _whole_counts(p)
+        if whole is not None:
+            load, hot = _hottest_by_count(self)
+            return load[whole], hot[whole]
+        return _hottest_of(self, np.unique(p), p)
 
     def _caps(self, w, p, lw, lp):
         w, p, lw, lp = _arrays(w, p, lw, lp)

@@ -98,3 +98,30 @@ def test_the_trace_draws_moving_shard_families():
     share = kinds.count("MovingHotShard") / len(kinds)
     assert 0.05 < share < 0.16
     assert 0.33 < kinds.count("QueueingTable") / len(kinds) < 0.47  # the queueing share is kept
+
+
+def test_the_hot_shards_kept_loads_equal_the_per_count_ones():
+    """``_hottest`` of whole PS counts (kept per truth) equals its loop over each distinct count,
+    exactly; other values (fractions, past the kept counts) take the loop."""
+    from sim.truth import _hottest_of
+
+    rng = np.random.default_rng(0)
+    for seed in range(12):
+        truth = MovingHotShard(seed=seed, day=seed % 3, n_hot=1 + seed % 4)
+        for p in (rng.integers(0, 300, 2000).astype(float), np.array([0.0, 1.0, 256.0]), rng.uniform(0, 40, 50),
+                  np.arange(1.0, 257.0), np.array([7.0])):
+            at = np.maximum(p, 1.0)
+            for got, want in zip(truth._hottest(p), _hottest_of(truth, np.unique(at), at)):
+                np.testing.assert_array_equal(got, want)
+
+
+def test_the_kept_max_share_equals_the_per_count_one():
+    """``max_share`` of whole PS counts (kept per skew) equals ``_max_share`` of each count, exactly."""
+    from sim.truth import _max_share, max_share
+
+    rng = np.random.default_rng(1)
+    for skew in (0.8, 1.1, 0.35):
+        for p in (rng.integers(1, 257, 3000).astype(float), np.array([1.0, 256.0]), rng.uniform(1, 40, 30),
+                  np.array([300.0, 2.0])):
+            want = np.array([_max_share(int(v), skew) for v in p])
+            np.testing.assert_array_equal(max_share(p, skew), want)
