@@ -49,7 +49,8 @@ class DenseDLRM(nn.Module):
         self.bottom = _mlp([num_dense, *bottom], final_activation=True)
         vectors = num_tables + 1
         upper = torch.triu_indices(vectors, vectors, offset=1)
-        self.pairs = upper[0] * vectors + upper[1]  # positions of the upper triangle in the flat Gram matrix
+        # positions of the upper triangle in the flat Gram matrix (a buffer: it moves with the model)
+        self.register_buffer("pairs", upper[0] * vectors + upper[1], persistent=False)
         interactions = vectors * (vectors - 1) // 2
         self.top = _mlp([dim + interactions, *top, 1], final_activation=False)
 
