@@ -342,5 +342,6 @@ def test_the_torchrec_trainer_resumes_its_sharded_state_at_another_world_size_an
                  sys.executable, str(TORCHREC), "--checkpoint-interval", "2"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["samples_done"] == summary["samples_total"] == 500_000
-    assert summary["resizes"] == 1 and summary["restarts"] == 1 and summary["config"]["workers"] == 1
+    # the resize asked for, at least (the fine-tune may explore one of its own), and the one kill
+    assert summary["resizes"] >= 1 and summary["restarts"] == 1 and summary["config"]["workers"] == 1
     assert summary["auc"] > 0.7
