@@ -396,9 +396,12 @@ PROBE_WINDOW_S = 2.0
 PROBE_STOP_HALFWIDTH = 0.03
 #: ... and it has at least this many intervals (a sample standard deviation of fewer says little).
 PROBE_MIN_INTERVALS = 3
-#: A probe's measurement starts once every worker has reported this long after the resize
-#: (one report interval of the worker: its rate then covers the new configuration only) ...
-PROBE_REPORT_AFTER_S = 1.0
+#: A probe's measurement starts at every worker's first report this long after the resize: the
+#: window's rate counts samples from that report on (``launchers.watch``: cumulative counters), so
+#: it needs the change in effect, not a whole report interval past it. A CFS quota applies within
+#: its 0.1 s period, and an in-place CPU change costs the running job 0.0–0.2 s (the transition table);
+#: a joining worker's first report comes after its first steps ...
+PROBE_REPORT_AFTER_S = 0.25
 #: A probe window waits for every worker's report past its length, up to this factor (ours:
 #: a window in which a worker did not report has no rate for it).
 PROBE_WINDOW_REPORT_FACTOR = 5.0
