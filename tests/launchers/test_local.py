@@ -70,7 +70,7 @@ def test_training_learns_and_writes_profile_samples(tmp_path):
                                    pytest.param("oom-worker@4s", marks=needs_cgroups)])
 def test_each_fault_is_recovered_and_loses_nothing(tmp_path, fault):
     config = Configuration(2, 1, 1.0, 0.5, 768 if fault.startswith("oom") else 2048, 1024)
-    job = spec(fault.split("@")[0], samples=300_000)  # the fault lands mid-training (~40k samples/s here)
+    job = spec(fault.split("@")[0], samples=1_000_000)  # the fault lands mid-training (~100k samples/s here)
     summary = run_job(LocalLauncher(tmp_path / "jobs"), job, config, tmp_path, parse_faults(fault))
     assert summary["samples_lost"] == 0
     assert summary["samples_duplicated"] <= job.shard_size  # at most one shard per failure
@@ -89,7 +89,8 @@ def test_each_fault_is_recovered_and_loses_nothing(tmp_path, fault):
 def test_resize_keeps_training_going(tmp_path):
     resizes = [(3.0, Configuration(3, 1, 1.0, 0.5, 2048, 1024)), (6.0, Configuration(1, 1, 1.0, 0.5, 2048, 1024)),
                (8.0, Configuration(1, 2, 1.0, 0.5, 2048, 1024))]
-    summary = run_job(LocalLauncher(tmp_path / "jobs"), spec("resize", samples=600_000), CONFIG, tmp_path, resizes=resizes)
+    summary = run_job(LocalLauncher(tmp_path / "jobs"), spec("resize", samples=1_200_000), CONFIG, tmp_path,
+                      resizes=resizes)
     resized = [e for e in summary["events"] if "resize" in e]
     # a run slowed by a busy machine lasts long enough for the guard to see the new PS's restore
     # ramp as a trend: its memory resize is the only other one, and the job counts each once
