@@ -281,18 +281,19 @@ def order_probes(probes: pd.DataFrame, transitions: TransitionCosts | None = Non
     full = (1 << n) - 1
     best = np.full((1 << n, n), np.inf)
     came = np.full((1 << n, n), -1, dtype=int)
-    for j in range(n):
-        best[1 << j, j] = 0.0
-    for mask in range(1, full + 1):
-        ends = [j for j in range(n) if mask >> j & 1 and np.isfinite(best[mask, j])]
-        for j in range(n):
-            if mask >> j & 1:
-                continue
-            options = [best[mask, i] + cost[i, j] for i in ends]
-            if options:
-                k = int(np.argmin(options))
-                if options[k] < best[mask | 1 << j, j]:
-                    best[mask | 1 << j, j], came[mask | 1 << j, j] = options[k], ends[k]
+    nodes, bits = np.arange(n), 1 << np.arange(n)
+    best[bits, nodes] = 0.0
+    members = (np.arange(1 << n)[:, None] & bits) != 0
+    sizes = members.sum(axis=1)
+    for size in range(1, n):  # the paths through `size` probes extend to `size + 1`, every subset at once
+        masks = np.flatnonzero(sizes == size)
+        through = best[masks][:, :, None] + cost  # [mask, last, next]: best[mask, i] + cost[i, j]
+        last = np.argmin(through, axis=1)  # the first of equal costs, the lowest index
+        value = np.take_along_axis(through, last[:, None, :], axis=1)[:, 0, :]
+        grow = ~members[masks] & np.isfinite(value)
+        rows, cols = np.nonzero(grow)
+        best[masks[rows] | bits[cols], cols] = value[rows, cols]
+        came[masks[rows] | bits[cols], cols] = last[rows, cols]
     if sum(cost[i, i + 1] for i in range(n - 1)) <= best[full].min() + 1e-9:
         return rule  # a tie keeps the rule order
     end, mask, path = int(np.argmin(best[full])), full, []
