@@ -35,8 +35,8 @@ from sim.heldout import HeldOutFamily, held_out_families
 from sim.queueing import Physics, simulate_samples
 from sim.truth import LOCAL_GRID
 
-#: The runtime's grid measured again on this machine (``benchmarks/runtime.py grid``, idle box),
-#: after the runtime's speed-ups: the same 21 configurations as ``LOCAL_GRID``.
+#: The runtime's grid measured again on this machine at the runtime's speed (``benchmarks/runtime.py
+#: grid --repeats 3``, idle box): the same 21 configurations as ``LOCAL_GRID``, three windows each.
 REMEASURED_GRID = LOCAL_GRID.with_name("local_grid_remeasured.csv")
 
 QUOTA = Quota(cpu=64, memory_mb=256 * 1024)

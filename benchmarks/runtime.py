@@ -1,6 +1,6 @@
 """Measurements of the training runtime on this machine (run alone: they time real processes).
 
-    python benchmarks/runtime.py grid [--out benchmarks/sim/data/local_grid.csv]
+    python benchmarks/runtime.py grid [--out benchmarks/sim/data/local_grid.csv] [--repeats 1]
     python benchmarks/runtime.py overhead
     python benchmarks/runtime.py recovery
     python benchmarks/runtime.py memory
@@ -8,8 +8,9 @@
     python benchmarks/runtime.py versus-torchrec [--layouts 26x20000x16 …] [--cores 1 2] [--repeats 3]
     python benchmarks/runtime.py transport
 
-grid      throughput over w, p, λw, λp and batch (total cores ≤ this machine's), written as a sample
-          table, then the optimizer's fit on it: in-sample and leave-one-configuration-out MAPE.
+grid      throughput over w, p, λw, λp and batch (total cores ≤ this machine's), each configuration
+          measured in each of ``--repeats`` passes, written as a sample table, then the optimizer's
+          fit on it: in-sample and leave-one-configuration-out MAPE.
 overhead  1 PS + 1 worker against the same DLRM trained in one process on the same cores.
 recovery  time from kill-worker / kill-ps to throughput back at 90 %, and the stall of a worker
           add / remove and of a PS change.
@@ -30,6 +31,7 @@ transport  what a batch's messages cost to encode and decode: the PS protocol's 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import tempfile
@@ -101,13 +103,13 @@ def cmd_grid(args) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         launcher = LocalLauncher(tmp, CgroupManager())
-        for i, ((w, p, lw, lp), batch) in enumerate(runs):
+        for repeat, (i, ((w, p, lw, lp), batch)) in itertools.product(range(args.repeats), enumerate(runs)):
             config = Configuration(w, p, lw, lp, 2048, 1024, 0, batch)
-            row = measure(launcher, config, f"grid-{i}", batch)
+            row = measure(launcher, config, f"grid-{repeat}-{i}", batch)
             rows.append(row)
-            print(f"{i + 1:2d}/{len(runs)} w={w} p={p} λw={lw:g} λp={lp:g} B={batch}: "
-                  f"{row['throughput']:8.0f} samples/s  worker cpu {row['worker_cpu_used']:.2f}  ps cpu {row['ps_cpu_used']:.2f}",
-                  flush=True)
+            print(f"{repeat + 1}.{i + 1:2d}/{len(runs)} w={w} p={p} λw={lw:g} λp={lp:g} B={batch}: "
+                  f"{row['throughput']:8.0f} samples/s  worker cpu {row['worker_cpu_used']:.2f}  "
+                  f"ps cpu {row['ps_cpu_used']:.2f}", flush=True)
     table = pd.DataFrame(rows)
     table.round(3).to_csv(args.out, index=False)
     print_ps_scaling(table)
@@ -514,6 +516,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("grid")
     p.add_argument("--out", default="benchmarks/sim/data/local_grid.csv")
+    p.add_argument("--repeats", type=int, default=1, help="passes over the grid; every window is kept as a sample")
     p.set_defaults(func=cmd_grid)
     p = sub.add_parser("overhead")
     p.add_argument("--repeats", type=int, default=3)
