@@ -15,8 +15,10 @@ from airflow_dlrover.history.store import HistoryStore
 pytestmark = pytest.mark.scheduler
 
 DAG_ID = "dlrm_daily_retrain"
-#: tests/dags' SMALL run (1.5 cores: 4 cold probes), a worker killed 20 s after the launch.
-CONF = {"samples": 1_200_000, "table_size": 5000, "quota_cpu": 1.5, "quota_memory": "4Gi",
+#: tests/dags' SMALL run (1.5 cores: 4 cold probes), a worker killed 20 s after the launch, which
+#: the job outlives by about as long again at the runtime's speed (~80k samples/s), so that the
+#: guard's retry recovers a job still training.
+CONF = {"samples": 3_000_000, "table_size": 5000, "quota_cpu": 1.5, "quota_memory": "4Gi",
         "inject": "kill-worker@20s"}
 #: Seconds the run may take (measured 190-220 s on 2 cores at load 5-9, beside the components; generous).
 RUN_TIMEOUT_S = 1200
