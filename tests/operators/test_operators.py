@@ -309,13 +309,16 @@ def test_operators_against_a_running_job(airflow_db):
 @pytest.mark.jobs
 def test_a_plan_past_the_probes_is_measured_refitted_and_planned_again_before_the_launch(airflow_db):
     """Probes under 1.5 cores, a launch under 3: the plan has more than the probes ran, so the
-    launch measures it on the running job, refits on the profile with that window, plans again."""
+    launch measures it on the running job, refits on the profile with that window, plans again.
+    Cold, whatever the session ran before (a similar job's prior would plan without extrapolating)."""
     job, ctx = "checked", context("manual__checked")
-    DLRoverProfileOperator(task_id="profile", job=job, job_args=JOB_ARGS, quota=QUOTA).execute(ctx)
+    job_args = {**JOB_ARGS, "samples": 10_000_000}  # still training through both checks at the runtime's speed
+    DLRoverProfileOperator(task_id="profile", job=job, job_args=job_args, quota=QUOTA,
+                           similar_jobs=False).execute(ctx)
     DLRoverFitOperator(task_id="fit", job=job).execute(ctx)
     history = HistoryStore()
     profiled = len(history.samples(job, stage="profile"))
-    launch = DLRoverLaunchOperator(task_id="launch", job=job, job_args=JOB_ARGS, quota={"cpu": 3, "memory": "6Gi"})
+    launch = DLRoverLaunchOperator(task_id="launch", job=job, job_args=job_args, quota={"cpu": 3, "memory": "6Gi"})
     first = launch.execute(ctx)
     try:
         events = history.records(first["run"], "event")
