@@ -98,7 +98,7 @@ def test_a_second_job_on_the_same_layout_starts_from_the_first_ones_model(dag):
     from airflow.dag_processing.dagbag import DagBag
 
     other = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"]).get_dag("ctr_daily_retrain")
-    dagrun = other.test(run_conf={"samples": 600_000, "quota_cpu": SMALL["quota_cpu"], "quota_memory": "4Gi"})
+    dagrun = other.test(run_conf={"samples": 2_000_000, "quota_cpu": SMALL["quota_cpu"], "quota_memory": "4Gi"})
     history = HistoryStore()
     record = history.runs("ctr_daily_retrain")[-1]
     assert dagrun.state == "success" and record["status"] == "succeeded"
