@@ -268,7 +268,7 @@ SIMILAR_PRIOR_MIN_SIMILARITY = 0.5
 MIN_PROBES_WARM = 0
 #: A cold profile measures the design's probes beyond those that identify the parameters
 #: (``probes.probes_always_measured``), the most informative first, while one more keeps it within
-#: this fraction of the job's run time as it looks so far (``probes.profile_continues``): the
+#: this fraction of the job's run time as it looks so far (``probes.next_probe_in_budget``): the
 #: paper profiles ~3 minutes of an hours-long job, 5 % of one hour; not tuned on the simulation.
 PROFILE_BUDGET_FRACTION = 0.05
 #: ... and the probes that identify the model's parameters while it stays within this fraction:

@@ -10,8 +10,8 @@ what it returns; none of them decides anything itself.
 The state carries the job's phase (``types.Phase``); :func:`begin` starts it profiling:
 
 0. **Before training.** *Profiling*: the next probe (``Probe``) in ``probes.visiting_order``,
-   sized to what the earlier ones used (``probes.next_probe``), while ``probes.profile_continues``
-   keeps the profile within its share of the job's run time. *Fitting*: the model on the profile,
+   sized to what the earlier ones used, while the probe's cost keeps the profile within its share
+   of the job's run time (``probes.next_probe_in_budget``). *Fitting*: the model on the profile,
    warm-started from the prior (``job_model.choose_prior``); a warm start plans on the prior.
    *Planning*: :func:`initial_plan` for what remains of the job; a plan that extrapolates past the
    probes is measured first (``Probe``, at most ``PLAN_CHECK_PROBES`` times) and planned again on
@@ -70,7 +70,7 @@ from airflow_dlrover.optimizer.instability import METRIC_COLUMNS, detect
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
 from airflow_dlrover.optimizer.memory import fit_memory
 from airflow_dlrover.optimizer.probes import (
-    best_throughput, design_probes, next_probe, profile_continues, profile_is_partial, visiting_order,
+    design_probes, next_probe_in_budget, profile_is_partial, visiting_order,
 )
 from airflow_dlrover.optimizer.similarity import SimilarPrior
 from airflow_dlrover.optimizer.transitions import TransitionCosts
@@ -351,9 +351,9 @@ def plan_needs_check(plan: Plan) -> bool:
 
 
 def _profile(state: ControllerState, obs: Observation) -> tuple[ControllerState, list[Action]]:
-    """The next probe (``probes.next_probe``: in the visiting order — ordered, before the first, at
-    the transition costs of the observation's backend —, sized to what the probes so far used)
-    while ``probes.profile_continues`` keeps the profile in its budget; the windows observed
+    """The next probe (``probes.next_probe_in_budget``: in the visiting order — ordered, before the
+    first, at the transition costs of the observation's backend —, sized to what the probes so far
+    used) while what it costs keeps the profile in its budget; the windows observed
     are the last probe's measurement (rows with ``probe_s``, the seconds it took). A job that
     trained every sample ends its profile."""
     state = replace(state, profile=state.profile + tuple(dict(w) for w in obs.windows))
@@ -362,24 +362,25 @@ def _profile(state: ControllerState, obs: Observation) -> tuple[ControllerState,
         state = replace(state, probes=tuple(visiting_order(design, obs.transitions, in_place=obs.in_place,
                                                            state_mb=state.table_start_mb or 0.0)))
     rows = pd.DataFrame(list(state.profile))
-    index, designed = state.probes_issued, len(state.probes)
+    index = state.probes_issued
     elapsed_s = float(np.nansum(rows["probe_s"].to_numpy(float))) if "probe_s" in rows else 0.0
     why = "every probe measured"
     if index and obs.remaining == 0:
         why = "the job trained every sample"
-    elif index and obs.remaining is not None and not profile_continues(index, designed, elapsed_s, obs.remaining,
-                                                                         best_throughput(rows)):
-        why = (f"the job is too short to pay for the probes that identify the model (more would pass "
-               f"{C.PROFILE_SHORT_JOB_FRACTION:.0%} of its run time): a partial fit, which plans this run and "
-               f"is not the job's next prior" if profile_is_partial(index, designed) else
-               f"one more would pass {C.PROFILE_BUDGET_FRACTION:.0%} of the job's run time")
     else:
-        order, probe = next_probe(state.probes, index, rows, state.quota)
+        order, probe, over_budget = next_probe_in_budget(
+            state.probes, index, rows, state.quota, samples_left=obs.remaining if index else None,
+            transitions=obs.transitions, in_place=obs.in_place, state_mb=state.table_start_mb or 0.0)
         state = replace(state, probes=order)
         if probe is not None:
             numbers = {"index": index + 1, "designed": len(order), "window_s": state.window_s}
             return replace(state, probes_issued=index + 1), [Probe(Reason.PROBE, numbers, config=probe,
                                                                    window_s=state.window_s)]
+        if over_budget:
+            why = (f"the job is too short to pay for the probes that identify the model (more would pass "
+                   f"{C.PROFILE_SHORT_JOB_FRACTION:.0%} of its run time): a partial fit, which plans this run and "
+                   f"is not the job's next prior" if profile_is_partial(index, len(order)) else
+                   f"one more would pass {C.PROFILE_BUDGET_FRACTION:.0%} of the job's run time")
     numbers = {"measured": len(rows), "designed": len(state.probes), "elapsed_s": elapsed_s, "why": why}
     if rows.empty and (state.prior is None or state.prior_sources):
         return state, [Fail(Reason.NOT_PROFILED, numbers, retryable=True)]

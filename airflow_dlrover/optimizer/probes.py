@@ -168,13 +168,14 @@ def probes_always_measured(designed: int) -> int:
 
 
 def profile_continues(measured: int, designed: int, elapsed_s: float, samples_left: float,
-                      best_throughput: float) -> bool:
+                      best_throughput: float, next_s: float | None = None) -> bool:
     """Whether a cold profile measures another of its ``designed`` probes after ``measured`` of them
     (in the design's order: the most informative first) took ``elapsed_s``: always below
-    ``MIN_PROBES_COLD``; then while one more probe, at the mean time of those so far, keeps the
-    profile within a fraction f of the job's run time as measured so far,
+    ``MIN_PROBES_COLD``; then while one more probe, of ``next_s`` (:func:`next_probe_cost_s`; None:
+    the mean time of those so far, elapsed / measured), keeps the profile within a fraction f of the
+    job's run time as measured so far,
 
-        elapsed + elapsed / measured ≤ f · (elapsed + samples_left / X_best),
+        elapsed + next_s ≤ f · (elapsed + samples_left / X_best),
 
     X_best the best throughput a probe measured (samples/s; the plan, chosen over a range that
     holds the probes, is expected at least as fast): f = ``PROFILE_SHORT_JOB_FRACTION`` below
@@ -189,7 +190,50 @@ def profile_continues(measured: int, designed: int, elapsed_s: float, samples_le
     run_s = elapsed_s + max(samples_left, 0.0) / best_throughput
     identifying = measured < probes_always_measured(designed)
     fraction = C.PROFILE_SHORT_JOB_FRACTION if identifying else C.PROFILE_BUDGET_FRACTION
-    return elapsed_s * (1.0 + 1.0 / measured) <= fraction * run_s
+    return elapsed_s + (elapsed_s / measured if next_s is None else next_s) <= fraction * run_s
+
+
+def next_probe_cost_s(rows: pd.DataFrame, probe: Configuration, transitions: TransitionCosts | None = None, *,
+                      in_place: bool = True, state_mb: float = 0.0) -> float | None:
+    """What measuring ``probe`` next takes: the table's transition from the probe measured last
+    (``TransitionCosts.of``: a PS count change writes and reads back ``state_mb``) plus a window's own
+    time, the median of what each probe so far took (``probe_s``) past its own transition (the
+    first's: a cold launch). None: no probe's time is known. ``transitions``: the backend's table
+    (None: the runtime's)."""
+    if rows.empty or "probe_s" not in rows or not np.isfinite(rows["probe_s"].to_numpy(float)).any():
+        return None
+    table = transitions if transitions is not None else measured()
+    configs = [Configuration(**{k: row[k] for k in CONFIG_COLUMNS}) for row in rows.to_dict("records")]
+    moves = [table.of(a, b, in_place=in_place, state_mb=state_mb) for a, b in zip([None, *configs[:-1]], configs)]
+    own = float(np.nanmedian(np.maximum(rows["probe_s"].to_numpy(float) - np.asarray(moves), 0.0)))
+    return table.of(configs[-1], probe, in_place=in_place, state_mb=state_mb) + own
+
+
+def next_probe_in_budget(order: tuple[Configuration, ...], index: int, rows: pd.DataFrame, quota: Quota, *,
+                         samples_left: float | None, transitions: TransitionCosts | None = None,
+                         in_place: bool = True, state_mb: float = 0.0
+                         ) -> tuple[tuple[Configuration, ...], Configuration | None, bool]:
+    """The profile's next probe after ``index`` of ``order`` were measured (``rows``), while
+    :func:`profile_continues` keeps it in its budget at what that probe costs
+    (:func:`next_probe_cost_s`): ``order[index]`` as :func:`next_probe` sizes it while the probes
+    that identify the model last (:func:`probes_always_measured`: a cheaper one is not taken out of
+    the cheapest order); past them, the most informative of those left whose cost fits, moved to
+    ``index`` (a probe behind a PS change that passes the budget gives way to a cheaper one).
+    Returns the order, the probe (None: none) and whether the budget ended the profile."""
+    elapsed_s = float(np.nansum(rows["probe_s"].to_numpy(float))) if "probe_s" in rows else 0.0
+    best = best_throughput(rows)
+    order, k = tuple(order), index
+    while k < len(order):
+        order, probe = next_probe(order, k, rows, quota)
+        if probe is None:
+            break
+        cost = next_probe_cost_s(rows, probe, transitions, in_place=in_place, state_mb=state_mb) if index else None
+        if samples_left is None or profile_continues(index, len(order), elapsed_s, samples_left, best, cost):
+            return order[:index] + (order[k],) + order[index:k] + order[k + 1:], probe, False
+        if index < probes_always_measured(len(order)):
+            return order, None, True
+        k += 1
+    return order, None, k > index
 
 
 def profile_is_partial(measured: int, designed: int) -> bool:

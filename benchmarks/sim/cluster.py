@@ -34,7 +34,10 @@ from typing import Any
 
 import numpy as np
 
+from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, Quota
+from airflow_dlrover.runtime.worker import REPORT_INTERVAL_S
+from airflow_dlrover.timings import SUPERVISOR_POLL_S
 from sim.truth import BATCH
 from sim.workload import JobSpec, SimConfig
 
@@ -62,11 +65,13 @@ class QuotaExceededError(InvalidInputError):
 
 @dataclass(frozen=True)
 class Start:
-    """A policy's answer to an arriving job: profile ``probes`` first (then ``after_profile``), or
-    start on ``config`` directly; neither: the policy never starts it (it fails)."""
+    """A policy's answer to an arriving job: profile ``probes`` first (then ``after_profile``), each
+    measured for ``window_s``, or start on ``config`` directly; neither: the policy never starts it
+    (it fails)."""
 
     config: Configuration | None = None
     probes: list[Configuration] | None = None
+    window_s: float = C.PROBE_WINDOW_S
 
 
 @dataclass(frozen=True)
@@ -395,6 +400,7 @@ class Cluster:
         decision = self._ask("start", job)
         if decision.probes:
             job.probes = list(decision.probes)
+            job.state["window_s"] = decision.window_s
             self._check_quota(job, max(c.cores for c in job.probes), max(c.memory_mb for c in job.probes))
             cores, memory = max(c.cores for c in job.probes), max(c.memory_mb for c in job.probes)
             if all(c.ps == 0 for c in job.probes):  # an all-reduce job's reservation: no PS either
@@ -460,8 +466,8 @@ class Cluster:
         job.state["probe"] = probe
         job.state["probe_began"] = self.now
         job.pause_until = self.now + self._transition_s(job, previous, probe)
-        job.stage_end = job.pause_until + self._probe_window_s(job)
         self._set_rate(job, probe)
+        job.stage_end = job.pause_until + self._probe_wall_s(job, probe)
 
     def _state_mb(self, job: JobRun) -> float:
         """The PS state a checkpoint holds now: the tables (rows and optimiser state) as grown."""
@@ -478,8 +484,19 @@ class Cluster:
         return costs.ps_recovery_cost_s(self._state_mb(job)) if role == "ps" else costs.node_relaunch_s
 
     def _probe_window_s(self, job: JobRun) -> float:
-        """How long the probe under way is measured: a plan check's own window, else ``probe_s``."""
-        return job.state.get("check_window_s") or self.cfg.probe_s
+        """How long the probe under way is measured: a plan check's own window, else a probe's."""
+        return job.state.get("check_window_s") or job.state["window_s"]
+
+    def _probe_wall_s(self, job: JobRun, probe: Configuration) -> float:
+        """A probe's wall time once its transition is paid, as ``lifecycle.profiling.measure_probe``
+        spends it: the settle (every worker's first report ``PROBE_REPORT_AFTER_S`` after the change,
+        up to a report interval later), then the window, until every worker reported past it (polled
+        every ``SUPERVISOR_POLL_S``; at most ``PROBE_WINDOW_REPORT_FACTOR`` windows). A worker reports
+        after a step, at most every ``REPORT_INTERVAL_S``: max(REPORT_INTERVAL_S, BATCH · workers / rate)."""
+        window = self._probe_window_s(job)
+        step = BATCH * probe.workers / job.true_rate if job.true_rate > 0 else 0.0
+        interval = min(max(REPORT_INTERVAL_S, step), C.PROBE_WINDOW_REPORT_FACTOR * window)
+        return C.PROBE_REPORT_AFTER_S + interval + max(window, interval) + SUPERVISOR_POLL_S
 
     # --- the core: integrate, then act on the earliest of the job's own events
     def _schedule(self, job: JobRun) -> None:
@@ -666,18 +683,15 @@ class Cluster:
         self._schedule(job)
 
     def _probe_done(self, job: JobRun) -> None:
-        probe, window_s = job.state["probe"], self._probe_window_s(job)
-        measured_on = probe
-        took_s = self.now - job.state["probe_began"]
-        for k in range(2):  # two measurement windows per probe, each measured as a period is
-            obs = self.observe(job, windows=1)
-            job.probe_rows.append(dict(
-                probe.to_row(), throughput=obs.windows[0], worker_cpu_used=obs.worker_cpu_used,
-                ps_cpu_used=float(np.mean(obs.ps_cpu_used)) if probe.ps else math.nan,
-                worker_memory_used_mb=obs.worker_memory_used_mb,
-                ps_memory_used_mb=obs.ps_memory_used_mb if probe.ps else math.nan, samples_seen=job.samples_done,
-                timestamp=self.now - (1 - k) * window_s / 2, probe_s=took_s / 2,
-            ))
+        probe = measured_on = job.state["probe"]
+        obs = self.observe(job, windows=1)  # one window, measured as a period is (``measure_probe``'s row)
+        job.probe_rows.append(dict(
+            probe.to_row(), throughput=obs.windows[0], worker_cpu_used=obs.worker_cpu_used,
+            ps_cpu_used=float(np.mean(obs.ps_cpu_used)) if probe.ps else math.nan,
+            worker_memory_used_mb=obs.worker_memory_used_mb,
+            ps_memory_used_mb=obs.ps_memory_used_mb if probe.ps else math.nan, samples_seen=job.samples_done,
+            timestamp=self.now, probe_s=self.now - job.state["probe_began"],
+        ))
         job.probe_index += 1
         job.oom_streak = 0
         if job.probe_index < len(job.probes):

@@ -4,8 +4,8 @@ For a truth and a quota, the model (``fit_throughput``, the throughput half of `
 is fitted on
 
 * ``probes``: the cold probes ``design_probes(quota, batch_size=BATCH, allreduce=...)``, each
-  measured as the cluster measures a probe — two windows of the truth's throughput times the
-  segment's rate noise (``SimConfig.rate_noise``) and each window's noise (``window_noise``);
+  measured as the cluster measures a probe — one window of the truth's throughput times the
+  segment's rate noise (``SimConfig.rate_noise``) and the window's noise (``window_noise``);
   ``probes_exact``: the same probes without noise (what is left is the form's extrapolation);
 * ``dense``: ``dense`` configurations of the planner's range within the quota, noise-free: the
   best the model's *form* can do on that truth (its form error),
@@ -58,13 +58,11 @@ def true_throughput(truth: Truth, configs: pd.DataFrame) -> np.ndarray:
 
 
 def probe_samples(truth: Truth, quota: Quota, seed: int, config: SimConfig = SimConfig()) -> pd.DataFrame:
-    """The cold probes, two noisy windows each, as the cluster measures them."""
+    """The cold probes, one noisy window each, as the cluster measures them."""
     probes = design_probes(quota, batch_size=BATCH, allreduce=is_allreduce(truth)).reset_index(drop=True)
     rng = np.random.default_rng(seed)
     x = true_throughput(truth, probes) * rng.lognormal(0.0, config.rate_noise, len(probes))
-    rows = pd.concat([probes, probes], ignore_index=True)
-    rows["throughput"] = np.tile(x, 2) * rng.lognormal(0.0, config.window_noise, len(rows))
-    return rows
+    return probes.assign(throughput=x * rng.lognormal(0.0, config.window_noise, len(probes)))
 
 
 def mape(model: ThroughputModel, truth: Truth, configs: pd.DataFrame) -> float:

@@ -240,13 +240,14 @@ class OursPolicy(Policy):
         # A real job knows the size of the tables it starts from (its layout, its checkpoint), not
         # how they will grow: the probes' PS (an all-reduce job's workers) hold at least them.
         job.state["controller"] = begin(job.limit, self.objective, prior=prior, batch_size=BATCH,
-                                        table_mb=family.start_tables_mb, allreduce=is_allreduce(job),
-                                        window_s=self.cluster.cfg.probe_s, similar=similar)
+                                        table_mb=family.start_tables_mb, table_start_mb=family.start_tables_mb,
+                                        allreduce=is_allreduce(job),
+                                        similar=similar)
         job.state["fed"] = 0
         action = self._advance(job, self._profile_seen(job, None))
         if isinstance(action, Probe):
             state: ControllerState = job.state["controller"]
-            return Start(probes=[action.config, *state.probes[state.probes_issued:]])
+            return Start(probes=[action.config, *state.probes[state.probes_issued:]], window_s=state.window_s)
         if isinstance(action, Launch):
             return Start(config=action.plan.config)
         return Start()

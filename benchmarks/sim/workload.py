@@ -104,11 +104,10 @@ class SimConfig:
     #: with GC and data loading) and of a memory reading (the allocator's sawtooth).
     usage_noise: float = 0.05
     memory_noise: float = 0.02
-    #: The runtime: checkpoint interval, probe window, and what each transition costs every policy
-    #: (the runtime's measured table on pods, ``optimizer.transitions``); a Kubernetes ≥ 1.33
-    #: cluster resizes a node's CPU and memory in place.
+    #: The runtime: checkpoint interval and what each transition costs every policy (the runtime's
+    #: measured table on pods, ``optimizer.transitions``); a Kubernetes ≥ 1.33 cluster resizes a
+    #: node's CPU and memory in place. A probe's window is the policy's (``cluster.Start``).
     checkpoint_s: float = 600.0
-    probe_s: float = 60.0
     transitions: TransitionCosts = field(default_factory=lambda: measured_transitions().on_kubernetes())
     in_place: bool = True
     #: The policies' control loop: fine-tune / guard period.

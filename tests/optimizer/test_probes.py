@@ -1,11 +1,14 @@
+from dataclasses import replace
 import pytest
 
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel
 from airflow_dlrover.optimizer.model import ALLREDUCE_TERMS, fit_throughput
 from airflow_dlrover.optimizer.probes import (
-    design_probes, next_probe, probe_sized, probes_always_measured, profile_continues, profile_is_partial,
+    design_probes, next_probe, next_probe_cost_s, next_probe_in_budget, probe_sized, probes_always_measured,
+    profile_continues, profile_is_partial,
 )
+from airflow_dlrover.optimizer.transitions import measured as measured_transitions
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError, Quota
 from sim.synthetic import TRUE_THETA, model_samples
 
@@ -167,6 +170,71 @@ def test_the_profile_budget_ends_a_short_jobs_profile_early_and_lets_a_long_one_
     # never past the design, nor past a finished job's
     assert not profile_continues(designed, designed, 1.0, 1e12, 1.0)
     assert not profile_continues(8, designed, 100.0, 0.0, 1e5)
+
+
+def _measured(configs, took_s, throughput=1e5):
+    import pandas as pd
+
+    return pd.DataFrame([dict(c.to_row(), throughput=throughput, probe_s=t) for c, t in zip(configs, took_s)])
+
+
+def test_a_probes_cost_is_its_transition_plus_a_windows_own_time():
+    table, state_mb = measured_transitions(), 10_000.0
+    a, b, c = Configuration(2, 1, 1.0, 1.0, 2048, 2048), Configuration(4, 1, 1.0, 1.0, 2048, 2048), \
+        Configuration(4, 2, 1.0, 1.0, 2048, 2048)
+    rows = _measured([a, b], [table.cold_launch_s + 3.0, table.worker_join_s + 5.0])
+    assert next_probe_cost_s(rows.iloc[:0], c) is None
+    # the window's own time: the median of 3 s and 5 s past each probe's transition
+    assert next_probe_cost_s(rows, c, table, state_mb=state_mb) == pytest.approx(
+        table.ps_change_s + table.checkpoint_s(state_mb) + table.restore_s(state_mb) + 4.0)
+    assert next_probe_cost_s(rows, replace(b, worker_cpu=2.0), table) == pytest.approx(table.node_relaunch_s + 4.0)
+
+
+def test_past_the_identifying_probes_a_probe_behind_a_ps_change_gives_way_to_a_cheaper_one():
+    table, state_mb = measured_transitions(), 20_000.0  # a PS change writes and reads 20 GB: ~130 s
+    quota = Quota(cpu=256, memory_mb=1 << 20)
+    head = [Configuration(w, 1, cpu, 1.0, 2048, 2048) for w in (1, 2, 4, 8) for cpu in (1.0, 2.0)]
+    ps_change, cheap = Configuration(8, 4, 2.0, 1.0, 2048, 2048), Configuration(16, 1, 2.0, 1.0, 2048, 2048)
+    order = (*head, ps_change, cheap)
+    assert probes_always_measured(len(order)) == len(head)
+    rows = _measured(head, [table.cold_launch_s + 3.0] + [table.worker_join_s + 3.0] * 7)
+    elapsed = float(rows["probe_s"].sum())
+    kwargs = dict(transitions=table, state_mb=state_mb)
+    ps_change_s = next_probe_cost_s(rows, ps_change, **kwargs)
+    cheap_s = next_probe_cost_s(rows, cheap, **kwargs)
+    assert ps_change_s > 100.0 > 10.0 > cheap_s
+
+    def left_for(budget_s):  # the samples left at 1e5 samples/s for which the profile may take budget_s
+        return (budget_s / C.PROFILE_BUDGET_FRACTION - elapsed) * 1e5
+
+    # a long job: the most informative first, PS change and all
+    assert next_probe_in_budget(order, 8, rows, quota, samples_left=left_for(elapsed + ps_change_s) * 1.001, **kwargs) == (
+        order, ps_change, False)
+    # a shorter one: the PS change passes the budget, the cheaper probe is taken in its place
+    left = left_for(elapsed + cheap_s)
+    assert next_probe_in_budget(order, 8, rows, quota, samples_left=left * 1.001, **kwargs) == (
+        (*head, cheap, ps_change), cheap, False)
+    # shorter still: neither fits, the budget ends the profile
+    assert next_probe_in_budget(order, 8, rows, quota, samples_left=left * 0.99, **kwargs) == (order, None, True)
+    # every probe measured: nothing left, not the budget's doing
+    assert next_probe_in_budget(order, 10, _measured(order, [5.0] * 10), quota, samples_left=1e12, **kwargs) == (
+        order, None, False)
+
+
+def test_an_identifying_probe_is_not_skipped_for_a_cheaper_one():
+    table, state_mb = measured_transitions(), 20_000.0
+    quota = Quota(cpu=256, memory_mb=1 << 20)
+    order = tuple(Configuration(w, ps, 1.0, 1.0, 2048, 2048) for w, ps in
+                  ((1, 1), (2, 1), (4, 1), (4, 8), (8, 1), (8, 8), (16, 8), (16, 1)))
+    rows = _measured(order[:4], [table.cold_launch_s + 3.0, 4.0, 4.0, 140.0])
+    # the job is too short for the fifth, a PS change back: the profile ends (a partial fit), even
+    # though the sixth would fit
+    short = (float(rows["probe_s"].sum()) + 50.0) / C.PROFILE_SHORT_JOB_FRACTION * 1e5
+    assert next_probe_in_budget(order, 4, rows, quota, samples_left=short, transitions=table,
+                                state_mb=state_mb) == (order, None, True)
+    # without a job size (a run of unknown length) the profile goes on in order
+    assert next_probe_in_budget(order, 4, rows, quota, samples_left=None, transitions=table,
+                                state_mb=state_mb) == (order, order[4], False)
 
 
 def test_each_probe_shares_the_probe_memory_over_its_own_nodes():

@@ -17,6 +17,8 @@ from airflow_dlrover.optimizer.controller import Probe, begin
 from airflow_dlrover.optimizer.types import Configuration, Phase
 from airflow_dlrover.optimizer.finetune import shape
 from airflow_dlrover.optimizer.transitions import measured as measured_transitions
+from airflow_dlrover.runtime.worker import REPORT_INTERVAL_S
+from airflow_dlrover.timings import SUPERVISOR_POLL_S
 from sim.bound import bound_table, check, peak_throughput
 from sim.cluster import CheckPlan, Cluster, Policy, QuotaExceededError, Resize, SetHotPsCpu, Start, rate_factor
 from sim.dlrover_bridge import DLRoverUnavailable, default_venv, venv_python
@@ -359,16 +361,15 @@ def test_the_simulated_and_the_product_profile_visit_the_same_probes_in_the_same
         windows = list(job.probe_rows)
         replay = ReplayedJob(job.spec.samples, cfg.transitions, cfg.in_place)
 
-        def measure_probe(launcher, job_id, config, window_s, quota, halfwidth=0.0):  # two simulated windows as one
-            first, second = windows.pop(0), windows.pop(0)
-            launcher.config, launcher.samples_done = config, second["samples_seen"]
-            return {**second, "throughput": (first["throughput"] + second["throughput"]) / 2,
-                    "probe_s": first["probe_s"] + second["probe_s"]}
+        def measure_probe(launcher, job_id, config, window_s, quota, halfwidth=0.0):  # the simulated window
+            row = windows.pop(0)
+            launcher.config, launcher.samples_done = config, row["samples_seen"]
+            return row
 
         monkeypatch.setattr(profiling, "measure_probe", measure_probe)
         asked = []
         state = begin(job.limit, "efficiency", prior=None, batch_size=BATCH, table_mb=job.spec.family.start_tables_mb,
-                      allreduce=job.spec.family.user.ps == 0, window_s=cfg.probe_s)
+                      table_start_mb=job.spec.family.start_tables_mb, allreduce=job.spec.family.user.ps == 0)
         state, _ = profiling.advance(replay, str(job.spec.id), state, spec=SimpleNamespace(total_samples=job.spec.samples),
                                      on_step=lambda before, after, actions, seen: asked.extend(
                                          a.config for a in actions if isinstance(a, Probe)))
@@ -605,6 +606,7 @@ class CheckingPolicy(Policy):
     PROBE = Configuration(2, 1, 1.0, 1.0, 2048.0, 2048.0, 0, 512)
     PLAN = Configuration(4, 2, 1.0, 1.0, 2048.0, 2048.0, 0, 512)
     OTHER = Configuration(3, 2, 1.0, 1.0, 2048.0, 2048.0, 0, 512)
+    WINDOW_S = 3.0
 
     def __init__(self, final):
         self.final, self.rows, self.checks_at, self.profiled_at = final, [], [], None
@@ -612,11 +614,11 @@ class CheckingPolicy(Policy):
     def start(self, job):
         user = job.spec.family.user  # memory the job's tables fit in
         self.memory = dict(worker_memory_mb=user.worker_memory_mb, ps_memory_mb=2 * user.ps_memory_mb)
-        return Start(probes=[replace(self.PROBE, **self.memory)])
+        return Start(probes=[replace(self.PROBE, **self.memory)], window_s=self.WINDOW_S)
 
     def after_profile(self, job, samples):
         self.rows = list(samples)
-        if len(samples) == 2:
+        if len(samples) == 1:
             return CheckPlan(replace(self.PLAN, **self.memory))
         self.profiled_at = self.cluster.now
         return replace(self.final, **self.memory)
@@ -634,11 +636,13 @@ def test_a_plan_check_measures_the_plan_on_the_job_and_only_another_plan_relaunc
     policy = CheckingPolicy(final)
     job = Cluster(cfg, generate_trace(cfg)[:1], policy).run()[0]
     assert job.phase == "done"
-    # two windows of the probe, then two of the plan: the check is a probe of the profile
-    assert [(r["workers"], r["ps"]) for r in policy.rows] == [(2, 1), (2, 1), (4, 2), (4, 2)]
+    # a window of the probe, then one of the plan: the check is a probe of the profile
+    assert [(r["workers"], r["ps"]) for r in policy.rows] == [(2, 1), (4, 2)]
     costs = cfg.transitions
     probe, plan = (replace(c, **policy.memory) for c in (CheckingPolicy.PROBE, CheckingPolicy.PLAN))
-    assert job.profile_s == pytest.approx(costs.cold_launch_s + cfg.probe_s + costs.of(probe, plan) + cfg.probe_s)
+    # each measured as measure_probe does: the first report past the change, the window, its last poll
+    measured = C.PROBE_REPORT_AFTER_S + REPORT_INTERVAL_S + CheckingPolicy.WINDOW_S + SUPERVISOR_POLL_S
+    assert job.profile_s == pytest.approx(costs.cold_launch_s + measured + costs.of(probe, plan) + measured)
     first_check_at, config = policy.checks_at[0]
     # the checked plan runs on as it is; another is a resize from it
     relaunch = 0.0 if final == CheckingPolicy.PLAN else costs.of(plan, replace(final, **policy.memory))
@@ -656,9 +660,9 @@ def test_ours_checks_an_extrapolating_plan_as_the_launch_task_does():
         checks = job.state["controller"].plan_checks
         assert checks <= C.PLAN_CHECK_PROBES
         profile = job.state["controller"].profile
-        assert len(profile) == 2 * job.probe_index  # two windows a probe, a check being one
+        assert len(profile) == job.probe_index  # a window a probe, a check being one
         if checks and job.probe_index == len(job.probes):  # the last check measured the plan (unless the
-            assert all(shape(row) == shape(job.probes[-1]) for row in profile[-2:])  # job ended first)
+            assert shape(profile[-1]) == shape(job.probes[-1])  # job ended first)
 
 
 class HealThenResize(Policy):
