@@ -70,7 +70,7 @@ from airflow_dlrover.optimizer.instability import METRIC_COLUMNS, detect
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
 from airflow_dlrover.optimizer.memory import fit_memory
 from airflow_dlrover.optimizer.probes import (
-    design_probes, next_probe_in_budget, profile_is_partial, visiting_order,
+    design_probes, next_probe_in_budget, probes_always_measured, profile_is_partial, visiting_order,
 )
 from airflow_dlrover.optimizer.similarity import SimilarPrior
 from airflow_dlrover.optimizer.transitions import TransitionCosts
@@ -370,7 +370,8 @@ def _profile(state: ControllerState, obs: Observation) -> tuple[ControllerState,
     else:
         order, probe, over_budget = next_probe_in_budget(
             state.probes, index, rows, state.quota, samples_left=obs.remaining if index else None,
-            transitions=obs.transitions, in_place=obs.in_place, state_mb=state.table_start_mb or 0.0)
+            run_throughput=_run_throughput(state, obs), transitions=obs.transitions, in_place=obs.in_place,
+            state_mb=state.table_start_mb or 0.0)
         state = replace(state, probes=order)
         if probe is not None:
             numbers = {"index": index + 1, "designed": len(order), "window_s": state.window_s}
@@ -399,6 +400,22 @@ def _fit(state: ControllerState, obs: Observation) -> tuple[ControllerState, lis
     warm = " (warm-started from the prior)" if state.prior is not None else ""
     return replace(state, model=model, phase=Phase.PLANNING), [
         Keep(Reason.FITTED, {"samples": len(state.profile), "warm": warm})]
+
+
+def _run_throughput(state: ControllerState, obs: Observation) -> float | None:
+    """The rate the run's plan is predicted at, on the fit of the probes measured so far, once they
+    include those that identify the model (``probes.probes_always_measured``): the run the budget
+    of the probes beyond them is a share of. None before (the best probe's rate stands in), for a
+    job of unknown size, once every probe is measured, or where no plan fits."""
+    measured, designed = state.probes_issued, len(state.probes)
+    if not obs.remaining or not probes_always_measured(designed) <= measured < designed:
+        return None
+    deadline_s = None if state.deadline_at_s is None else state.deadline_at_s - obs.now_s
+    try:
+        return initial_plan(_fit_profile(state), state.quota, state.objective, samples=obs.remaining,
+                            deadline_s=deadline_s, batch_size=state.batch_size).predicted_throughput
+    except InvalidInputError:
+        return None
 
 
 def _fit_profile(state: ControllerState) -> JobModel:

@@ -210,8 +210,8 @@ def next_probe_cost_s(rows: pd.DataFrame, probe: Configuration, transitions: Tra
 
 
 def next_probe_in_budget(order: tuple[Configuration, ...], index: int, rows: pd.DataFrame, quota: Quota, *,
-                         samples_left: float | None, transitions: TransitionCosts | None = None,
-                         in_place: bool = True, state_mb: float = 0.0
+                         samples_left: float | None, run_throughput: float | None = None,
+                         transitions: TransitionCosts | None = None, in_place: bool = True, state_mb: float = 0.0
                          ) -> tuple[tuple[Configuration, ...], Configuration | None, bool]:
     """The profile's next probe after ``index`` of ``order`` were measured (``rows``), while
     :func:`profile_continues` keeps it in its budget at what that probe costs
@@ -219,9 +219,10 @@ def next_probe_in_budget(order: tuple[Configuration, ...], index: int, rows: pd.
     that identify the model last (:func:`probes_always_measured`: a cheaper one is not taken out of
     the cheapest order); past them, the most informative of those left whose cost fits, moved to
     ``index`` (a probe behind a PS change that passes the budget gives way to a cheaper one).
+    ``run_throughput``: the rate the rest of the run is expected at (None: the best probe's).
     Returns the order, the probe (None: none) and whether the budget ended the profile."""
     elapsed_s = float(np.nansum(rows["probe_s"].to_numpy(float))) if "probe_s" in rows else 0.0
-    best = best_throughput(rows)
+    best = run_throughput if run_throughput else best_throughput(rows)
     order, k = tuple(order), index
     while k < len(order):
         order, probe = next_probe(order, k, rows, quota)

@@ -216,6 +216,10 @@ def test_past_the_identifying_probes_a_probe_behind_a_ps_change_gives_way_to_a_c
         (*head, cheap, ps_change), cheap, False)
     # shorter still: neither fits, the budget ends the profile
     assert next_probe_in_budget(order, 8, rows, quota, samples_left=left * 0.99, **kwargs) == (order, None, True)
+    # the same job planned at 4× the best probe's rate runs a quarter as long: no room for the PS change
+    best = float(rows["throughput"].max())
+    assert next_probe_in_budget(order, 8, rows, quota, samples_left=left_for(elapsed + ps_change_s) * 1.001,
+                                run_throughput=4 * best, **kwargs) == ((*head, cheap, ps_change), cheap, False)
     # every probe measured: nothing left, not the budget's doing
     assert next_probe_in_budget(order, 10, _measured(order, [5.0] * 10), quota, samples_left=1e12, **kwargs) == (
         order, None, False)
