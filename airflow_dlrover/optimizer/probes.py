@@ -177,8 +177,10 @@ def profile_continues(measured: int, designed: int, elapsed_s: float, samples_le
 
         elapsed + next_s ≤ f · (elapsed + samples_left / X_best),
 
-    X_best the best throughput a probe measured (samples/s; the plan, chosen over a range that
-    holds the probes, is expected at least as fast): f = ``PROFILE_SHORT_JOB_FRACTION`` below
+    X_best (``best_throughput``) the rate the run is expected at: the best a probe measured (the
+    plan, chosen over a range that holds the probes, is expected at least as fast), or the plan's on
+    a fit of the probes that identify the model (:func:`next_probe_in_budget`'s ``run_throughput``):
+    f = ``PROFILE_SHORT_JOB_FRACTION`` below
     :func:`probes_always_measured` (past it the job is too short to pay for the probes that
     identify the model: :func:`profile_is_partial`), ``PROFILE_BUDGET_FRACTION`` beyond."""
     if measured >= designed:
