@@ -208,8 +208,8 @@ def test_past_the_identifying_probes_a_probe_behind_a_ps_change_gives_way_to_a_c
         return (budget_s / C.PROFILE_BUDGET_FRACTION - elapsed) * 1e5
 
     # a long job: the most informative first, PS change and all
-    assert next_probe_in_budget(order, 8, rows, quota, samples_left=left_for(elapsed + ps_change_s) * 1.001, **kwargs) == (
-        order, ps_change, False)
+    long_job = left_for(elapsed + ps_change_s) * 1.001
+    assert next_probe_in_budget(order, 8, rows, quota, samples_left=long_job, **kwargs) == (order, ps_change, False)
     # a shorter one: the PS change passes the budget, the cheaper probe is taken in its place
     left = left_for(elapsed + cheap_s)
     assert next_probe_in_budget(order, 8, rows, quota, samples_left=left * 1.001, **kwargs) == (
@@ -218,8 +218,8 @@ def test_past_the_identifying_probes_a_probe_behind_a_ps_change_gives_way_to_a_c
     assert next_probe_in_budget(order, 8, rows, quota, samples_left=left * 0.99, **kwargs) == (order, None, True)
     # the same job planned at 4× the best probe's rate runs a quarter as long: no room for the PS change
     best = float(rows["throughput"].max())
-    assert next_probe_in_budget(order, 8, rows, quota, samples_left=left_for(elapsed + ps_change_s) * 1.001,
-                                run_throughput=4 * best, **kwargs) == ((*head, cheap, ps_change), cheap, False)
+    assert next_probe_in_budget(order, 8, rows, quota, samples_left=long_job, run_throughput=4 * best, **kwargs) == (
+        (*head, cheap, ps_change), cheap, False)
     # every probe measured: nothing left, not the budget's doing
     assert next_probe_in_budget(order, 10, _measured(order, [5.0] * 10), quota, samples_left=1e12, **kwargs) == (
         order, None, False)
