@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -202,13 +203,20 @@ def next_probe_cost_s(rows: pd.DataFrame, probe: Configuration, transitions: Tra
     time, the median of what each probe so far took (``probe_s``) past its own transition (the
     first's: a cold launch). None: no probe's time is known. ``transitions``: the backend's table
     (None: the runtime's)."""
+    cost_of = _next_probe_costs(rows, transitions, in_place=in_place, state_mb=state_mb)
+    return cost_of(probe) if cost_of is not None else None
+
+
+def _next_probe_costs(rows: pd.DataFrame, transitions: TransitionCosts | None, *, in_place: bool,
+                      state_mb: float) -> Callable[[Configuration], float] | None:
+    """:func:`next_probe_cost_s` for any next probe, the window's own time taken from ``rows`` once."""
     if rows.empty or "probe_s" not in rows or not np.isfinite(rows["probe_s"].to_numpy(float)).any():
         return None
     table = transitions if transitions is not None else measured()
-    configs = [Configuration(**{k: row[k] for k in CONFIG_COLUMNS}) for row in rows.to_dict("records")]
+    configs = [Configuration(**row) for row in rows.reindex(columns=list(CONFIG_COLUMNS)).to_dict("records")]
     moves = [table.of(a, b, in_place=in_place, state_mb=state_mb) for a, b in zip([None, *configs[:-1]], configs)]
     own = float(np.nanmedian(np.maximum(rows["probe_s"].to_numpy(float) - np.asarray(moves), 0.0)))
-    return table.of(configs[-1], probe, in_place=in_place, state_mb=state_mb) + own
+    return lambda probe: table.of(configs[-1], probe, in_place=in_place, state_mb=state_mb) + own
 
 
 def next_probe_in_budget(order: tuple[Configuration, ...], index: int, rows: pd.DataFrame, quota: Quota, *,
@@ -225,12 +233,13 @@ def next_probe_in_budget(order: tuple[Configuration, ...], index: int, rows: pd.
     Returns the order, the probe (None: none) and whether the budget ended the profile."""
     elapsed_s = float(np.nansum(rows["probe_s"].to_numpy(float))) if "probe_s" in rows else 0.0
     best = run_throughput if run_throughput else best_throughput(rows)
+    cost_of = _next_probe_costs(rows, transitions, in_place=in_place, state_mb=state_mb) if index else None
     order, k = tuple(order), index
     while k < len(order):
         order, probe = next_probe(order, k, rows, quota)
         if probe is None:
             break
-        cost = next_probe_cost_s(rows, probe, transitions, in_place=in_place, state_mb=state_mb) if index else None
+        cost = cost_of(probe) if cost_of is not None else None
         if samples_left is None or profile_continues(index, len(order), elapsed_s, samples_left, best, cost):
             return order[:index] + (order[k],) + order[index:k] + order[k + 1:], probe, False
         if index < probes_always_measured(len(order)):
