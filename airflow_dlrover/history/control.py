@@ -76,6 +76,7 @@ def controller_state(history: Any, job: Any, run: int, quota: Quota | None,
         table_mb=layout.get("table_capacity_mb"),
         largest_table_mb=layout.get("largest_table_mb"),
         table_start_mb=layout.get("table_start_mb"),
+        apart=bool(layout.get("apart")),
     )
     return ControllerState(**{**values, **fields})
 

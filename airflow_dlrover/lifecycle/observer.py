@@ -35,7 +35,8 @@ def observe(launcher: Any, job_id: str, *, before_launch: bool = False, spec: An
     when the caller has just read it; ``status``: the job's progress, when the caller has just
     asked for it."""
     if before_launch and record is None and not launcher.exists(job_id):
-        return Observation(time.time(), samples_total=spec.total_samples if spec else None, windows=tuple(windows))
+        return Observation(time.time(), samples_total=spec.total_samples if spec else None, windows=tuple(windows),
+                           transitions=launcher.transition_costs(), in_place=launcher.can_resize_in_place())
     record = launcher.read_job(job_id) if record is None else record
     nodes = tuple(statuses(record))
     if status is None:

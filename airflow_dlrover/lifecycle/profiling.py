@@ -17,7 +17,9 @@ guard recovers it (the controller's step: more memory) and the probe measured af
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import secrets
 import time
 from dataclasses import replace
 from typing import Any, Callable
@@ -32,7 +34,7 @@ from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.controller import Action, ControllerState, Fail, Observation, Probe, begin, step
 from airflow_dlrover.optimizer.probes import visiting_order, window_settled
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, JobFailed, Quota
-from airflow_dlrover.runtime.spec import JobSpec
+from airflow_dlrover.runtime.spec import JobSpec, check_job_id
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ def advance(launcher: Any, job_id: str, state: ControllerState, *, spec: JobSpec
     ``JobFailed`` for what no retry fixes, a ``RuntimeError`` (retryable) otherwise. ``spec``: the
     job's, for a phase that may start it (a probe)."""
     phase, started = state.phase, False
+    measured_id, measured_spec = job_id, spec  # the job, or its stand-in once a probe is apart
     observation = observe(launcher, job_id, before_launch=True, spec=spec)
     while True:
         before = state
@@ -59,20 +62,52 @@ def advance(launcher: Any, job_id: str, state: ControllerState, *, spec: JobSpec
             return state, actions
         probe = next((a for a in actions if isinstance(a, Probe)), None)
         if probe is None:
-            for record in launcher.apply(job_id, actions):
+            for record in launcher.apply(measured_id, actions):
                 log.warning("while %s: %s", phase.value, record.get("text") or record)
-            observation = observe(launcher, job_id, before_launch=True, spec=spec)
+            observation = _observe(launcher, measured_id, measured_spec, job_id)
             continue
-        log.info("%s: %s", probe.config.describe(), probe.describe())
+        log.info("%s: %s%s", probe.config.describe(), probe.describe(), " (on the job's stand-in)" * probe.apart)
+        if probe.apart and measured_id == job_id:
+            measured_id, measured_spec = stand_in_id(job_id), stand_in(spec) if spec is not None else None
         if not started:
-            launcher.launch(spec, probe.config)  # adopts a running job
+            launcher.launch(measured_spec, probe.config)  # adopts a running job
             started = True
         try:
-            row = measure_probe(launcher, job_id, probe.config, probe.window_s, state.quota, probe.halfwidth)
+            row = measure_probe(launcher, measured_id, probe.config, probe.window_s, state.quota, probe.halfwidth)
         except JobFinished:
             log.info("the job finished while %s", phase.value)
             row = None
-        observation = observe(launcher, job_id, before_launch=True, spec=spec, windows=(row,) if row else ())
+        observation = _observe(launcher, measured_id, measured_spec, job_id, windows=(row,) if row else ())
+
+
+def _observe(launcher: Any, measured_id: str, spec: JobSpec | None, job_id: str,
+             windows: tuple[dict, ...] = ()) -> Observation:
+    """The observation of the job measured: the job's own, or its stand-in's, whose samples are
+    not the job's (the whole job remains)."""
+    observation = observe(launcher, measured_id, before_launch=True, spec=spec, windows=windows)
+    return observation if measured_id == job_id else replace(observation, samples_done=0.0)
+
+
+def stand_in_id(job_id: str) -> str:
+    """The id of the job's stand-in (``Probe.apart``): as short as the launcher's ids (52 characters,
+    ``operators.job.launcher_job_id``), its digest its own."""
+    digest = hashlib.sha1(f"stand-in\0{job_id}".encode()).hexdigest()[:8]
+    return check_job_id(f"{job_id[:43].rstrip('-._')}-{digest}")
+
+
+def stand_in(spec: JobSpec) -> JobSpec:
+    """The job's stand-in, which a profile apart measures (``probes.profile_apart``): the same job
+    under its own id and key, started without the state it continues (``init_from``), exporting
+    nothing; the launch on the plan stops it (:func:`stop_stand_in`)."""
+    return replace(spec, job_id=stand_in_id(spec.job_id), init_from="", export="", authkey=secrets.token_hex(16))
+
+
+def stop_stand_in(launcher: Any, job_id: str) -> bool:
+    """Stop the stand-in of job ``job_id`` where one runs; whether one did."""
+    if not launcher.exists(stand_in_id(job_id)) or launcher.stopped(stand_in_id(job_id)):
+        return False
+    launcher.stop(stand_in_id(job_id))
+    return True
 
 
 def profile_job(launcher: Any, spec: JobSpec, quota: Quota, *, window_s: float = C.PROBE_WINDOW_S,
@@ -83,7 +118,10 @@ def profile_job(launcher: Any, spec: JobSpec, quota: Quota, *, window_s: float =
     state = begin(quota, batch_size=spec.batch_size, window_s=window_s, **design)
     if probes is not None:
         state = replace(state, probes=tuple(visiting_order(probes)))
-    state, _ = advance(launcher, spec.job_id, state, spec=spec)
+    try:
+        state, _ = advance(launcher, spec.job_id, state, spec=spec)
+    finally:
+        stop_stand_in(launcher, spec.job_id)
     return pd.DataFrame(list(state.profile))
 
 

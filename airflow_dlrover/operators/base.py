@@ -84,12 +84,16 @@ class DLRoverBaseOperator(BaseOperator):
         return self.history.start_run(identity, context["run_id"]), self._dlrover_job_id
 
     def on_kill(self) -> None:
-        """A killed task (marked failed, cleared, timed out) deletes its run's job: no orphan
-        pods or processes. The report task stops the job on every other ending."""
+        """A killed task (marked failed, cleared, timed out) deletes its run's job and the job's
+        stand-in: no orphan pods or processes. The report task stops them on every other ending."""
+        from airflow_dlrover.lifecycle.profiling import stop_stand_in
+
         job_id = getattr(self, "_dlrover_job_id", None)
         if job_id and self.launcher.exists(job_id):
             self.log.warning("task killed: stopping job %s", job_id)
             self.launcher.stop(job_id)
+        if job_id and stop_stand_in(self.launcher, job_id):
+            self.log.warning("task killed: stopped the stand-in of job %s", job_id)
 
     def metric_tags(self) -> dict[str, str]:
         """The tags of this job's metrics (``airflow_dlrover.metrics``)."""

@@ -46,7 +46,7 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_dlrover.history.control import controller_state
-        from airflow_dlrover.lifecycle.profiling import advance
+        from airflow_dlrover.lifecycle.profiling import advance, stop_stand_in
         from airflow_dlrover.optimizer import constants as C
         from airflow_dlrover.optimizer.types import Configuration, EventKind, InvalidInputError, Objective, Phase
 
@@ -93,6 +93,8 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
         resize = None
         if current != target:
             resize = self.launcher.resize(job_id, target)
+        if state.apart:
+            stop_stand_in(self.launcher, job_id)
         if not spec.trainer:
             self.launcher.master_call(job_id, "/plan", chosen.to_dict(details=False))
         already = any(e.get("event") == EventKind.FAULTS_SCHEDULED for e in self.history.records(run, "event"))
@@ -122,7 +124,8 @@ class DLRoverLaunchOperator(DLRoverBaseOperator):
             "event": EventKind.PLAN_CHECKED.value, "config": checked.config.to_row(),
             "extrapolation": checked.extrapolation, "predicted_throughput": checked.predicted_throughput,
             "measured_throughput": row["throughput"], "probe_s": row["probe_s"],
-            "window_s": PLAN_CHECK_WINDOWS * before.window_s, "samples_trained": row.get("samples_trained"),
+            "window_s": PLAN_CHECK_WINDOWS * before.window_s,
+            "samples_trained": 0.0 if before.apart else row.get("samples_trained"),  # a stand-in's are not the job's
             "replanned": chosen.config.to_row(), "replanned_throughput": chosen.predicted_throughput,
             "time": time.time()})
         self.log.info("plan check: %s (extrapolating %s): predicted %.0f, measured %.0f samples/s; "

@@ -81,10 +81,12 @@ class DLRoverProfileOperator(DLRoverBaseOperator):
         self.history.add(run, "event", {"event": EventKind.PROFILED.value, "probes": designed, "measured": len(table),
                                         "table_capacity_mb": layout["table_mb"],
                                         "largest_table_mb": layout["largest_table_mb"],
-                                        "table_start_mb": layout.get("table_start_mb"),
+                                        "table_start_mb": layout.get("table_start_mb"), "apart": state.apart,
                                         "warm_start": prior is not None, "profile_s": profile_s,
                                         "signature": signature, "similar": similar.to_dict() if similar else None,
-                                        "samples_trained": float(table["samples_seen"].max()) if len(table) else 0.0,
+                                        # a stand-in's samples are not the job's
+                                        "samples_trained": float(table["samples_seen"].max())
+                                        if len(table) and not state.apart else 0.0,
                                         "trainer": bool(trainer), "window_s": window_s, "time": time.time()})
         for row in table.to_dict("records"):
             self.log.info("probe %dw×%g + %dps×%g: %.0f samples/s", row["workers"], row["worker_cpu"], row["ps"],

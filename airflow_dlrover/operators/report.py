@@ -36,9 +36,11 @@ class DLRoverReportOperator(DLRoverBaseOperator):
         from airflow.sdk.exceptions import AirflowFailException
 
         from airflow_dlrover.history.report import build_report, format_report
+        from airflow_dlrover.lifecycle.profiling import stop_stand_in
         from airflow_dlrover.lifecycle.run import job_summary, trainer_summary
 
         run, job_id = self.run_ids(context)
+        stop_stand_in(self.launcher, job_id)  # a run that ended before its launch on the plan
         if not self.launcher.exists(job_id):
             self.history.finish_run(run, "failed", {"error": "the job was never launched"})
             raise AirflowFailException(f"job {job_id} was never launched: see the upstream tasks")

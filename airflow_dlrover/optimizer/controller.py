@@ -11,7 +11,9 @@ The state carries the job's phase (``types.Phase``); :func:`begin` starts it pro
 
 0. **Before training.** *Profiling*: the next probe (``Probe``) in ``probes.visiting_order``,
    sized to what the earlier ones used, while the probe's cost keeps the profile within its share
-   of the job's run time (``probes.next_probe_in_budget``). *Fitting*: the model on the profile,
+   of the job's run time (``probes.next_probe_in_budget``); on the job's stand-in, without the
+   tables it starts from, where its PS changes would move more than the stand-in throws away
+   (``probes.profile_apart``). *Fitting*: the model on the profile,
    warm-started from the prior (``job_model.choose_prior``); a warm start plans on the prior.
    *Planning*: :func:`initial_plan` for what remains of the job; a plan that extrapolates past the
    probes is measured first (``Probe``, at most ``PLAN_CHECK_PROBES`` times) and planned again on
@@ -70,7 +72,7 @@ from airflow_dlrover.optimizer.instability import METRIC_COLUMNS, detect
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
 from airflow_dlrover.optimizer.memory import fit_memory
 from airflow_dlrover.optimizer.probes import (
-    design_probes, next_probe_in_budget, probes_always_measured, profile_is_partial, visiting_order,
+    design_probes, next_probe_in_budget, probes_always_measured, profile_apart, profile_is_partial, visiting_order,
 )
 from airflow_dlrover.optimizer.similarity import SimilarPrior
 from airflow_dlrover.optimizer.transitions import TransitionCosts
@@ -153,17 +155,20 @@ class Relaunch(NodeAction):
 class Probe(Action):
     """Measure the job on ``config`` for up to ``window_s`` (a probe of the profile, or the plan's
     check), starting the job on it when it does not run yet; the window ends early once its rate is
-    within ``halfwidth`` (``probes.window_settled``; 0: never early)."""
+    within ``halfwidth`` (``probes.window_settled``; 0: never early). ``apart``: measure the job's
+    stand-in instead (``probes.profile_apart``), which the launch on the plan then stops."""
 
     kind: ClassVar[str] = "probe"
     config: Configuration | None = None
     window_s: float = C.PROBE_WINDOW_S
     halfwidth: float = C.PROBE_STOP_HALFWIDTH
+    apart: bool = False
 
 
 @dataclass(frozen=True)
 class Launch(Action):
-    """Train on ``plan``: start the job on it, or resize the running job to it."""
+    """Train on ``plan``: start the job on it, or resize the running job to it (and stop the job's
+    stand-in, after a profile apart)."""
 
     kind: ClassVar[str] = "launch"
     plan: Plan | None = None
@@ -201,10 +206,12 @@ class ControllerState:
     ``batch_size`` and the layout's tables (``table_mb``, ``largest_table_mb``; None: unknown) the
     probes and the fit are sized by; ``table_start_mb``: the tables as the job starts (the export it
     continues: ``init_from``; None: empty), the least the memory model's T₀ may be — a prior or a
-    profile of a job that started empty says less; ``plan``: the plan chosen last, measured ``plan_checks``
-    times before launch. ``failure_log``: each report of failed nodes (``time_s``, ``samples_done``
-    and the nodes' ``exit_codes``); ``restart_budget``: (failures, seconds) a trainer of the
-    user's may have before it stops (None: no budget)."""
+    profile of a job that started empty says less; ``plan``: the plan chosen last, measured
+    ``plan_checks`` times before launch; ``apart``: the probes and checks are measured on the job's
+    stand-in (``probes.profile_apart``), the job itself starts on its plan. ``failure_log``: each
+    report of failed nodes (``time_s``, ``samples_done`` and the nodes' ``exit_codes``);
+    ``restart_budget``: (failures, seconds) a trainer of the user's may have before it stops (None:
+    no budget)."""
 
     quota: Quota | None
     objective: Objective = Objective.THROUGHPUT
@@ -231,6 +238,7 @@ class ControllerState:
     table_start_mb: float | None = None
     plan: Plan | None = None
     plan_checks: int = 0
+    apart: bool = False
     failure_log: tuple[dict, ...] = ()
     restart_budget: tuple[int, float] | None = None
 
@@ -359,8 +367,10 @@ def _profile(state: ControllerState, obs: Observation) -> tuple[ControllerState,
     state = replace(state, profile=state.profile + tuple(dict(w) for w in obs.windows))
     if state.probes_issued == 0 and state.probes:  # ordered at the costs of the backend the observation knows
         design = pd.DataFrame([c.to_row() for c in state.probes])
+        state = replace(state, apart=profile_apart(design, obs.transitions, in_place=obs.in_place,
+                                                   state_mb=state.table_start_mb or 0.0, window_s=state.window_s))
         state = replace(state, probes=tuple(visiting_order(design, obs.transitions, in_place=obs.in_place,
-                                                           state_mb=state.table_start_mb or 0.0)))
+                                                           state_mb=_probe_state_mb(state))))
     rows = pd.DataFrame(list(state.profile))
     index = state.probes_issued
     elapsed_s = float(np.nansum(rows["probe_s"].to_numpy(float))) if "probe_s" in rows else 0.0
@@ -371,12 +381,12 @@ def _profile(state: ControllerState, obs: Observation) -> tuple[ControllerState,
         order, probe, over_budget = next_probe_in_budget(
             state.probes, index, rows, state.quota, samples_left=obs.remaining if index else None,
             run_throughput=_run_throughput(state, obs), transitions=obs.transitions, in_place=obs.in_place,
-            state_mb=state.table_start_mb or 0.0)
+            state_mb=_probe_state_mb(state))
         state = replace(state, probes=order)
         if probe is not None:
             numbers = {"index": index + 1, "designed": len(order), "window_s": state.window_s}
             return replace(state, probes_issued=index + 1), [Probe(Reason.PROBE, numbers, config=probe,
-                                                                   window_s=state.window_s)]
+                                                                   window_s=state.window_s, apart=state.apart)]
         if over_budget:
             why = (f"the job is too short to pay for the probes that identify the model (more would pass "
                    f"{C.PROFILE_SHORT_JOB_FRACTION:.0%} of its run time): a partial fit, which plans this run and "
@@ -386,6 +396,12 @@ def _profile(state: ControllerState, obs: Observation) -> tuple[ControllerState,
     if rows.empty and (state.prior is None or state.prior_sources):
         return state, [Fail(Reason.NOT_PROFILED, numbers, retryable=True)]
     return replace(state, phase=Phase.FITTING), [Keep(Reason.PROFILED, numbers)]
+
+
+def _probe_state_mb(state: ControllerState) -> float:
+    """The state a PS change of a probe writes and reads back: the job's tables as it starts, none
+    on its stand-in (whose own rows, grown from none, are few)."""
+    return 0.0 if state.apart else state.table_start_mb or 0.0
 
 
 def _fit(state: ControllerState, obs: Observation) -> tuple[ControllerState, list[Action]]:
@@ -455,7 +471,7 @@ def _plan(state: ControllerState, obs: Observation) -> tuple[ControllerState, li
         numbers = {"extrapolation": ", ".join(f"{k} ×{v:.2g}" for k, v in plan.extrapolation.items()),
                    "window_s": window_s, "check": state.plan_checks + 1, "limit": C.PLAN_CHECK_PROBES}
         return replace(state, plan=plan, plan_checks=state.plan_checks + 1), [
-            Probe(Reason.PLAN_CHECK, numbers, config=plan.config, window_s=window_s)]
+            Probe(Reason.PLAN_CHECK, numbers, config=plan.config, window_s=window_s, apart=state.apart)]
     return replace(state, plan=plan, phase=Phase.TRAINING, since_s=obs.now_s), [
         Launch(Reason.PLANNED, {"reason": plan.reason}, plan=plan)]
 

@@ -359,6 +359,31 @@ def order_probes(probes: pd.DataFrame, transitions: TransitionCosts | None = Non
     return [rule[i] for i in reversed(path)]
 
 
+def profile_apart(probes: pd.DataFrame, transitions: TransitionCosts | None = None, *, in_place: bool = True,
+                  state_mb: float = 0.0, window_s: float = C.PROBE_WINDOW_S) -> bool:
+    """Whether the profile measures its probes on a stand-in of the job — the same job started
+    without the state it continues (its export), whose training is thrown away once the job
+    itself launches on its plan — rather than on the job itself. A PS count change of the job
+    writes and reads back its whole state (``TransitionCosts.of``: minutes for tens of GB); the
+    stand-in's state is its own few rows. So the stand-in pays when the PS changes of the
+    identifying probes, each in its cheapest order (:func:`visiting_order`), cost more at the
+    job's state than at none by more than what it throws away — at most its n windows' training
+    — and its own cold launch,
+
+        path(order at state_mb) − path(order at 0) > n · window_s + cold_launch_s.
+
+    A job without state (``state_mb`` 0) is always profiled on itself."""
+    always = probes_always_measured(len(probes))
+    if not state_mb > 0 or always < 2:
+        return False
+    table = transitions if transitions is not None else measured()
+    head = probes.iloc[:always]
+    at_state = path_cost_s(order_probes(head, table, in_place=in_place, state_mb=state_mb), table,
+                           in_place=in_place, state_mb=state_mb)
+    apart = path_cost_s(order_probes(head, table, in_place=in_place), table, in_place=in_place)
+    return at_state - apart > always * window_s + table.cold_launch_s
+
+
 def visiting_order(probes: pd.DataFrame, transitions: TransitionCosts | None = None, *, in_place: bool = True,
                    state_mb: float = 0.0) -> list[Configuration]:
     """The order a profile measures the design's probes in: those it always measures

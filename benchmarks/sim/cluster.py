@@ -67,11 +67,13 @@ class QuotaExceededError(InvalidInputError):
 class Start:
     """A policy's answer to an arriving job: profile ``probes`` first (then ``after_profile``), each
     measured for ``window_s``, or start on ``config`` directly; neither: the policy never starts it
-    (it fails)."""
+    (it fails). ``apart``: the probes run on a stand-in of the job, without the tables it starts
+    from; what the stand-in trains is thrown away and the job starts cold on its plan."""
 
     config: Configuration | None = None
     probes: list[Configuration] | None = None
     window_s: float = C.PROBE_WINDOW_S
+    apart: bool = False
 
 
 @dataclass(frozen=True)
@@ -401,6 +403,7 @@ class Cluster:
         if decision.probes:
             job.probes = list(decision.probes)
             job.state["window_s"] = decision.window_s
+            job.state["apart"] = decision.apart
             self._check_quota(job, max(c.cores for c in job.probes), max(c.memory_mb for c in job.probes))
             cores, memory = max(c.cores for c in job.probes), max(c.memory_mb for c in job.probes)
             if all(c.ps == 0 for c in job.probes):  # an all-reduce job's reservation: no PS either
@@ -471,8 +474,16 @@ class Cluster:
 
     def _state_mb(self, job: JobRun) -> float:
         """The PS state a checkpoint holds now: the tables (rows and optimiser state) as grown."""
-        memory = job.spec.family.memory
+        memory = self._memory(job)
         return 0.0 if memory.replicated else float(memory.tables_mb(job.samples_done))
+
+    def _memory(self, job: JobRun):
+        """The memory truth of what runs: the family's; a stand-in's (``Start.apart``) holds only
+        the rows it grew itself, none of the tables the job starts from."""
+        memory = job.spec.family.memory
+        if job.phase == "profiling" and job.state.get("apart"):
+            return replace(memory, table_mb=0.0)
+        return memory
 
     def _transition_s(self, job: JobRun, current: Configuration | None, target: Configuration) -> float:
         """What changing ``current`` (None: nothing runs) into ``target`` costs the job."""
@@ -532,7 +543,7 @@ class Cluster:
 
     def _oom_time(self, job: JobRun) -> float:
         config = self._config(job)
-        memory = job.spec.family.memory
+        memory = self._memory(job)
         if memory.worker_mb(job.samples_done) > config.worker_memory_mb:
             return self.now
         limit = config.worker_memory_mb if memory.replicated else config.ps_memory_mb
@@ -583,7 +594,7 @@ class Cluster:
         per_ps = [ps_cpu] * config.ps
         if hot:
             per_ps[0] = min(max(job.hot_ps_cpu, config.ps_cpu), ps_cpu * job.spec.hot_ps_factor)
-        memory = job.spec.family.memory
+        memory = self._memory(job)
         worker_mem = min(memory.worker_mb(job.samples_done), config.worker_memory_mb)
         ps_mem = min(float(memory.ps_mb(config.ps, job.samples_done)), config.ps_memory_mb)
         total = config.workers * worker_cpu + sum(per_ps)
@@ -612,7 +623,7 @@ class Cluster:
             job.hazard_left -= nodes * self.cfg.node_failure_per_node_hour / 3600.0 * dt
             _, _, _, _, used_cpu = self._usage(job)
             config = self._config(job)
-            memory = job.spec.family.memory
+            memory = self._memory(job)
             middle = job.samples_done - gained / 2
             used_mem = config.workers * min(memory.worker_mb(middle), config.worker_memory_mb) + config.ps * min(
                 float(memory.ps_mb(config.ps, middle)), config.ps_memory_mb)
@@ -719,15 +730,18 @@ class Cluster:
             job.state["check_window_s"] = decision.window_s
         else:
             plan_rate = self._truth(job.spec.family.truth, config, config.ps_cpu)[0] * self.rate_factors[job.spec.id]
+            if job.state.get("apart"):  # the stand-in's training is thrown away; the job starts cold
+                job.wasted_samples += job.samples_done
+                job.samples_done = job.since_checkpoint = job.run_clock = 0.0
             job.profile_cost_s = max(job.profile_s - job.samples_done / plan_rate, 0.0)
             job.state.pop("probe", None)
-            if config == job.config:  # the checked plan: it runs on as it is, no relaunch
+            if config == job.config and not job.state.get("apart"):  # the checked plan runs on as it is
                 job.phase = "running"
                 job.next_check = self.now + self._ask("check_interval", job)
                 self._set_rate(job)
                 self._schedule(job)
                 return
-        if not checking:
+        if not checking and not job.state.get("apart"):
             job.state["profiled_on"] = measured_on  # the launch resizes the job from its last probe
         self._release(job)
         job.config = None
@@ -754,7 +768,7 @@ class Cluster:
         job.ooms += 1
         job.oom_streak += 1
         config = self._config(job)
-        memory = job.spec.family.memory
+        memory = self._memory(job)
         node = "worker" if config.ps == 0 or memory.worker_mb(job.samples_done) > config.worker_memory_mb else "ps"
         obs = self.observe(job)
         # What the kernel reports of a node it killed: its usage reached its limit (not what it needed).

@@ -247,7 +247,8 @@ class OursPolicy(Policy):
         action = self._advance(job, self._profile_seen(job, None))
         if isinstance(action, Probe):
             state: ControllerState = job.state["controller"]
-            return Start(probes=[action.config, *state.probes[state.probes_issued:]], window_s=state.window_s)
+            return Start(probes=[action.config, *state.probes[state.probes_issued:]], window_s=state.window_s,
+                         apart=action.apart)
         if isinstance(action, Launch):
             return Start(config=action.plan.config)
         return Start()
@@ -269,10 +270,12 @@ class OursPolicy(Policy):
         return action.plan.config if isinstance(action, Launch) else None
 
     def _profile_seen(self, job: JobView, config: Configuration | None) -> Seen:
-        """What a profiling job shows: the probe rows measured since the last step."""
+        """What a profiling job shows: the probe rows measured since the last step; a stand-in's
+        samples are not the job's (``lifecycle.profiling``: the whole job remains)."""
         windows = tuple(job.probe_rows[job.state["fed"]:])
         job.state["fed"] = len(job.probe_rows)
-        return _seen(self.cluster.cfg, job, self.cluster.now, config, job.samples_done, windows=windows)
+        done = 0.0 if job.state["controller"].apart else job.samples_done
+        return _seen(self.cluster.cfg, job, self.cluster.now, config, done, windows=windows)
 
     def _advance(self, job: JobView, seen: Seen):
         """Step while the phase changes without an action to carry out (as the fit task's step

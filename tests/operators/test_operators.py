@@ -6,6 +6,7 @@ import importlib
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -181,6 +182,43 @@ def test_a_trainer_of_your_own_is_profiled_fitted_planned_and_launched(airflow_d
         assert len(nodes) == config["workers"] and {s.role for s in nodes} == {"worker"}
     finally:
         launcher.stop(profiled["job_id"])
+
+
+@pytest.mark.jobs
+def test_a_job_whose_state_is_dear_to_move_is_profiled_on_its_stand_in_and_launched_fresh(airflow_db, monkeypatch):
+    """Through the launcher: the profile and the plan's checks run a stand-in of the job, which the
+    launch on the plan stops; the job itself starts on the plan."""
+    from airflow_dlrover.launchers.local import LocalLauncher
+    from airflow_dlrover.lifecycle.profiling import stand_in_id
+    from airflow_dlrover.optimizer.transitions import measured
+
+    # a PS change writes and reads back the 5 MB the job starts from at 0.01 MB/s: far dearer than a stand-in
+    slow = replace(measured(), checkpoint_mb_per_s=0.01, restore_mb_per_s=0.01)
+    monkeypatch.setattr(LocalLauncher, "transition_costs", lambda self: slow)
+    monkeypatch.setattr("airflow_dlrover.runtime.export.starting_tables_mb", lambda spec: 5.0)
+    job, ctx = "apart", context("manual__apart")
+    launcher = DLRoverLaunchOperator(task_id="l", job=job).launcher
+    profiled = DLRoverProfileOperator(task_id="profile", job=job, quota=QUOTA, job_args=JOB_ARGS,
+                                      similar_jobs=False).execute(ctx)
+    job_id, stand_in = profiled["job_id"], stand_in_id(profiled["job_id"])
+    try:
+        assert profiled["measured"] >= C.MIN_PROBES_COLD
+        assert not launcher.exists(job_id) and launcher.exists(stand_in)  # the probes ran on the stand-in
+        assert launcher.spec(stand_in).init_from == "" and launcher.spec(stand_in).export == ""
+        events = HistoryStore().records(profiled["run"], "event")
+        (event,) = [e for e in events if e["event"] == "profiled"]
+        assert event["apart"] and event["samples_trained"] == 0.0  # the stand-in's samples are not the job's
+        DLRoverFitOperator(task_id="fit", job=job).execute(ctx)
+        launched = DLRoverLaunchOperator(task_id="launch", job=job, quota=QUOTA, job_args=JOB_ARGS).execute(ctx)
+        assert not launched["adopted"] and launcher.read_job(job_id)["config"] == launched["config"]
+        assert launcher.stopped(stand_in)  # the launch on the plan stopped it
+        assert launcher.progress(job_id)["samples_done"] < launcher.progress(job_id)["samples_total"]
+        checks = [e for e in HistoryStore().records(profiled["run"], "event") if e["event"] == "plan_checked"]
+        assert all(check["samples_trained"] == 0.0 for check in checks)
+    finally:
+        for name in (job_id, stand_in):
+            if launcher.exists(name):
+                launcher.stop(name)
 
 
 @pytest.mark.parametrize("command, why", [

@@ -9,6 +9,7 @@ from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.controller import (
     ControllerState, Fail, Keep, Launch, Observation, Probe, Relaunch, begin, step,
 )
+from airflow_dlrover.optimizer.finetune import shape
 from airflow_dlrover.optimizer.job_model import JobModel, choose_prior, fit_job_model
 from airflow_dlrover.optimizer.probes import design_probes, probes_always_measured, visiting_order
 from airflow_dlrover.optimizer.similarity import SimilarPrior, similar_probe_count
@@ -134,6 +135,18 @@ def test_a_job_that_starts_from_an_export_plans_its_ps_memory_for_the_tables_it_
     assert launch.plan.config.ps_memory_mb >= state.model.memory.ps_base_mb + start / launch.plan.config.ps
     fitted, *_ = drive(begin(QUOTA, table_start_mb=start))  # and a fit on probes of an empty start
     assert fitted.model.memory.table_mb >= start
+
+
+@pytest.mark.parametrize("start_mb, apart", [(20_000.0, True), (50.0, False)])
+def test_a_job_with_large_tables_to_start_from_is_profiled_on_its_stand_in(start_mb, apart):
+    state, asked, _, launch = drive(begin(QUOTA, table_start_mb=start_mb))
+    assert state.apart is apart and all(p.apart is apart for p in asked)  # the probes and the plan's checks
+    design = design_probes(QUOTA)
+    on = 0.0 if apart else start_mb  # the order of a stand-in's probes: PS changes that move no tables
+    ordered = visiting_order(design, state_mb=on)
+    assert [shape(p.config) for p in asked if p.reason == Reason.PROBE] == [shape(c) for c in ordered]
+    assert state.model.memory.table_mb >= start_mb  # the plan holds the tables the job starts from
+    assert launch.plan.config.ps_memory_mb >= state.model.memory.ps_base_mb + start_mb / launch.plan.config.ps
 
 
 def test_nothing_measured_and_no_prior_fails_retryably():

@@ -6,7 +6,7 @@ from airflow_dlrover.optimizer.memory import MemoryModel
 from airflow_dlrover.optimizer.model import ALLREDUCE_TERMS, fit_throughput
 from airflow_dlrover.optimizer.probes import (
     design_probes, next_probe, next_probe_cost_s, next_probe_in_budget, probe_sized, probes_always_measured,
-    profile_continues, profile_is_partial,
+    profile_apart, profile_continues, profile_is_partial,
 )
 from airflow_dlrover.optimizer.transitions import measured as measured_transitions
 from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, Configuration, InvalidInputError, Quota
@@ -239,6 +239,26 @@ def test_an_identifying_probe_is_not_skipped_for_a_cheaper_one():
     # without a job size (a run of unknown length) the profile goes on in order
     assert next_probe_in_budget(order, 4, rows, quota, samples_left=None, transitions=table,
                                 state_mb=state_mb) == (order, order[4], False)
+
+
+def test_a_profile_goes_apart_when_the_ps_changes_would_move_more_than_the_stand_in_throws_away():
+    probes = design_probes(Quota(cpu=64, memory_mb=256 * 1024))
+    identifying = probes.iloc[:probes_always_measured(len(probes))]
+    changes = identifying["ps"].nunique() - 1  # the cheapest order visits each PS count once
+    assert changes >= 1
+    # only a PS change's writing and reading back of the state costs; the stand-in's own launch costs c
+    free = {name: 0.0 for name in ("relaunch_s", "worker_join_s", "worker_leave_s", "cpu_in_place_s",
+                                   "memory_in_place_s", "node_relaunch_s", "ps_change_s", "ps_recovery_s")}
+    table = replace(measured_transitions(), **free, cold_launch_s=7.0, checkpoint_mb_per_s=100.0,
+                    restore_mb_per_s=400.0)
+    window_s = 2.0
+    # changes · S · (1/100 + 1/400) > n · window + c, at S = 80 · (n · window + c) / changes
+    boundary_mb = 80.0 * (len(identifying) * window_s + table.cold_launch_s) / changes
+    assert not profile_apart(probes, table, state_mb=boundary_mb * 0.99, window_s=window_s)
+    assert profile_apart(probes, table, state_mb=boundary_mb * 1.01, window_s=window_s)
+    assert not profile_apart(probes, table, state_mb=0.0, window_s=window_s)  # nothing to move
+    # on the runtime's measured table: a job continuing 20 GB of tables goes apart, one of 100 MB does not
+    assert profile_apart(probes, state_mb=20_000.0) and not profile_apart(probes, state_mb=100.0)
 
 
 def test_each_probe_shares_the_probe_memory_over_its_own_nodes():

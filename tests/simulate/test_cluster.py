@@ -367,6 +367,7 @@ def test_the_simulated_and_the_product_profile_visit_the_same_probes_in_the_same
             return row
 
         monkeypatch.setattr(profiling, "measure_probe", measure_probe)
+        monkeypatch.setattr(profiling, "stand_in", lambda spec: spec)  # the replay measures whatever it is asked to
         asked = []
         state = begin(job.limit, "efficiency", prior=None, batch_size=BATCH, table_mb=job.spec.family.start_tables_mb,
                       table_start_mb=job.spec.family.start_tables_mb, allreduce=job.spec.family.user.ps == 0)
@@ -591,8 +592,10 @@ def test_ours_profiles_on_a_familys_first_day_and_warm_starts_from_its_own_runs_
     cold, warm = jobs[jobs["day"] == 0], jobs[jobs["day"] == 1]
     assert (cold["profile_s"] > 0).all()  # no history on the first day: every job profiles
     profiled = cold[cold["status"] == "done"]
-    # the probes train the job: profiling costs less than its wall time
-    assert ((profiled["profile_cost_s"] < profiled["profile_s"]) & (profiled["profile_cost_s"] >= 0)).all()
+    # probes on the job train it: profiling costs less than its wall time; on its stand-in, all of it
+    on_job = profiled["profile_cost_s"] < profiled["profile_s"]
+    on_stand_in = (profiled["profile_cost_s"] == profiled["profile_s"]) & (profiled["wasted_samples"] > 0)
+    assert ((on_job | on_stand_in) & (profiled["profile_cost_s"] >= 0)).all()
     finished_first = set(cold.loc[cold["status"] == "done", "family"])
     warm_started = warm[warm["family"].isin(finished_first) & (warm["arrival_s"] > cold["jct_s"].max())]
     assert len(warm_started) > 0 and (warm_started["profile_s"] == 0).mean() > 0.75  # most plan from their prior
@@ -663,6 +666,59 @@ def test_ours_checks_an_extrapolating_plan_as_the_launch_task_does():
         assert len(profile) == job.probe_index  # a window a probe, a check being one
         if checks and job.probe_index == len(job.probes):  # the last check measured the plan (unless the
             assert shape(profile[-1]) == shape(job.probes[-1])  # job ended first)
+
+
+class ApartPolicy(Policy):
+    """Two probes across a PS count change, on the job or on its stand-in (``Start.apart``), then
+    the last probe's configuration as the plan."""
+
+    name = "apart"
+    PROBES = (Configuration(2, 1, 1.0, 1.0, 2048.0, 2048.0, 0, 512),
+              Configuration(2, 2, 1.0, 1.0, 2048.0, 2048.0, 0, 512))
+    WINDOW_S = 3.0
+
+    def __init__(self, apart):
+        self.apart, self.profiled_at, self.checks_at = apart, None, []
+
+    def start(self, job):
+        user = job.spec.family.user  # memory the job's tables fit in
+        self.memory = dict(worker_memory_mb=user.worker_memory_mb, ps_memory_mb=2 * user.ps_memory_mb)
+        return Start(probes=[replace(p, **self.memory) for p in self.PROBES], window_s=self.WINDOW_S,
+                     apart=self.apart)
+
+    def after_profile(self, job, samples):
+        self.profiled_at, self.profiled_samples = self.cluster.now, job.samples_done
+        return replace(self.PROBES[-1], **self.memory)
+
+    def check(self, job, obs):
+        self.checks_at.append(self.cluster.now)
+        return []
+
+
+def test_a_profile_on_the_stand_in_changes_ps_without_the_jobs_tables_and_throws_its_training_away():
+    slow_state = replace(measured_transitions(), checkpoint_mb_per_s=50.0, restore_mb_per_s=100.0)
+    cfg = replace(SMALL.without_instability(), transitions=slow_state)
+    runs = {}
+    for apart in (False, True):
+        policy = ApartPolicy(apart)
+        job = Cluster(cfg, generate_trace(cfg)[:1], policy).run()[0]
+        assert job.phase == "done"
+        runs[apart] = job, policy
+    (on_job, on_job_policy), (stand_in, stand_in_policy) = runs[False], runs[True]
+    tables = on_job.spec.family.memory.table_mb
+    assert tables > 0
+    # the same probes, the same windows; the PS change of the stand-in moved none of the job's tables
+    assert on_job.profile_s - stand_in.profile_s == pytest.approx(
+        tables / slow_state.checkpoint_mb_per_s + tables / slow_state.restore_mb_per_s)
+    # the job on its own probe runs on as it is; the stand-in's job starts cold on the plan ...
+    assert on_job_policy.checks_at[0] == pytest.approx(on_job_policy.profiled_at + cfg.check_s)
+    assert stand_in_policy.checks_at[0] == pytest.approx(stand_in_policy.profiled_at + slow_state.cold_launch_s
+                                                         + cfg.check_s)
+    # ... and trains every sample itself: what the stand-in trained is thrown away, its whole time a cost
+    assert on_job.wasted_samples == 0 and on_job.profile_cost_s < on_job.profile_s
+    assert stand_in.wasted_samples == pytest.approx(stand_in_policy.profiled_samples) and stand_in.wasted_samples > 0
+    assert stand_in.trained_samples == pytest.approx(stand_in.spec.samples + stand_in.wasted_samples)
+    assert stand_in.profile_cost_s == stand_in.profile_s
 
 
 class HealThenResize(Policy):
