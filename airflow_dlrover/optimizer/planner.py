@@ -471,6 +471,7 @@ def plan(
     ps_memory_mb: float | None = None,
     exhaustive: bool = False,
     samples_done: float = 0.0,
+    remember: bool = True,
 ) -> Plan:
     """Choose the configuration for ``objective`` under ``quota``; see the module docstring.
 
@@ -481,7 +482,9 @@ def plan(
     model's, else (``memory`` None: a model fitted on throughput only) an equal share of the
     quota; the plan's reason says which. ``exhaustive``: evaluate every configuration of the range
     (the reference the structured search answers alike; seconds past a few thousand cores).
-    Raises :class:`InfeasibleQuotaError` when nothing fits, naming what the smallest job needs.
+    ``remember``: keep the plan for a later call on this model object (False for a model planned once,
+    e.g. a posterior draw: it would only push others' plans out). Raises :class:`InfeasibleQuotaError`
+    when nothing fits, naming what the smallest job needs.
     """
     objective = Objective.parse(objective).value
     allreduce = model.allreduce
@@ -519,7 +522,7 @@ def plan(
                          exclude)
     memo = (grid_key, id(model), objective, exhaustive) + ((repr(float(samples)), repr(float(deadline_s)))
                                                            if objective == "deadline" else ())
-    kept = _kept_plan(memo, model)
+    kept = _kept_plan(memo, model) if remember else None
     if kept is not None:
         return kept
     grid_of = _Grid.of(grid_key, rng, quota, memory, batch, samples_done + (samples or 0.0), worker_memory_mb,
@@ -588,7 +591,7 @@ def plan(
     _, lower, upper = model.predict_features(row, columns=kind_columns(allreduce))
     alternatives = _alternatives(score, front, best)
     outside = extrapolation(model, config)
-    return _keep_plan(memo, model, Plan(
+    chosen = Plan(
         config=config,
         predicted_throughput=float(x[best]),
         lower_throughput=float(lower[0]),
@@ -600,7 +603,8 @@ def plan(
         alternatives=_rows(grid, np.asarray(alternatives, dtype=int), x, total_mem),
         pareto_front=_rows(grid, front, x, total_mem),
         extrapolation=outside,
-    ))
+    )
+    return _keep_plan(memo, model, chosen) if remember else chosen
 
 
 def _surest_of_the_fastest(model: ThroughputModel, grid: "Configurations", x: np.ndarray, batch: int,
