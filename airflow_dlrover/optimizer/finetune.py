@@ -78,9 +78,12 @@ class Decision:
 def shape(config: Configuration | dict) -> tuple:
     """What a resize changes the speed of: (workers, ps, worker_cpu, ps_cpu, worker_gpu) of a
     configuration or of a sample row (memory changes no throughput)."""
-    get = config.get if isinstance(config, dict) else (lambda k: getattr(config, k))
-    return (int(get("workers")), int(get("ps")), float(get("worker_cpu")), float(get("ps_cpu")),
-            int(get("worker_gpu") or 0))
+    if isinstance(config, dict):
+        get = config.get
+        return (int(get("workers")), int(get("ps")), float(get("worker_cpu")), float(get("ps_cpu")),
+                int(get("worker_gpu") or 0))
+    return (int(config.workers), int(config.ps), float(config.worker_cpu), float(config.ps_cpu),
+            int(config.worker_gpu or 0))
 
 
 def resize_cost_s(current: Configuration, target: Configuration, restart_cost_s: float | None = None, *,
