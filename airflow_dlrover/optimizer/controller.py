@@ -828,8 +828,9 @@ def _refit_rows(state: ControllerState) -> list[dict]:
 
 
 def _samples(rows: list[dict]) -> pd.DataFrame:
-    table = pd.DataFrame(rows)
-    return table[[c for c in table.columns if c in _SAMPLE_COLUMNS]]
+    """The rows' sample columns, in the order the rows name them (built from those columns alone)."""
+    named = dict.fromkeys(key for row in rows for key in row)
+    return pd.DataFrame(rows, columns=[c for c in named if c in _SAMPLE_COLUMNS])
 
 
 _SAMPLE_COLUMNS = (*CONFIG_COLUMNS, *SAMPLE_TABLE_COLUMNS)
