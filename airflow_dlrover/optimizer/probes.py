@@ -213,10 +213,16 @@ def _next_probe_costs(rows: pd.DataFrame, transitions: TransitionCosts | None, *
     if rows.empty or "probe_s" not in rows or not np.isfinite(rows["probe_s"].to_numpy(float)).any():
         return None
     table = transitions if transitions is not None else measured()
-    configs = [Configuration(**row) for row in rows.reindex(columns=list(CONFIG_COLUMNS)).to_dict("records")]
+    configs = _configurations(rows)
     moves = [table.of(a, b, in_place=in_place, state_mb=state_mb) for a, b in zip([None, *configs[:-1]], configs)]
     own = float(np.nanmedian(np.maximum(rows["probe_s"].to_numpy(float) - np.asarray(moves), 0.0)))
     return lambda probe: table.of(configs[-1], probe, in_place=in_place, state_mb=state_mb) + own
+
+
+def _configurations(rows: pd.DataFrame) -> list[Configuration]:
+    """Each row's configuration (a column the table lacks reads as NaN), read column by column."""
+    columns = [rows[c].tolist() if c in rows else [float("nan")] * len(rows) for c in CONFIG_COLUMNS]
+    return [Configuration(**dict(zip(CONFIG_COLUMNS, values))) for values in zip(*columns)]
 
 
 def next_probe_in_budget(order: tuple[Configuration, ...], index: int, rows: pd.DataFrame, quota: Quota, *,
