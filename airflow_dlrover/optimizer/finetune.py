@@ -181,7 +181,7 @@ def decide(
             seed = _draw_seed(now_s, samples_done, current)
             drawn = posterior_draw(model, seed)
             try:
-                explored = _exploration(_target(drawn, *plan_args, remember=False), drawn, model, current, x_now,
+                explored = _exploration(_target(drawn, *plan_args, brief=True), drawn, model, current, x_now,
                                         remaining_samples, cost_of, seed)
             except InfeasibleQuotaError:  # the draw's tables fit no plan: nothing to explore
                 return None
@@ -257,21 +257,21 @@ def _draw_seed(now_s: float, samples_done: float, current: Configuration) -> int
 
 
 def _target(model, memory, quota, objective, remaining_samples, deadline_s, batch_size, rejected, samples_done,
-            remember: bool = True) -> Plan:
+            brief: bool = False) -> Plan:
     """The refitted model's plan for the objective; a deadline that can no longer be met (or has
-    passed) asks for the fastest plan instead. ``remember``: ``planner.plan``'s."""
+    passed) asks for the fastest plan instead. ``brief``: ``planner.plan``'s."""
     if objective == Objective.DEADLINE:
         try:
             if deadline_s > 0:
                 return plan_within_quota(model, memory, quota, "deadline", samples=remaining_samples,
                                          deadline_s=deadline_s, batch_size=batch_size, exclude=rejected,
-                                         samples_done=samples_done, remember=remember)
+                                         samples_done=samples_done, brief=brief)
         except InvalidInputError as err:
             if err.field != "deadline":
                 raise
         objective = Objective.THROUGHPUT
     return plan_within_quota(model, memory, quota, objective, samples=remaining_samples, batch_size=batch_size,
-                             exclude=rejected, samples_done=samples_done, remember=remember)
+                             exclude=rejected, samples_done=samples_done, brief=brief)
 
 
 def plan_within_quota(model: ThroughputModel, memory: MemoryModel | None, quota: Quota, objective: Objective | str,
