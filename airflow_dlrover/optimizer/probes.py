@@ -310,7 +310,7 @@ def _rule_order(probes: pd.DataFrame) -> list[Configuration]:
     for turn, (_, group) in enumerate(table.groupby("ps", sort=True)):
         groups.append(group.sort_values(["workers", "ps_cpu", "worker_cpu", "ps_memory_mb", "worker_memory_mb"],
                                         ascending=[turn % 2 == 0, True, True, True, True], kind="stable"))
-    return [Configuration(**row) for row in pd.concat(groups).to_dict("records")]
+    return _configurations(pd.concat(groups))
 
 
 def path_cost_s(order: list[Configuration], transitions: TransitionCosts, *, in_place: bool = True,
@@ -374,8 +374,7 @@ def visiting_order(probes: pd.DataFrame, transitions: TransitionCosts | None = N
     prefix of the design."""
     always = probes_always_measured(len(probes))
     head = order_probes(probes.iloc[:always], transitions, in_place=in_place, state_mb=state_mb) if always else []
-    tail = probes.iloc[always:].reindex(columns=list(CONFIG_COLUMNS)).to_dict("records")
-    return head + [Configuration(**row) for row in tail]
+    return head + _configurations(probes.iloc[always:])
 
 
 def window_settled(rates: list[float] | np.ndarray, halfwidth: float = C.PROBE_STOP_HALFWIDTH) -> bool:
