@@ -636,8 +636,9 @@ def _guard(state: ControllerState, obs: Observation) -> tuple[ControllerState, l
     if not history:
         return state, []
     table = {c: [r.get(c) for r in history] for c in (*METRIC_COLUMNS, "throughput")}
-    growth, transient = _ps_curve(state, obs)
-    events = detect(table, remaining_s=_remaining_s(state, obs), ps_growth_mb=growth, ps_transient_mb=transient)
+    measured = measured_since_resize(state, obs.config)
+    growth, transient = _ps_curve(state, obs, measured)
+    events = detect(table, remaining_s=_remaining_s(obs, measured), ps_growth_mb=growth, ps_transient_mb=transient)
     actions: list[Action] = []
     acted: set[str] = set()
     for event in events:
@@ -706,14 +707,15 @@ def _event_numbers(event: Any) -> dict:
     return {"value": event.action.value}
 
 
-def _remaining_s(state: ControllerState, obs: Observation) -> float | None:
-    measured = measured_since_resize(state, obs.config)
+def _remaining_s(obs: Observation, measured: list[float]) -> float | None:
+    """Seconds to train what remains at the median of ``measured`` (``measured_since_resize``)."""
     if obs.remaining is None or not measured:
         return None
     return obs.remaining / max(float(np.median(measured)), 1e-9)
 
 
-def _ps_curve(state: ControllerState, obs: Observation) -> tuple[Callable[[float], float] | None, float]:
+def _ps_curve(state: ControllerState, obs: Observation,
+              measured: list[float]) -> tuple[Callable[[float], float] | None, float]:
     """The OOM forecast's PS terms from the memory model, for the running configuration: a PS's
     growth from now to ``s`` seconds ahead, ``ps_peak_mb(p, n(s)) − ps_peak_mb(p, n(now))`` with
     n(s) = samples done + the measured throughput × s, at most the samples of the job; 0 where the
@@ -721,7 +723,7 @@ def _ps_curve(state: ControllerState, obs: Observation) -> tuple[Callable[[float
     a line through a few seconds of it, extrapolated, once asked a 215 MB PS for 624 MB); None where
     the growth is unknown (pinned), or the job's size or speed is: the trend forecasts. And what a
     PS holds twice for a moment at the job's end (``MemoryModel.ps_transient_mb``; 0 without a
-    model)."""
+    model). ``measured``: ``measured_since_resize`` of the running configuration."""
     memory = state.model.memory if state.model is not None else None
     config = obs.config
     if memory is None or memory.allreduce or config is None or is_allreduce(config):
@@ -732,7 +734,6 @@ def _ps_curve(state: ControllerState, obs: Observation) -> tuple[Callable[[float
         return None, transient
     if memory.table_growth_mb_per_m_samples <= 0:
         return (lambda seconds: 0.0), transient
-    measured = measured_since_resize(state, config)
     if obs.samples_total is None or not measured:
         return None, transient
     speed, done = float(np.median(measured)), obs.samples_done
@@ -822,12 +823,8 @@ def _needs_refit(windows: tuple[dict, ...], new: tuple[dict, ...]) -> bool:
     """Refit on the first windows of a configuration, and once it has a full block of
     ``REFIT_WINDOWS_PER_CONFIGURATION`` (the refit keeps that many of each): later windows of it
     replace earlier ones of the same configuration and barely move the fit."""
-    before: dict[tuple, int] = {}
-    for w in windows:
-        before[shape(w)] = before.get(shape(w), 0) + 1
-    after = dict(before)
-    for w in new:
-        after[shape(w)] = after.get(shape(w), 0) + 1
+    before = Counter(map(shape, windows))
+    after = before + Counter(map(shape, new))
     block = C.REFIT_WINDOWS_PER_CONFIGURATION
     return any(before.get(k, 0) == 0 or before.get(k, 0) < block <= n for k, n in after.items())
 
@@ -847,8 +844,9 @@ def _refit_rows(state: ControllerState) -> list[dict]:
 
 
 def _samples(rows: list[dict]) -> pd.DataFrame:
-    table = pd.DataFrame(rows)
-    return table[[c for c in table.columns if c in _SAMPLE_COLUMNS]]
+    """The rows' sample columns, in the order the rows name them (built from those columns alone)."""
+    named = dict.fromkeys(key for row in rows for key in row)
+    return pd.DataFrame(rows, columns=[c for c in named if c in _SAMPLE_COLUMNS])
 
 
 _SAMPLE_COLUMNS = (*CONFIG_COLUMNS, *SAMPLE_TABLE_COLUMNS)

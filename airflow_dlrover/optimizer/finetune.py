@@ -78,9 +78,12 @@ class Decision:
 def shape(config: Configuration | dict) -> tuple:
     """What a resize changes the speed of: (workers, ps, worker_cpu, ps_cpu, worker_gpu) of a
     configuration or of a sample row (memory changes no throughput)."""
-    get = config.get if isinstance(config, dict) else (lambda k: getattr(config, k))
-    return (int(get("workers")), int(get("ps")), float(get("worker_cpu")), float(get("ps_cpu")),
-            int(get("worker_gpu") or 0))
+    if isinstance(config, dict):
+        get = config.get
+        return (int(get("workers")), int(get("ps")), float(get("worker_cpu")), float(get("ps_cpu")),
+                int(get("worker_gpu") or 0))
+    return (int(config.workers), int(config.ps), float(config.worker_cpu), float(config.ps_cpu),
+            int(config.worker_gpu or 0))
 
 
 def resize_cost_s(current: Configuration, target: Configuration, restart_cost_s: float | None = None, *,
@@ -178,8 +181,8 @@ def decide(
             seed = _draw_seed(now_s, samples_done, current)
             drawn = posterior_draw(model, seed)
             try:
-                explored = _exploration(_target(drawn, *plan_args), drawn, model, current, x_now, remaining_samples,
-                                        cost_of, seed)
+                explored = _exploration(_target(drawn, *plan_args, brief=True), drawn, model, current, x_now,
+                                        remaining_samples, cost_of, seed)
             except InfeasibleQuotaError:  # the draw's tables fit no plan: nothing to explore
                 return None
         return explored
@@ -253,21 +256,22 @@ def _draw_seed(now_s: float, samples_done: float, current: Configuration) -> int
     return zlib.crc32(repr((round(now_s, 3), round(samples_done), shape(current))).encode())
 
 
-def _target(model, memory, quota, objective, remaining_samples, deadline_s, batch_size, rejected, samples_done) -> Plan:
+def _target(model, memory, quota, objective, remaining_samples, deadline_s, batch_size, rejected, samples_done,
+            brief: bool = False) -> Plan:
     """The refitted model's plan for the objective; a deadline that can no longer be met (or has
-    passed) asks for the fastest plan instead."""
+    passed) asks for the fastest plan instead. ``brief``: ``planner.plan``'s."""
     if objective == Objective.DEADLINE:
         try:
             if deadline_s > 0:
                 return plan_within_quota(model, memory, quota, "deadline", samples=remaining_samples,
                                          deadline_s=deadline_s, batch_size=batch_size, exclude=rejected,
-                                         samples_done=samples_done)
+                                         samples_done=samples_done, brief=brief)
         except InvalidInputError as err:
             if err.field != "deadline":
                 raise
         objective = Objective.THROUGHPUT
     return plan_within_quota(model, memory, quota, objective, samples=remaining_samples, batch_size=batch_size,
-                             exclude=rejected, samples_done=samples_done)
+                             exclude=rejected, samples_done=samples_done, brief=brief)
 
 
 def plan_within_quota(model: ThroughputModel, memory: MemoryModel | None, quota: Quota, objective: Objective | str,

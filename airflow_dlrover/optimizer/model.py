@@ -661,7 +661,8 @@ def _probed_range(table: pd.DataFrame, prior: ThroughputModel | None) -> dict[st
     known = prior.report.probed_range if prior is not None and prior.report is not None else None
     out = {}
     for name in RANGE_COLUMNS:
-        low, high = float(table[name].min()), float(table[name].max())
+        values = table[name].to_numpy()  # validated: finite
+        low, high = float(values.min()), float(values.max())
         if known and name in known:
             low, high = min(low, known[name][0]), max(high, known[name][1])
         out[name] = [low, high]
@@ -669,6 +670,6 @@ def _probed_range(table: pd.DataFrame, prior: ThroughputModel | None) -> dict[st
 
 
 def _largest_node_cpu(table: pd.DataFrame, prior: ThroughputModel | None) -> dict[str, float]:
-    largest = {name: float(table[name].max()) for name in ("worker_cpu", "ps_cpu")}
+    largest = {name: float(table[name].to_numpy().max()) for name in ("worker_cpu", "ps_cpu")}  # validated: finite
     known = prior.report.largest_node_cpu if prior is not None and prior.report is not None else None
     return {name: max(value, (known or {}).get(name, 0.0)) for name, value in largest.items()}

@@ -471,6 +471,7 @@ def plan(
     ps_memory_mb: float | None = None,
     exhaustive: bool = False,
     samples_done: float = 0.0,
+    brief: bool = False,
 ) -> Plan:
     """Choose the configuration for ``objective`` under ``quota``; see the module docstring.
 
@@ -481,7 +482,10 @@ def plan(
     model's, else (``memory`` None: a model fitted on throughput only) an equal share of the
     quota; the plan's reason says which. ``exhaustive``: evaluate every configuration of the range
     (the reference the structured search answers alike; seconds past a few thousand cores).
-    Raises :class:`InfeasibleQuotaError` when nothing fits, naming what the smallest job needs.
+    ``brief``: the choice alone, for a model planned once (a posterior draw): not kept for a later
+    call (it would only push others' plans out); no band (NaN), alternatives, Pareto front or
+    extrapolation, nor their notes in the reason. Raises :class:`InfeasibleQuotaError` when nothing
+    fits, naming what the smallest job needs.
     """
     objective = Objective.parse(objective).value
     allreduce = model.allreduce
@@ -519,7 +523,7 @@ def plan(
                          exclude)
     memo = (grid_key, id(model), objective, exhaustive) + ((repr(float(samples)), repr(float(deadline_s)))
                                                            if objective == "deadline" else ())
-    kept = _kept_plan(memo, model)
+    kept = None if brief else _kept_plan(memo, model)
     if kept is not None:
         return kept
     grid_of = _Grid.of(grid_key, rng, quota, memory, batch, samples_done + (samples or 0.0), worker_memory_mb,
@@ -583,6 +587,9 @@ def plan(
         ps_cpu=float(grid.ps_cpu[best]), worker_memory_mb=float(mem.worker[w[best], p[best]]),
         ps_memory_mb=float(mem.ps[w[best], p[best]]), worker_gpu=int(grid.worker_gpu[best]), batch_size=batch,
     )
+    reason = _reason(objective, config, float(x[best]), quota, float(total_mem[best]), samples, deadline_s, use_gpu)
+    if brief:
+        return Plan(config, float(x[best]), math.nan, math.nan, objective, reason)
     row = features(config.workers, config.ps, config.worker_cpu, config.ps_cpu, config.worker_gpu, batch,
                    kind_columns(allreduce), scaling=model.scaling)[None, :]
     _, lower, upper = model.predict_features(row, columns=kind_columns(allreduce))
@@ -594,8 +601,7 @@ def plan(
         lower_throughput=float(lower[0]),
         upper_throughput=float(upper[0]),
         objective=objective,
-        reason=_reason(objective, config, float(x[best]), quota, float(total_mem[best]), samples, deadline_s, use_gpu)
-        + f" (90 % band {float(lower[0]):,.0f}–{float(upper[0]):,.0f})" + _range_note(model, outside)
+        reason=reason + f" (90 % band {float(lower[0]):,.0f}–{float(upper[0]):,.0f})" + _range_note(model, outside)
         + (f"; memory per node {mem.source}" if mem.source else ""),
         alternatives=_rows(grid, np.asarray(alternatives, dtype=int), x, total_mem),
         pareto_front=_rows(grid, front, x, total_mem),

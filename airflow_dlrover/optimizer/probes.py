@@ -213,10 +213,16 @@ def _next_probe_costs(rows: pd.DataFrame, transitions: TransitionCosts | None, *
     if rows.empty or "probe_s" not in rows or not np.isfinite(rows["probe_s"].to_numpy(float)).any():
         return None
     table = transitions if transitions is not None else measured()
-    configs = [Configuration(**row) for row in rows.reindex(columns=list(CONFIG_COLUMNS)).to_dict("records")]
+    configs = _configurations(rows)
     moves = [table.of(a, b, in_place=in_place, state_mb=state_mb) for a, b in zip([None, *configs[:-1]], configs)]
     own = float(np.nanmedian(np.maximum(rows["probe_s"].to_numpy(float) - np.asarray(moves), 0.0)))
     return lambda probe: table.of(configs[-1], probe, in_place=in_place, state_mb=state_mb) + own
+
+
+def _configurations(rows: pd.DataFrame) -> list[Configuration]:
+    """Each row's configuration (a column the table lacks reads as NaN), read column by column."""
+    columns = [rows[c].tolist() if c in rows else [float("nan")] * len(rows) for c in CONFIG_COLUMNS]
+    return [Configuration(**dict(zip(CONFIG_COLUMNS, values))) for values in zip(*columns)]
 
 
 def next_probe_in_budget(order: tuple[Configuration, ...], index: int, rows: pd.DataFrame, quota: Quota, *,
@@ -304,7 +310,7 @@ def _rule_order(probes: pd.DataFrame) -> list[Configuration]:
     for turn, (_, group) in enumerate(table.groupby("ps", sort=True)):
         groups.append(group.sort_values(["workers", "ps_cpu", "worker_cpu", "ps_memory_mb", "worker_memory_mb"],
                                         ascending=[turn % 2 == 0, True, True, True, True], kind="stable"))
-    return [Configuration(**row) for row in pd.concat(groups).to_dict("records")]
+    return _configurations(pd.concat(groups))
 
 
 def path_cost_s(order: list[Configuration], transitions: TransitionCosts, *, in_place: bool = True,
@@ -393,8 +399,7 @@ def visiting_order(probes: pd.DataFrame, transitions: TransitionCosts | None = N
     prefix of the design."""
     always = probes_always_measured(len(probes))
     head = order_probes(probes.iloc[:always], transitions, in_place=in_place, state_mb=state_mb) if always else []
-    tail = probes.iloc[always:].reindex(columns=list(CONFIG_COLUMNS)).to_dict("records")
-    return head + [Configuration(**row) for row in tail]
+    return head + _configurations(probes.iloc[always:])
 
 
 def window_settled(rates: list[float] | np.ndarray, halfwidth: float = C.PROBE_STOP_HALFWIDTH) -> bool:
@@ -418,4 +423,13 @@ def best_throughput(rows: pd.DataFrame) -> float:
     """The best configuration's median throughput over the probes measured so far (0: none)."""
     if rows.empty:
         return 0.0
-    return float(rows.groupby(list(CONFIG_COLUMNS), sort=False)["throughput"].median().max())
+    keys, x = rows[list(CONFIG_COLUMNS)].to_numpy(float), rows["throughput"].to_numpy(float)
+    known = ~np.isnan(keys).any(axis=1) & ~np.isnan(x)  # as groupby: no NaN key, the median skips NaN
+    if not known.any():
+        return float("nan")
+    _, group = np.unique(keys[known], axis=0, return_inverse=True)
+    group = group.ravel()
+    x = x[known][np.lexsort((x[known], group))]
+    counts = np.bincount(group)
+    low, high = np.cumsum(counts) - counts + (counts - 1) // 2, np.cumsum(counts) - counts + counts // 2
+    return float(np.max((x[low] + x[high]) / 2))
