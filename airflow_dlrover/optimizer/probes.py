@@ -423,13 +423,4 @@ def best_throughput(rows: pd.DataFrame) -> float:
     """The best configuration's median throughput over the probes measured so far (0: none)."""
     if rows.empty:
         return 0.0
-    keys, x = rows[list(CONFIG_COLUMNS)].to_numpy(float), rows["throughput"].to_numpy(float)
-    known = ~np.isnan(keys).any(axis=1) & ~np.isnan(x)  # as groupby: no NaN key, the median skips NaN
-    if not known.any():
-        return float("nan")
-    _, group = np.unique(keys[known], axis=0, return_inverse=True)
-    group = group.ravel()
-    x = x[known][np.lexsort((x[known], group))]
-    counts = np.bincount(group)
-    low, high = np.cumsum(counts) - counts + (counts - 1) // 2, np.cumsum(counts) - counts + counts // 2
-    return float(np.max((x[low] + x[high]) / 2))
+    return float(rows.groupby(list(CONFIG_COLUMNS), sort=False)["throughput"].median().max())
