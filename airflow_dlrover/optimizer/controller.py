@@ -446,7 +446,10 @@ def _fit_profile(state: ControllerState) -> JobModel:
 
 
 def _with_start(model: JobModel, state: ControllerState) -> JobModel:
-    """``model`` with its tables at least as large as the job's are at its start (``table_start_mb``)."""
+    """``model`` with its tables at least as large as the job's are at its start (``table_start_mb``):
+    every fit and refit. Windows of near PS counts (89 and 87) cannot tell the tables from a PS's
+    base: within the memory's noise the fit puts them in the base (T₀ = 0), and a plan on it
+    would size fewer PS for no tables at all."""
     memory = model.memory
     if state.table_start_mb is None or memory is None or memory.table_mb is None:
         return model
@@ -760,9 +763,9 @@ def _finetune(state: ControllerState, obs: Observation) -> tuple[ControllerState
     if config is None or state.model is None:
         return state, Keep(Reason.NOT_MEASURED)
     if refit:
-        state = replace(state, model=refit_model(state))
+        state = replace(state, model=_with_start(refit_model(state), state))
     if _memory_refit_due(state):
-        state = replace(state, model=refit_memory(state))
+        state = replace(state, model=_with_start(refit_memory(state), state))
     remaining = obs.remaining
     if remaining is None:
         return state, Keep(Reason.NOT_MEASURED)

@@ -526,3 +526,21 @@ def test_ranks_that_fail_while_their_group_awaits_its_restart_are_part_of_the_re
     # in a PS job the same failures are separate: each is reported
     _, (other,) = step(reported, replace(seen, config=CONFIG, nodes=(killed, *reset)))
     assert isinstance(other, Fail) and other.nodes == ("worker-1", "worker-2")
+
+
+def test_a_refit_on_windows_of_near_ps_counts_keeps_the_tables_the_job_started_from():
+    """Windows of 89 and 87 PS cannot tell the tables from a PS's base: within the memory's noise
+    the fit puts them in the base (T₀ = 0), and a plan on it would size 10 PS for no tables. The
+    tables the job started from stay its floor, through every refit."""
+    _, fitted = _flattening_job()
+    start = 40_000.0
+    before, after = (Configuration(2, p, 1.0, 1.0, 4096, 8192, 0, 512) for p in (89, 87))
+    # each PS holds 600 MB + its share of the tables (1,049 and 1,060 MB), measured ±1 %
+    state = ControllerState(Quota(cpu=256, memory_mb=1024 * 1024), model=fitted, prior=fitted, table_start_mb=start,
+                            windows=tuple(dict(w, ps_memory_used_mb=1052.0)
+                                          for w in _memory_windows(before, (1e5, 1.1e5), 80.0)))
+    windows = tuple(dict(w, ps_memory_used_mb=1049.0) for w in _memory_windows(after, (1.2e5, 1.3e5), 90.0))
+    state, _ = step(state, Observation(100.0, after, samples_done=1.3e5, samples_total=1e8, windows=windows))
+    memory = state.model.memory
+    assert memory.fitted_samples_seen == 1.3e5  # refitted on the windows
+    assert memory.table_mb >= start and memory.ps_request_mb(10, 1.3e5) >= start / 10
