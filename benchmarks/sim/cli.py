@@ -74,8 +74,8 @@ def run(args: argparse.Namespace) -> None:
         if (profiled := profiling(policy_run.jobs)) is not None:
             print(f"\n{policy_run.name}: profiling of the {profiled['jobs']} profiled jobs of ≥ 1 h, median share "
                   f"of the JCT: {100 * profiled['wall_share']:.1f} % of its wall time, "
-                  f"{100 * profiled['cost_share']:.1f} % its cost (what the probes trained, "
-                  f"unless on a stand-in, counts)")
+                  f"{100 * profiled['cost_share']:.1f} % its cost (net of what probes on the "
+                  f"job itself trained)")
     paths = write_outputs(Path(args.out), summary, cis, runs, cfg, days)
     print("wrote " + ", ".join(str(p) for p in paths))
 
