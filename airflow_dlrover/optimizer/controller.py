@@ -35,7 +35,8 @@ phase: a probe's are recovered at once, as it is no task's try):
    restart (gloo's "connection reset by peer") are part of that failure, and one ``Relaunch``
    restarts the group.
 2. **Usage** (per-node rows): the instability detectors (``instability``) on the last
-   ``DETECTOR_HISTORY_WINDOWS`` windows of each node. A hot PS gets CPU in place (``Heal``), a
+   ``DETECTOR_HISTORY_WINDOWS`` windows of each node. A hot PS gets CPU in place (``Heal``; the
+   most the quota leaves it, when that is less than it asks but more than it has), a
    straggler is replaced (``Relaunch`` with the planned CPU), a node at OOM risk gets the
    forecast memory for its whole role (``Resize``: nodes of a role are alike). A PS's memory is
    forecast on the memory model's curve from its measured level (``_ps_curve``) where the model
@@ -660,8 +661,9 @@ def _guard(state: ControllerState, obs: Observation) -> tuple[ControllerState, l
 def _heal(state: ControllerState, obs: Observation, event: Any, numbers: dict) -> Action:
     quota, config = state.quota, obs.config
     if event.kind == "hot_ps":
-        over = _past_quota(quota, obs.nodes, event.node, "cpu", event.action.value, numbers)
-        return over or Heal(Reason.HOT_PS, numbers, node=event.node, cpu=float(event.action.value))
+        cpu = _hot_ps_cpu(quota, obs.nodes, event.node, float(event.action.value), event.evidence["cpu_limit"])
+        over = _past_quota(quota, obs.nodes, event.node, "cpu", cpu, numbers)
+        return over or Heal(Reason.HOT_PS, numbers | {"value": cpu}, node=event.node, cpu=cpu)
     if event.kind == "straggler":
         cpu = config.worker_cpu if config is not None else None
         over = _past_quota(quota, obs.nodes, event.node, "cpu", cpu, numbers) if cpu is not None else None
@@ -675,6 +677,18 @@ def _heal(state: ControllerState, obs: Observation, event: Any, numbers: dict) -
         return Keep(Reason.PAST_QUOTA, {**numbers, "value": memory, "total": target.memory_mb, "unit": "MB",
                                          "limit": quota.memory_mb})
     return Resize(Reason.OOM_RISK, numbers, config=target)
+
+
+def _hot_ps_cpu(quota: Quota | None, nodes: Iterable[NodeStatus], name: str, asked: float, limit: float) -> float:
+    """A hot PS's new CPU: ``asked`` where the quota has room for it, else the most, in half cores,
+    that the quota leaves it past its ``limit`` (a partial heal still shortens every step), else
+    ``asked`` (which :func:`_past_quota` then refuses)."""
+    if quota is None:
+        return asked
+    others = sum(n.cpu or 0.0 for n in nodes if n.role in ("ps", "worker") and n.state != NodeState.STOPPED
+                 and n.name != name)
+    room = math.floor((quota.cpu - others) * 2 + 1e-9) / 2
+    return asked if room >= asked or room <= limit else room
 
 
 def _past_quota(quota: Quota | None, nodes: Iterable[NodeStatus], name: str, resource: str, value: float,

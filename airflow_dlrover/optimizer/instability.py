@@ -7,8 +7,11 @@ evidence and a proposed action; nothing here acts.
 
 * hot PS    — mean CPU use over the window ≥ ``HOT_PS_UTILISATION`` of its limit and (with ≥ 2
               PS) ≥ ``HOT_PS_SKEW`` × the median utilisation of the other PS. Action: more CPU,
-              to reach ``HOT_PS_TARGET_UTILISATION`` at the same load. A job without PS (an
-              all-reduce job) has no PS rows, and none is hot.
+              λ' = max(used / ``HOT_PS_TARGET_UTILISATION``, λ · skew) in half cores: at most the
+              target at the same load, and no more loaded per core than the median PS, so that
+              when the job speeds up (the hot PS held every step back) it is still not the slowest
+              (used / target alone is outgrown at once, and healed again a window later). A job
+              without PS (an all-reduce job) has no PS rows, and none is hot.
 * straggler — a worker whose mean speed over the last ``STRAGGLER_MIN_OBSERVATIONS`` windows is
               below ``STRAGGLER_SPEED_FRACTION`` × the median of the other workers. Action:
               replace it (its shards are re-queued by the master).
@@ -134,8 +137,11 @@ def detect_hot_ps(metrics: pd.DataFrame, window_s: float | None = None) -> list[
         node = groups[k][0]
         median = float(np.median(np.delete(utilisation, k)))
         skew = utilisation[k] / median if median > 0 else float("inf")
-        if utilisation[k] >= C.HOT_PS_UTILISATION and skew >= C.HOT_PS_SKEW:
-            new_cpu = float(np.ceil(mean_used[k] / C.HOT_PS_TARGET_UTILISATION * 2) / 2)  # half cores
+        if skew >= C.HOT_PS_SKEW:
+            needed = mean_used[k] / C.HOT_PS_TARGET_UTILISATION
+            if np.isfinite(skew):  # the others idle: no load of theirs to match
+                needed = max(needed, last_limit[k] * skew)
+            new_cpu = float(np.ceil(needed * 2) / 2)  # half cores
             events.append(InstabilityEvent(
                 "hot_ps", node,
                 f"PS {node} uses {mean_used[k]:.2f} of {last_limit[k]:g} cores ({utilisation[k]:.0%}), "

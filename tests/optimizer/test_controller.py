@@ -86,13 +86,17 @@ def usage(t, node, role, cpu_used, cpu_limit, memory_used_mb, memory_limit_mb, t
 
 
 def test_a_hot_ps_gets_cpu_in_place_within_the_quota_and_is_refused_past_it():
+    # ps-0 at 98 % of 0.5 core, 2.45× ps-1: as loaded per core as ps-1 at 0.5 · 2.45 → 1.5 cores.
     rows = tuple(usage(t, f"ps-{i}", "ps", 0.49 if i == 0 else 0.2, 0.5, 500, 1024) for t in (1, 2, 3) for i in (0, 1))
     _, (heal,) = step(ControllerState(Quota(cpu=5.0, memory_mb=8192)), observe(nodes=nodes(), usage=rows))
-    assert isinstance(heal, Heal) and heal.node == "ps-0" and heal.cpu == 1.0
+    assert isinstance(heal, Heal) and heal.node == "ps-0" and heal.cpu == 1.5
+    # The other nodes hold 2.5 cores: a quota of 3.5 leaves ps-0 1 core, more than its 0.5: a partial heal.
+    _, (partial,) = step(ControllerState(Quota(cpu=3.5, memory_mb=8192)), observe(nodes=nodes(), usage=rows))
+    assert isinstance(partial, Heal) and partial.cpu == 1.0 and partial.numbers["value"] == 1.0
     _, (refused,) = step(ControllerState(Quota(cpu=3.0, memory_mb=8192)), observe(nodes=nodes(), usage=rows))
-    assert refused == Keep(Reason.PAST_QUOTA, refused.numbers) and refused.numbers["total"] == 3.5
+    assert refused == Keep(Reason.PAST_QUOTA, refused.numbers) and refused.numbers["total"] == 4.0
     assert (refused.numbers["event"], refused.numbers["node"]) == ("hot_ps", "ps-0")  # what was refused, on whom
-    assert refused.describe() == "ps-0 at 1 would make 3.5 cores, past the quota's 3: not healed"
+    assert refused.describe() == "ps-0 at 1.5 would make 4 cores, past the quota's 3: not healed"
 
 
 def test_a_node_at_oom_risk_grows_its_whole_role_and_is_judged_afresh():

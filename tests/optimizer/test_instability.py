@@ -25,9 +25,22 @@ def test_hot_ps_is_found_with_its_evidence_and_more_cpu():
     assert [e.node for e in events] == ["ps-0"]
     event = events[0]
     assert event.kind == "hot_ps" and event.action.kind == "set_cpu"
-    assert event.action.value >= 1.95 / C.HOT_PS_TARGET_UTILISATION
     assert event.evidence["utilisation"] == pytest.approx(0.975)
     assert event.evidence["skew"] == pytest.approx(0.975 / 0.375)
+    # As loaded per core as the median PS: 2 cores × 2.6 = 5.2 → 5.5 (above 1.95 / 0.7 = 2.8).
+    assert event.action.value == 5.5 and event.action.value >= 1.95 / C.HOT_PS_TARGET_UTILISATION
+
+
+def test_a_skewed_ps_below_saturation_is_hot_and_one_without_skew_is_not():
+    # A PS whose threads do not fill its limit holds every step back at 62 % while the others run at 26 %.
+    (event,) = detect_hot_ps(metrics(ps_rows({"ps-0": 2.5, "ps-1": 1.0, "ps-2": 1.05}, limit=4.0)))
+    assert event.node == "ps-0" and event.action.value == 10.0  # 4 cores × skew 0.625 / 0.256 = 9.8 → 10
+    assert C.HOT_PS_UTILISATION == 0.5
+    assert detect_hot_ps(metrics(ps_rows({"ps-0": 1.9, "ps-1": 0.6, "ps-2": 0.6}, limit=4.0))) == []  # 48 %: below
+    assert detect_hot_ps(metrics(ps_rows({"ps-0": 3.0, "ps-1": 2.1, "ps-2": 2.2}, limit=4.0))) == []  # skew 1.4
+    # Idle peers (no load of theirs to match): the target utilisation alone sizes it.
+    (idle,) = detect_hot_ps(metrics(ps_rows({"ps-0": 1.9, "ps-1": 0.0}, limit=2.0)))
+    assert idle.action.value == 3.0 and idle.evidence["skew"] is None
 
 
 def test_balanced_busy_ps_are_not_hot_nor_is_a_lone_saturated_ps():
