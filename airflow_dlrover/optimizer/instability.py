@@ -139,7 +139,7 @@ def detect_hot_ps(metrics: pd.DataFrame, window_s: float | None = None) -> list[
         skew = utilisation[k] / median if median > 0 else float("inf")
         if skew >= C.HOT_PS_SKEW:
             needed = mean_used[k] / C.HOT_PS_TARGET_UTILISATION
-            if np.isfinite(skew):  # the others idle: no load of theirs to match
+            if np.isfinite(skew):  # else the others idle: no load of theirs to match
                 needed = max(needed, last_limit[k] * skew)
             new_cpu = float(np.ceil(needed * 2) / 2)  # half cores
             events.append(InstabilityEvent(
