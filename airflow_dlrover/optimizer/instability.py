@@ -5,13 +5,13 @@ Input is a node-metrics table, one row per node per observation window, with the
 and, for workers, ``throughput`` (samples/s). Output is a list of typed events, each with its
 evidence and a proposed action; nothing here acts.
 
-* hot PS    — mean CPU use over the window ≥ ``HOT_PS_UTILISATION`` of its limit and (with ≥ 2
-              PS) ≥ ``HOT_PS_SKEW`` × the median utilisation of the other PS. Action: more CPU,
-              λ' = max(used / ``HOT_PS_TARGET_UTILISATION``, λ · skew) in half cores: at most the
-              target at the same load, and no more loaded per core than the median PS, so that
-              when the job speeds up (the hot PS held every step back) it is still not the slowest
-              (used / target alone is outgrown at once, and healed again a window later). A job
-              without PS (an all-reduce job) has no PS rows, and none is hot.
+* hot PS    — mean CPU use over the last ``HOT_PS_WINDOW_S`` ≥ ``HOT_PS_UTILISATION`` of its
+              limit and (with ≥ 2 PS) ≥ ``HOT_PS_SKEW`` × the median utilisation of the other
+              PS. Action: more CPU, λ' = max(used / ``HOT_PS_TARGET_UTILISATION``, λ · skew) in
+              half cores: at most the target at the same load, and no more loaded per core than
+              the median PS, so that when the job speeds up (the hot PS held every step back) it
+              is still not the slowest (used / target alone is outgrown at once, and healed again
+              a window later). A job without PS (an all-reduce job) has no PS rows, and none is hot.
 * straggler — a worker whose mean speed over the last ``STRAGGLER_MIN_OBSERVATIONS`` windows is
               below ``STRAGGLER_SPEED_FRACTION`` × the median of the other workers. Action:
               replace it (its shards are re-queued by the master).
@@ -305,8 +305,9 @@ def detect(metrics: pd.DataFrame | Mapping[str, Any], remaining_s: float | None 
     """All detectors over one metrics table (a DataFrame, or a mapping of column → values);
     ``ps_growth_mb``, ``ps_transient_mb``: the PS's memory curve (``detect_oom_risk``)."""
     table = _check(metrics, METRIC_COLUMNS)
-    events = detect_hot_ps(table) + detect_oom_risk(table, remaining_s=remaining_s, ps_growth_mb=ps_growth_mb,
-                                                    ps_transient_mb=ps_transient_mb)
+    events = detect_hot_ps(table, C.HOT_PS_WINDOW_S)
+    events += detect_oom_risk(table, remaining_s=remaining_s, ps_growth_mb=ps_growth_mb,
+                              ps_transient_mb=ps_transient_mb)
     if "throughput" in table:
         events += detect_stragglers(table)
     return events

@@ -43,6 +43,15 @@ def test_a_skewed_ps_below_saturation_is_hot_and_one_without_skew_is_not():
     assert idle.action.value == 3.0 and idle.evidence["skew"] is None
 
 
+def test_a_ps_that_ran_hot_lately_is_judged_on_the_rows_since_not_on_its_history():
+    # A guard that observes every 30 s: ps-0 ran hot for the last two observations (90 %, 3× ps-1).
+    calm = ps_rows({"ps-0": 1.0, "ps-1": 1.0}, times=range(0, 240, 30))
+    hot = ps_rows({"ps-0": 1.8, "ps-1": 0.6}, times=(240, 270))
+    assert detect_hot_ps(metrics(calm + hot)) == []  # the mean of all ten: skew 1.26
+    [event] = [e for e in detect(metrics(calm + hot)) if e.kind == "hot_ps"]
+    assert event.node == "ps-0" and event.evidence["skew"] == pytest.approx(3.0)
+
+
 def test_balanced_busy_ps_are_not_hot_nor_is_a_lone_saturated_ps():
     assert detect_hot_ps(metrics(ps_rows({"ps-0": 1.9, "ps-1": 1.85}))) == []
     assert detect_hot_ps(metrics(ps_rows({"ps-0": 1.9}))) == []  # the plan's bottleneck: fine-tune's call
@@ -103,7 +112,7 @@ def test_flat_or_slow_memory_is_not_a_risk_but_a_node_at_the_limit_is():
 
 
 def test_detect_runs_every_detector_and_checks_columns():
-    rows = ps_rows({"ps-0": 1.95, "ps-1": 0.5}) + [
+    rows = ps_rows({"ps-0": 1.95, "ps-1": 0.5}, times=(60, 70, 80)) + [
         dict(time_s=t, node="ps-1", role="ps", memory_used_mb=2000 + 10 * t, cpu_used=0.5) for t in (90, 100, 110)
     ]
     kinds = sorted(e.kind for e in detect(metrics(rows)))
