@@ -365,14 +365,14 @@ OOM_USAGE_FRACTION = 0.95
 MEASUREMENT_WINDOW_S = 3.0
 #: The detectors look at this many most recent windows of each node: 30 s of 3 s windows. (ours)
 DETECTOR_HISTORY_WINDOWS = 10
+#: ... leaving out each node's first seconds: its memory ramps while it imports torch and
+#: touches its first rows, which a trend reads as a leak. (ours, measured on the runtime)
+NODE_WARMUP_S = 10.0
 #: The hot-PS rule judges the rows of this many last seconds: the detectors' history, in time. A
 #: hot PS is a level, not a trend: a guard that observes less often than every window (a sensor's
 #: poke, the cluster simulation's control period) judges its latest rows, not a mean that reaches
 #: back to before the PS ran hot. (ours; docs/tuning.md#hot_ps_utilisation)
 HOT_PS_WINDOW_S = DETECTOR_HISTORY_WINDOWS * MEASUREMENT_WINDOW_S
-#: ... leaving out each node's first seconds: its memory ramps while it imports torch and
-#: touches its first rows, which a trend reads as a leak. (ours, measured on the runtime)
-NODE_WARMUP_S = 10.0
 #: After a real OOM kill the node comes back with this factor more memory (once per kill),
 #: rounded up to ``MEMORY_GRANULARITY_MB``. (ours; DLRover doubles, which overshoots a PS whose
 #: tables grow slowly)
