@@ -685,9 +685,7 @@ def _hot_ps_cpu(quota: Quota | None, nodes: Iterable[NodeStatus], name: str, ask
     ``asked`` (which :func:`_past_quota` then refuses)."""
     if quota is None:
         return asked
-    others = sum(n.cpu or 0.0 for n in nodes if n.role in ("ps", "worker") and n.state != NodeState.STOPPED
-                 and n.name != name)
-    room = math.floor((quota.cpu - others) * 2 + 1e-9) / 2
+    room = math.floor((quota.cpu - _held_by_others(nodes, name, "cpu")) * 2 + 1e-9) / 2
     return asked if room >= asked or room <= limit else room
 
 
@@ -698,13 +696,19 @@ def _past_quota(quota: Quota | None, nodes: Iterable[NodeStatus], name: str, res
     not count)."""
     if quota is None:
         return None
-    active = [n for n in nodes if n.role in ("ps", "worker") and n.state != NodeState.STOPPED and n.name != name]
     attribute, limit, unit = ("cpu", quota.cpu, "cores") if resource == "cpu" else ("memory_mb", quota.memory_mb, "MB")
-    total = sum(getattr(n, attribute) or 0.0 for n in active) + value
+    total = _held_by_others(nodes, name, attribute) + value
     if total <= limit + 1e-9:
         return None
     return Keep(Reason.PAST_QUOTA, {**numbers, "node": name, "value": value, "total": total, "unit": unit,
                                     "limit": limit})
+
+
+def _held_by_others(nodes: Iterable[NodeStatus], name: str, attribute: str) -> float:
+    """The ``attribute`` (``cpu``, ``memory_mb``) the job's PS and workers other than ``name`` hold
+    (the master is not planned, so it does not count)."""
+    return sum(getattr(n, attribute) or 0.0 for n in nodes
+               if n.role in ("ps", "worker") and n.state != NodeState.STOPPED and n.name != name)
 
 
 def _recent(rows: tuple[dict, ...]) -> tuple[dict, ...]:
@@ -777,9 +781,9 @@ def _finetune(state: ControllerState, obs: Observation) -> tuple[ControllerState
     if config is None or state.model is None:
         return state, Keep(Reason.NOT_MEASURED)
     if refit:
-        state = replace(state, model=_with_start(refit_model(state), state))
+        state = replace(state, model=refit_model(state))
     if _memory_refit_due(state):
-        state = replace(state, model=_with_start(refit_memory(state), state))
+        state = replace(state, model=refit_memory(state))
     remaining = obs.remaining
     if remaining is None:
         return state, Keep(Reason.NOT_MEASURED)
@@ -911,11 +915,13 @@ def _layout_bounds(state: ControllerState) -> dict[str, float | None]:
 def refit_model(state: ControllerState) -> JobModel:
     """The model refitted on ``refit_table`` (memory on ``memory_refit_table``, its tables bounded
     by the layout's capacity the model carries), warm-started from the job's prior (this run's own
-    earlier refits saw these samples already and would count them twice); the current model when
-    the samples cannot be fitted (too few configurations and no prior)."""
+    earlier refits saw these samples already and would count them twice), its tables at least the
+    job's starting ones (:func:`_with_start`); the current model when the samples cannot be fitted
+    (too few configurations and no prior)."""
     try:
-        return fit_job_model(refit_table(state), state.prior, leave_one_out=False, prior_weight=state.prior_weight,
-                             memory_samples=memory_refit_table(state), **_layout_bounds(state))
+        return _with_start(fit_job_model(refit_table(state), state.prior, leave_one_out=False,
+                                         prior_weight=state.prior_weight, memory_samples=memory_refit_table(state),
+                                         **_layout_bounds(state)), state)
     except InvalidInputError:
         return state.model
 
@@ -932,12 +938,13 @@ def _memory_refit_due(state: ControllerState) -> bool:
 
 def refit_memory(state: ControllerState) -> JobModel:
     """The current model with its memory refitted alone on ``memory_refit_table``, its PS base the
-    current model's (else the prior's) where the windows' PS count never varies (unchanged when
-    those samples cannot be fitted)."""
+    current model's (else the prior's) where the windows' PS count never varies, its tables at
+    least the job's starting ones (:func:`_with_start`; unchanged when those samples cannot be
+    fitted)."""
     try:
         memory = fit_memory(memory_refit_table(state), base_from=state.model.memory or (
             state.prior.memory if state.prior else None), **_layout_bounds(state))
-        return replace(state.model, memory=memory)
+        return _with_start(replace(state.model, memory=memory), state)
     except InvalidInputError:
         return state.model
 
