@@ -77,6 +77,7 @@ def controller_state(history: Any, job: Any, run: int, quota: Quota | None,
         largest_table_mb=layout.get("largest_table_mb"),
         table_start_mb=layout.get("table_start_mb"),
         apart=bool(layout.get("apart")),
+        last_run_config=history.last_configuration(job, before_run=run),
     )
     return ControllerState(**{**values, **fields})
 

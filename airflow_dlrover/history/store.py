@@ -29,7 +29,9 @@ from airflow_dlrover.history.identity import ID_LENGTH, JobIdentity
 from airflow_dlrover.optimizer.constants import MEMORY_OOM_HISTORY_RUNS
 from airflow_dlrover.optimizer.job_model import JobModel, choose_prior
 from airflow_dlrover.optimizer.similarity import SimilarPrior, similar_prior
-from airflow_dlrover.optimizer.types import CONFIG_COLUMNS, USAGE_COLUMNS, InvalidInputError
+from airflow_dlrover.optimizer.types import (
+    CONFIG_COLUMNS, RESIZE_ACTIONS, USAGE_COLUMNS, Configuration, EventKind, InvalidInputError,
+)
 
 SAMPLE_COLUMNS = (*CONFIG_COLUMNS, "throughput", *USAGE_COLUMNS, "samples_seen", "timestamp")
 
@@ -260,6 +262,24 @@ class HistoryStore:
                 if event.document.get("event") == "recovered" and event.document.get("reason") == "oom_killed":
                     killed[event.run_id].add(str(event.document.get("node", "")).split("-")[0])
         return [killed[run] for run in runs]
+
+    def last_configuration(self, job: JobIdentity | str, *, before_run: int | None = None) -> Configuration | None:
+        """The configuration the job's newest run that launched (before ``before_run``) ended on:
+        the target of its last fine-tune resize or revert, else its launch (``launched`` event);
+        None for a job that never launched."""
+        with Session(self.engine) as session:
+            found = _resolve(session, job, run=before_run)
+            query = select(Record).join(Run, Record.run_id == Run.id).where(
+                Run.job_id == (found.id if found else None), Record.kind.in_(("event", "decision")))
+            if before_run is not None:
+                query = query.where(Run.id < _id(before_run)) if _id(before_run) else query.where(False)
+            for record in session.scalars(query.order_by(Run.id.desc(), Record.id.desc())):
+                document = record.document
+                if record.kind == "decision" and document.get("action") in RESIZE_ACTIONS:
+                    return Configuration(**document["target"])
+                if record.kind == "event" and document.get("event") == EventKind.LAUNCHED:
+                    return Configuration(**document["config"])
+        return None
 
     def similar_prior(self, job: JobIdentity | str, signature: dict[str, Any]) -> SimilarPrior | None:
         """A prior for ``job`` from the other jobs (``similarity.similar_prior``): each one's prior

@@ -72,6 +72,7 @@ from airflow_dlrover.optimizer.finetune import ResizeRecord, decide, plan_within
 from airflow_dlrover.optimizer.instability import METRIC_COLUMNS, detect
 from airflow_dlrover.optimizer.job_model import JobModel, fit_job_model
 from airflow_dlrover.optimizer.memory import fit_memory
+from airflow_dlrover.optimizer.planner import plan_at
 from airflow_dlrover.optimizer.probes import (
     design_probes, next_probe_in_budget, probes_always_measured, profile_apart, profile_is_partial, visiting_order,
 )
@@ -212,7 +213,9 @@ class ControllerState:
     stand-in (``probes.profile_apart``), the job itself starts on its plan. ``failure_log``: each
     report of failed nodes (``time_s``, ``samples_done`` and the nodes' ``exit_codes``);
     ``restart_budget``: (failures, seconds) a trainer of the user's may have before it stops (None:
-    no budget)."""
+    no budget). ``last_run_config``: the configuration the job's newest earlier run ended on (its
+    launch, or its last resize), which a warm start launches where its prior's plan extrapolates
+    (:func:`_plan`)."""
 
     quota: Quota | None
     objective: Objective = Objective.THROUGHPUT
@@ -242,6 +245,7 @@ class ControllerState:
     apart: bool = False
     failure_log: tuple[dict, ...] = ()
     restart_budget: tuple[int, float] | None = None
+    last_run_config: Configuration | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objective", Objective.parse(self.objective))
@@ -317,7 +321,7 @@ def begin(quota: Quota, objective: Objective | str = Objective.THROUGHPUT, *, pr
           deadline_at_s: float | None = None, batch_size: int = 512, worker_gpu: int = 0,
           table_mb: float | None = None, largest_table_mb: float | None = None, allreduce: bool | None = None,
           window_s: float = C.PROBE_WINDOW_S, table_start_mb: float | None = None,
-          similar: SimilarPrior | None = None) -> ControllerState:
+          similar: SimilarPrior | None = None, last_run_config: Configuration | None = None) -> ControllerState:
     """A job's state before its first step: profiling the probes ``probes.design_probes`` chooses
     under ``quota`` (none for a warm start: a ``prior`` with a memory model; fewer the more alike
     the prior from ``similar`` jobs, taken where the job has none of its own), in
@@ -331,7 +335,7 @@ def begin(quota: Quota, objective: Objective | str = Objective.THROUGHPUT, *, pr
     return ControllerState(quota, objective, deadline_at_s, phase=Phase.PROFILING,
                            probes=tuple(visiting_order(design)) if len(design) else (), window_s=window_s,
                            batch_size=batch_size, table_mb=table_mb, largest_table_mb=largest_table_mb,
-                           table_start_mb=table_start_mb, **fields)
+                           table_start_mb=table_start_mb, last_run_config=last_run_config, **fields)
 
 
 def prior_fields(prior: JobModel | None, similar: SimilarPrior | None) -> dict[str, Any]:
@@ -469,6 +473,8 @@ def _plan(state: ControllerState, obs: Observation) -> tuple[ControllerState, li
     deadline_s = None if state.deadline_at_s is None else state.deadline_at_s - obs.now_s
     plan = initial_plan(state.model, state.quota, state.objective, samples=obs.remaining or None,
                         deadline_s=deadline_s, batch_size=state.batch_size)
+    if not state.profile and plan_needs_check(plan):
+        plan = _last_run_plan(state, plan, obs.remaining or None) or plan
     if (state.profile and state.plan_checks < C.PLAN_CHECK_PROBES and plan_needs_check(plan)
             and obs.remaining != 0):
         window_s = C.PLAN_CHECK_WINDOWS * state.window_s
@@ -478,6 +484,25 @@ def _plan(state: ControllerState, obs: Observation) -> tuple[ControllerState, li
             Probe(Reason.PLAN_CHECK, numbers, config=plan.config, window_s=window_s, apart=state.apart)]
     return replace(state, plan=plan, phase=Phase.TRAINING, since_s=obs.now_s), [
         Launch(Reason.PLANNED, {"reason": plan.reason}, plan=plan)]
+
+
+def _last_run_plan(state: ControllerState, plan: Plan, samples: float | None) -> Plan | None:
+    """A warm start's launch on the configuration its job's last run ended on
+    (``last_run_config``: measured, and where that run's fine-tune left it), sized for this run,
+    in place of its prior's ``plan`` that extrapolates past the probes. A warm start measures
+    nothing before it launches, and past the probes is where the model is least sure: a cold
+    launch measures such a plan first (``PLAN_CHECK_PROBES``), and the fine-tune explores toward
+    it from here. None (the plan stands): no such run, the same shape, another kind of job, a
+    deadline (the last configuration may not meet it), or it does not fit the quota."""
+    last = state.last_run_config
+    if (last is None or state.objective == Objective.DEADLINE or shape(last) == shape(plan.config)
+            or is_allreduce(last) != is_allreduce(plan.config)):
+        return None
+    outside = ", ".join(f"{name} ×{factor:.2g}" for name, factor in plan.extrapolation.items())
+    why = (f"the configuration the last run ended on, measured there, as the prior's plan "
+           f"({plan.config.describe()}) extrapolates past the probes ({outside})")
+    return plan_at(state.model.throughput, state.model.memory, state.quota, state.objective,
+                   replace(last, batch_size=state.batch_size), why, samples=samples)
 
 
 _BEFORE_TRAINING = {Phase.PROFILING: _profile, Phase.FITTING: _fit, Phase.PLANNING: _plan}

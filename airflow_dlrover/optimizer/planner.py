@@ -609,6 +609,30 @@ def plan(
     ))
 
 
+def plan_at(model: ThroughputModel, memory: MemoryModel | None, quota: Quota, objective: Objective | str,
+            config: Configuration, why: str, *, samples: float | None = None, samples_done: float = 0.0) -> Plan | None:
+    """A plan of ``config``'s resources (workers, PS, their CPU and GPUs; its batch size), not a
+    search: memory per node as :func:`plan` sizes it (:func:`node_memory`, for ``samples`` to
+    train after ``samples_done``), the model's prediction and band, ``why`` its reason. None when
+    it does not fit ``quota`` (cores, GPUs, memory, nodes) or its nodes get no memory."""
+    w, p = np.array([config.workers]), np.array([config.ps])
+    worker, ps, source = node_memory(memory, quota, w, p, config.batch_size, samples_done + (samples or 0.0))
+    sized = replace(config, worker_memory_mb=float(worker[0]), ps_memory_mb=float(ps[0]))
+    fits = (sized.cores <= quota.cpu + _CORES_EPS and sized.memory_mb <= quota.memory_mb
+            and sized.workers * sized.worker_gpu <= quota.gpu
+            and (quota.max_nodes is None or sized.nodes <= quota.max_nodes)
+            and sized.worker_memory_mb >= C.NODE_MIN_MEMORY_MB
+            and (sized.ps == 0 or sized.ps_memory_mb >= C.NODE_MIN_MEMORY_MB))
+    if not fits:
+        return None
+    x, lower, upper = (float(v[0]) for v in model.predict_features(model.features(sized)))
+    outside = extrapolation(model, sized)
+    return Plan(sized, x, lower, upper, Objective.parse(objective).value,
+                f"{why}: {sized.describe()} → {x:,.0f} samples/s (90 % band {lower:,.0f}–{upper:,.0f})"
+                + _range_note(model, outside) + (f"; memory per node {source}" if source else ""),
+                extrapolation=outside)
+
+
 def _surest_of_the_fastest(model: ThroughputModel, grid: "Configurations", x: np.ndarray, batch: int,
                            allreduce: bool) -> int:
     """The throughput objective's choice: of the ``PLAN_ALTERNATIVES`` + 1 fastest (ties to fewer

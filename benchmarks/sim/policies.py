@@ -224,6 +224,7 @@ class OursPolicy(Policy):
         self.history: dict[int, list[JobModel]] = {}  # a family's models, newest first (the history store's)
         self.oom_history: dict[int, list[set[str]]] = {}  # the roles OOM-killed in each run, newest first
         self.signatures: dict[int, dict] = {}  # each family's signature, as its profile recorded it
+        self.last_configs: dict[int, Configuration] = {}  # the configuration each family's last run ended on
         self.fits = 0
         self.steps = 0
 
@@ -242,7 +243,7 @@ class OursPolicy(Policy):
         job.state["controller"] = begin(job.limit, self.objective, prior=prior, batch_size=BATCH,
                                         table_mb=family.start_tables_mb, table_start_mb=family.start_tables_mb,
                                         allreduce=is_allreduce(job),
-                                        similar=similar)
+                                        similar=similar, last_run_config=self.last_configs.get(family.index))
         job.state["fed"] = 0
         action = self._advance(job, self._profile_seen(job, None))
         if isinstance(action, Probe):
@@ -336,6 +337,8 @@ class OursPolicy(Policy):
         state: ControllerState | None = job.state.get("controller")
         if state is not None and state.model is not None:  # the run's model joins the history store's
             self.history.setdefault(job.spec.family.index, []).insert(0, state.model)
+        if job.config_final is not None:  # the history store's records of its launch and resizes
+            self.last_configs[job.spec.family.index] = job.config_final
         if state is not None:  # and its OOM kills while it trained (the guard's events)
             self.oom_history.setdefault(job.spec.family.index, []).insert(0, job.state.get("oom_roles", set()))
 

@@ -79,6 +79,10 @@ def test_the_exploration_count_and_the_unjudged_exploration_survive_the_tasks_re
     first = next(i for i, d in enumerate(decisions) if d["reason"] == Reason.EXPLORE)
     mid = controller_state(_Upto(store, first + 1), JobIdentity("", "", "explore"), run, QUOTA)
     assert mid.last_resize.exploring and mid.explorations == 1
+    assert rebuilt.last_run_config is None  # an earlier run's: none
+    tomorrow = store.start_run(JobIdentity("", "", "explore"), "manual__tomorrow")
+    ended = [a.config for a in actions if isinstance(a, Resize)][-1]  # the last revert's target
+    assert controller_state(store, JobIdentity("", "", "explore"), tomorrow, QUOTA).last_run_config == ended
 
 
 class _Upto:

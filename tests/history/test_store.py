@@ -105,6 +105,31 @@ def test_the_priors_margins_are_what_the_jobs_oom_history_justifies(store):
     assert store.oom_history("video") == []
 
 
+def test_the_last_configuration_is_where_the_newest_launched_run_ended(store):
+    from airflow_dlrover.optimizer.types import Configuration
+
+    def config(workers):
+        return Configuration(workers, 2, 1.0, 2.0, 1024.0, 2048.0, 0, 512)
+
+    first = store.start_run("ctr", "d1")
+    store.add(first, "event", {"event": "launched", "config": config(4).to_row()})
+    store.add(first, "decision", {"action": "resize", "target": config(6).to_row()})
+    store.add(first, "decision", {"action": "revert", "target": config(5).to_row()})
+    store.add(first, "decision", {"action": "keep"})
+    store.add(first, "event", {"event": "instability", "node": "ps-0"})
+    second = store.start_run("ctr", "d2")
+    store.add(second, "event", {"event": "launched", "config": config(7).to_row()})
+    store.add(second, "event", {"event": "recovered", "node": "worker-0"})
+    never = store.start_run("ctr", "d3")  # failed before it launched
+    store.add(never, "event", {"event": "profiled"})
+    today = store.start_run("ctr", "d4")
+    assert store.last_configuration("ctr", before_run=second) == config(5)  # the revert's target, last
+    assert store.last_configuration("ctr", before_run=today) == config(7)  # the newest run that launched
+    assert store.last_configuration("ctr") == config(7)
+    assert store.last_configuration("ctr", before_run=first) is None
+    assert store.last_configuration("video") is None
+
+
 def test_a_new_job_finds_the_priors_of_jobs_with_its_signature(store):
     from airflow_dlrover.runtime.spec import JobSpec
 

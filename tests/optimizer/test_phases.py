@@ -199,3 +199,32 @@ def test_the_prior_is_the_newest_cold_fits_throughput_with_the_newest_memory():
     prior = choose_prior([warm, cold])  # newest first
     assert prior.throughput is cold.throughput and prior.memory is warm.memory
     assert choose_prior([]) is None and choose_prior([warm]) == JobModel(warm.throughput, warm.memory)
+
+
+def test_a_warm_start_whose_plan_extrapolates_launches_where_the_last_run_ended():
+    cold_state, *_ = drive(begin(QUOTA))
+    prior = choose_prior([cold_state.model])
+    throughput = prior.throughput
+    narrow = replace(prior, throughput=replace(throughput, report=replace(throughput.report,
+                                                                          probed_range={"workers": (1.0, 1.0)})))
+    last = Configuration(3, 2, 2.0, 4.0, 999.0, 999.0, 0, 512)  # its memory was that run's
+
+    def launched(prior, objective="throughput", last_run_config=last, quota=QUOTA):
+        state = begin(quota, objective, prior=prior, last_run_config=last_run_config,
+                      deadline_at_s=1e9 if objective == "deadline" else None)
+        return drive(state)[-1].plan
+
+    planned = launched(narrow, last_run_config=None)
+    assert planned.extrapolation and shape(planned.config) != shape(last)
+    plan = launched(narrow)
+    assert shape(plan.config) == shape(last) and "the last run ended on" in plan.reason
+    memory = narrow.memory  # sized for this run, as any plan: not the last run's sizes
+    assert plan.config.ps_memory_mb == float(memory.ps_request_mb(2, SAMPLES))
+    assert plan.config.worker_memory_mb == float(memory.worker_request_mb(512, SAMPLES))
+    assert plan.predicted_throughput == pytest.approx(
+        float(narrow.throughput.predict_features(narrow.throughput.features(plan.config), band=False)[0]))
+    inside = launched(prior)  # a plan inside the probes stands
+    assert not inside.extrapolation and shape(inside.config) != shape(last)
+    assert shape(launched(narrow, "deadline").config) != shape(last)  # the last configuration may miss it
+    small = replace(QUOTA, cpu=last.cores - 1.0)  # it no longer fits
+    assert shape(launched(narrow, quota=small).config) != shape(last)
