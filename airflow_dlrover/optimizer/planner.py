@@ -610,13 +610,13 @@ def plan(
 
 
 def plan_at(model: ThroughputModel, memory: MemoryModel | None, quota: Quota, objective: Objective | str,
-            config: Configuration, why: str, *, samples: float | None = None, samples_done: float = 0.0) -> Plan | None:
+            config: Configuration, why: str, *, samples: float | None = None) -> Plan | None:
     """A plan of ``config``'s resources (workers, PS, their CPU and GPUs; its batch size), not a
     search: memory per node as :func:`plan` sizes it (:func:`node_memory`, for ``samples`` to
-    train after ``samples_done``), the model's prediction and band, ``why`` its reason. None when
-    it does not fit ``quota`` (cores, GPUs, memory, nodes) or its nodes get no memory."""
+    train), the model's prediction and band, ``why`` its reason. None when it does not fit
+    ``quota`` (cores, GPUs, memory, nodes) or its nodes get no memory."""
     w, p = np.array([config.workers]), np.array([config.ps])
-    worker, ps, source = node_memory(memory, quota, w, p, config.batch_size, samples_done + (samples or 0.0))
+    worker, ps, source = node_memory(memory, quota, w, p, config.batch_size, samples or 0.0)
     sized = replace(config, worker_memory_mb=float(worker[0]), ps_memory_mb=float(ps[0]))
     fits = (sized.cores <= quota.cpu + _CORES_EPS and sized.memory_mb <= quota.memory_mb
             and sized.workers * sized.worker_gpu <= quota.gpu
