@@ -454,3 +454,27 @@ def test_job_args_take_a_dataset_a_layout_as_json_text_a_model_and_an_export(tmp
         with pytest.raises(InvalidInputError) as err:
             build_spec("j", args)
         assert err.value.field == field
+
+
+def test_a_warm_launch_whose_plan_extrapolates_takes_the_configuration_the_last_run_ended_on(airflow_db):
+    """The launch task's state carries the last run's configuration from the history store: a
+    warm plan past the probes (a prior that ran only 4-core PS, a 1.5-core quota) gives way to it."""
+    from airflow_dlrover.optimizer.job_model import fit_job_model
+    from sim.synthetic import model_samples
+
+    job, history = "warm-past-the-probes", HistoryStore()
+    model = fit_job_model(model_samples(seed=3), leave_one_out=False)
+    report = replace(model.throughput.report, probed_range={"ps_cpu": (4.0, 4.0)})
+    fit = DLRoverFitOperator(task_id="fit", job=job)
+    yesterday = history.start_run(fit.job_identity(), "manual__yesterday")
+    history.save_model(yesterday, replace(model, throughput=replace(model.throughput, report=report)))
+    last = Configuration(1, 1, 1.0, 0.5, 999.0, 999.0)
+    history.add(yesterday, "event", {"event": "launched", "config": last.to_row()})
+    history.add(yesterday, "decision", {"action": "keep"})
+    ctx, quota = context("manual__today"), {"cpu": 1.5, "memory": "64Gi"}
+    fit.execute(ctx)
+    planned = DLRoverLaunchOperator(task_id="launch", job=job, job_args=JOB_ARGS, quota=quota,
+                                    plan_only=True).execute(ctx)
+    keys = ("workers", "ps", "worker_cpu", "ps_cpu")
+    assert {k: planned["config"][k] for k in keys} == {k: getattr(last, k) for k in keys}
+    assert "the last run ended on" in planned["reason"] and planned["config"]["ps_memory_mb"] != 999.0
