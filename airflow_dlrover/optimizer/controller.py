@@ -17,7 +17,8 @@ The state carries the job's phase (``types.Phase``); :func:`begin` starts it pro
    warm-started from the prior (``job_model.choose_prior``); a warm start plans on the prior.
    *Planning*: :func:`initial_plan` for what remains of the job; a plan that extrapolates past the
    probes is measured first (``Probe``, at most ``PLAN_CHECK_PROBES`` times) and planned again on
-   the refit; then ``Launch``, and the job is *training* until no sample remains (*done*).
+   the refit — a warm start's, which measures nothing, gives way to the configuration its last run
+   ended on; then ``Launch``, and the job is *training* until no sample remains (*done*).
 
 While training, one step looks at the observation in this order (failed nodes first in every
 phase: a probe's are recovered at once, as it is no task's try):
