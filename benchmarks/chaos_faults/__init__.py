@@ -6,6 +6,7 @@ fire on a running job of the local launcher. Each returns the event it records (
                              adopts the job (``launch`` of the same spec returns its id)
     damaged_checkpoint       a byte flipped in the middle of the newest checkpoint's ``ps-0.npz``, then
                              ps-0 killed: the restore must fall back to the newest one that verifies
+                             (again where a checkpoint completed meanwhile spared it the damaged one)
     fill_disk / free_disk    a file that takes every free byte of the job's filesystem, then a killed
                              worker (its relaunch must record it); removed once the run ended with ENOSPC
     unsigned_large_body      a 400 MB unsigned POST streamed to the master; its RSS peak while it streams
@@ -91,19 +92,38 @@ def flip_middle_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-def damaged_checkpoint(launcher: LocalLauncher, job_id: str) -> dict[str, Any]:
-    """Flip a byte of the newest checkpoint's ps-0 file, then kill ps-0 so that a restore must read it."""
-    checkpoint = launcher.master_call(job_id, "/status")["checkpoint"]
-    if not checkpoint:
-        return {"skipped": "no checkpoint yet"}
-    flip_middle_byte(Path(checkpoint["path"]) / "ps-0.npz")
-    was_running = running(launcher, job_id, "ps-0")
-    if was_running:  # else its relaunch, due anyway, restores the job
-        launcher.kill_node(job_id, "ps-0")
-        deadline = time.monotonic() + 10.0
-        while running(launcher, job_id, "ps-0") and time.monotonic() < deadline:  # its exit status written
-            time.sleep(0.05)
-    return {"flipped": checkpoint["id"], "path": checkpoint["path"], "killed": was_running}
+def damaged_checkpoint(launcher: LocalLauncher, job_id: str, attempts: int = 3,
+                       restore_wait_s: float = 20.0) -> dict[str, Any]:
+    """Flip a byte of the newest checkpoint's ps-0 file, then kill ps-0 so that a restore must read
+    it and fall back (the master log's ``fallbacks``). Again, up to ``attempts`` times, where the
+    restore did not fall back within ``restore_wait_s``: a checkpoint in flight at the flip that
+    completed before the kill is newer and whole, or ps-0 was down (a relaunch restoring already)."""
+    before = fallbacks(launcher, job_id)
+    event: dict[str, Any] = {"skipped": "no checkpoint yet"}
+    for attempt in range(1, attempts + 1):
+        _wait(lambda: running(launcher, job_id, "ps-0"), 10.0)
+        checkpoint = launcher.master_call(job_id, "/status")["checkpoint"]
+        if not checkpoint:
+            return event
+        flip_middle_byte(Path(checkpoint["path"]) / "ps-0.npz")
+        was_running = running(launcher, job_id, "ps-0")
+        if was_running:
+            launcher.kill_node(job_id, "ps-0")
+            _wait(lambda: not running(launcher, job_id, "ps-0"), 10.0)  # its exit status written
+        event = {"flipped": checkpoint["id"], "path": checkpoint["path"], "killed": was_running, "attempts": attempt}
+        if _wait(lambda: fallbacks(launcher, job_id) > before, restore_wait_s):
+            return event
+    return event
+
+
+def _wait(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll ``condition`` every 50 ms for up to ``timeout_s``; whether it held."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def running(launcher: LocalLauncher, job_id: str, name: str) -> bool:
