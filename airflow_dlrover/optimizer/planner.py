@@ -342,9 +342,15 @@ class _NodeMemory:
         w, p = np.arange(rng.max_workers + 1)[:, None], np.arange(rng.max_ps + 1)[None, :]
         worker, ps, source = node_memory(memory, quota, w, p, batch, samples, worker_memory_mb, ps_memory_mb)
         total = w * worker + p * ps
-        fits = (total <= quota.memory_mb) & (worker >= C.NODE_MIN_MEMORY_MB) \
-            & ((p == 0) | (ps >= C.NODE_MIN_MEMORY_MB)) & (w > 0) & ((p > 0) | rng.allreduce)
-        return cls(*np.broadcast_arrays(worker, ps), total, fits, source)
+        return cls(*np.broadcast_arrays(worker, ps), total, _fits_memory(w, p, worker, ps, quota, rng.allreduce),
+                   source)
+
+
+def _fits_memory(w, p, worker, ps, quota: Quota, allreduce: bool):
+    """Whether (w, p) with ``worker`` / ``ps`` MB per node fits the quota's memory, each node holding
+    a process (at least ``NODE_MIN_MEMORY_MB``), with a worker and, for a PS job, a PS."""
+    return ((w * worker + p * ps <= quota.memory_mb) & (worker >= C.NODE_MIN_MEMORY_MB)
+            & ((p == 0) | (ps >= C.NODE_MIN_MEMORY_MB)) & (w > 0) & ((p > 0) | allreduce))
 
 
 class _Grid:
@@ -618,11 +624,10 @@ def plan_at(model: ThroughputModel, memory: MemoryModel | None, quota: Quota, ob
     w, p = np.array([config.workers]), np.array([config.ps])
     worker, ps, source = node_memory(memory, quota, w, p, config.batch_size, samples or 0.0)
     sized = replace(config, worker_memory_mb=float(worker[0]), ps_memory_mb=float(ps[0]))
-    fits = (sized.cores <= quota.cpu + _CORES_EPS and sized.memory_mb <= quota.memory_mb
-            and sized.workers * sized.worker_gpu <= quota.gpu
+    fits = (sized.cores <= quota.cpu + _CORES_EPS and sized.gpus <= quota.gpu
             and (quota.max_nodes is None or sized.nodes <= quota.max_nodes)
-            and sized.worker_memory_mb >= C.NODE_MIN_MEMORY_MB
-            and (sized.ps == 0 or sized.ps_memory_mb >= C.NODE_MIN_MEMORY_MB))
+            and bool(_fits_memory(sized.workers, sized.ps, sized.worker_memory_mb, sized.ps_memory_mb, quota,
+                                  sized.ps == 0)))
     if not fits:
         return None
     x, lower, upper = (float(v[0]) for v in model.predict_features(model.features(sized)))
