@@ -328,6 +328,31 @@ def test_a_rank0_trainer_recovers_a_killed_rank_to_the_last_sample(tmp_path):
     assert summary["restarts"] >= 1 and summary["median_throughput"] > 0
 
 
+FINISHED_TRAINER = r"""
+import os, pathlib, sys, time
+total = int(os.environ["DLROVER_SAMPLES"])
+done = pathlib.Path(os.environ["DLROVER_CHECKPOINT_DIR"], "done")
+if done.exists():
+    sys.exit(0)  # resumed with nothing left to train: nothing to report
+print(f"step done={total} of {total}, 1000.0 samples/s", flush=True)
+done.write_text(str(total))
+time.sleep(60)
+"""
+
+
+def test_a_rank_killed_after_the_last_sample_resumes_with_nothing_left_and_the_job_is_done(tmp_path):
+    """Killed after it reported every sample trained, rank 0 comes back, finds nothing left and
+    exits 0 without a report: the job is done, with every sample counted, not the user's mistake."""
+    script = tmp_path / "train.py"
+    script.write_text(FINISHED_TRAINER)
+    out = tmp_path / "run"
+    assert main(["run-trainer", "--workers", "1", "--worker-cpu", "0.5", "--worker-memory", "512Mi",
+                 "--samples", "1000", "--inject", "kill-worker@4s", "--out", str(out), "--timeout", "60",
+                 *RANK0, str(script)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["samples_done"] == summary["samples_total"] == 1000 and summary["restarts"] == 1
+
+
 TORCHREC = EXAMPLES / "torchrec_dlrm" / "train.py"
 
 

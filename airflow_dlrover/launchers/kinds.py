@@ -403,6 +403,7 @@ class TrainerJob(JobKind):
         one did not report within ``report_timeout_s``: the guard sees why)."""
         started, stamp = time.monotonic(), time.time()
         current = record["config"]
+        self._keep_progress(record)
         restarts = self._stop_group(record)
         stopped_s = time.monotonic() - started
         record["nodes"] = {}
@@ -446,6 +447,19 @@ class TrainerJob(JobKind):
         return node_report(parse_reports(text, self.trainer.log_regex, written_at=mtime,
                                          per_iteration=self._per_iteration()))
 
+    def _keep_progress(self, record: dict[str, Any]) -> None:
+        """Keep the job's progress so far in the record (``progress``) before nodes restart: a new
+        incarnation's reports start afresh, and one that resumes with nothing left reports nothing."""
+        status = job_progress(self._reports(record), {})
+        kept = record.get("progress") or {"samples_done": 0, "samples_total": None}
+        record["progress"] = {"samples_done": max(kept["samples_done"], status["samples_done"]),
+                              "samples_total": status["samples_total"] or kept["samples_total"]}
+
+    def _finished_before(self, record: dict[str, Any]) -> bool:
+        """Whether an earlier incarnation reported every sample trained (:meth:`_keep_progress`)."""
+        kept = record.get("progress") or {}
+        return bool(kept.get("samples_total")) and kept["samples_done"] >= kept["samples_total"]
+
     def _per_iteration(self) -> tuple[float, float] | None:
         """(samples the job trains an iteration, samples a reporting node's rate stands for): the
         job's batch × workers; rank 0 reports the job's rate, every node its own batch. None where
@@ -477,6 +491,8 @@ class TrainerJob(JobKind):
                 continue
             if node["state"] == FAILED and node.get("exit_code") in (C.USER_ERROR_EXIT_CODE, *C.SIGKILL_EXIT_CODES):
                 continue
+            if node["state"] == SUCCEEDED and self._finished_before(record):
+                continue  # it resumed with nothing left to train
             if name not in reporters or self.node_report(node)["reports"]:
                 if node["state"] == FAILED:  # a crash after it reported: its traceback says why
                     output, _ = self.launcher._read_output(self.job_id, node, "log")
@@ -502,6 +518,10 @@ class TrainerJob(JobKind):
         record = self.launcher.read_job(self.job_id)
         reports = self._reports(record)
         status = job_progress(reports, {n: node["state"] for n, node in record["nodes"].items()})
+        kept = record.get("progress") or {}
+        if kept:
+            status.update(samples_done=max(status["samples_done"], kept["samples_done"]),
+                          samples_total=status["samples_total"] or kept["samples_total"])
         return {"throughput": status["throughput"], "nodes": reports, "status": status}
 
     def progress(self, timeout: float) -> dict[str, Any]:
@@ -533,6 +553,7 @@ class TrainerJob(JobKind):
         """Restart the node alone on its role's resources in ``config``."""
         role = node["role"]
         record["config"] = config.to_row()
+        self._keep_progress(record)
         self._renew(record, node, getattr(config, f"{role}_cpu"), getattr(config, f"{role}_memory_mb") or None,
                     replacing=False)
         self.start_node(record, node)
