@@ -34,6 +34,7 @@ from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.controller import Action, ControllerState, Fail, Observation, Probe, begin, step
 from airflow_dlrover.optimizer.probes import visiting_order, window_settled
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, JobFailed, Quota
+from airflow_dlrover.runtime.auth import MasterRejected
 from airflow_dlrover.runtime.spec import JobSpec, check_job_id
 
 log = logging.getLogger(__name__)
@@ -52,32 +53,49 @@ def advance(launcher: Any, job_id: str, state: ControllerState, *, spec: JobSpec
     phase, started = state.phase, False
     measured_id, measured_spec = job_id, spec  # the job, or its stand-in once a probe is apart
     observation = observe(launcher, job_id, before_launch=True, spec=spec)
-    while True:
-        before = state
-        state, actions = step(state, observation)
-        if on_step is not None:
-            on_step(before, state, actions, observation)
-        _raise_on_fail(job_id, actions)
-        if state.phase != phase:
-            return state, actions
-        probe = next((a for a in actions if isinstance(a, Probe)), None)
-        if probe is None:
-            for record in launcher.apply(measured_id, actions):
-                log.warning("while %s: %s", phase.value, record.get("text") or record)
-            observation = _observe(launcher, measured_id, measured_spec, job_id)
-            continue
-        log.info("%s: %s%s", probe.config.describe(), probe.describe(), " (on the job's stand-in)" * probe.apart)
-        if probe.apart and measured_id == job_id:
-            measured_id, measured_spec = stand_in_id(job_id), stand_in(spec) if spec is not None else None
-        if not started:
-            launcher.launch(measured_spec, probe.config)  # adopts a running job
-            started = True
-        try:
-            row = measure_probe(launcher, measured_id, probe.config, probe.window_s, state.quota, probe.halfwidth)
-        except JobFinished:
-            log.info("the job finished while %s", phase.value)
-            row = None
-        observation = _observe(launcher, measured_id, measured_spec, job_id, windows=(row,) if row else ())
+    try:
+        while True:
+            before = state
+            state, actions = step(state, observation)
+            if on_step is not None:
+                on_step(before, state, actions, observation)
+            _raise_on_fail(job_id, actions)
+            if state.phase != phase:
+                return state, actions
+            probe = next((a for a in actions if isinstance(a, Probe)), None)
+            if probe is None:
+                for record in launcher.apply(measured_id, actions):
+                    log.warning("while %s: %s", phase.value, record.get("text") or record)
+                observation = _observe(launcher, measured_id, measured_spec, job_id)
+                continue
+            log.info("%s: %s%s", probe.config.describe(), probe.describe(), " (on the job's stand-in)" * probe.apart)
+            if probe.apart and measured_id == job_id:
+                measured_id, measured_spec = stand_in_id(job_id), stand_in(spec) if spec is not None else None
+            if not started:
+                launcher.launch(measured_spec, probe.config)  # adopts a running job
+                started = True
+                _report_every(launcher, measured_id, T.PROBE_REPORT_INTERVAL_S)
+            try:
+                row = measure_probe(launcher, measured_id, probe.config, probe.window_s, state.quota, probe.halfwidth)
+            except JobFinished:
+                log.info("the job finished while %s", phase.value)
+                row = None
+            observation = _observe(launcher, measured_id, measured_spec, job_id, windows=(row,) if row else ())
+    finally:
+        if started:
+            _report_every(launcher, measured_id, T.REPORT_INTERVAL_S)
+
+
+def _report_every(launcher: Any, job_id: str, seconds: float) -> None:
+    """Ask our runtime's master for the workers' reports every ``seconds`` (``timings``:
+    ``PROBE_REPORT_INTERVAL_S`` while a phase measures probes); a trainer of the user's reports as
+    it does. A master that does not take it keeps its interval: probes then wait longer, no more."""
+    if launcher.trainer(job_id) is not None:
+        return
+    try:
+        launcher.master_call(job_id, "/report_interval", {"seconds": seconds}, timeout=T.MASTER_POLL_TIMEOUT_S)
+    except (ConnectionError, MasterRejected) as err:
+        log.info("reports of %s stay at their interval (not %g s): %s", job_id, seconds, err)
 
 
 def _observe(launcher: Any, measured_id: str, spec: JobSpec | None, job_id: str,

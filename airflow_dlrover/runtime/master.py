@@ -47,7 +47,8 @@ checked like a user's: 400 naming the field and what is allowed, and nothing per
                                                  | {fail}: the data is past its bad-row limit
   POST /shard/done {worker, shard, generation, bad_rows?, first_bad?}  POST /shard/abandon {worker, shard}
   POST /finish {worker, generation, loss, auc, samples, export?}  the job's result: its state is done
-  POST /report {node, role, ...metrics}        → {command}
+  POST /report {node, role, ...metrics}        → {command, report_interval_s}
+  POST /report_interval {seconds}              how often the workers report from their next report on
   POST /cluster {ps: ["host:port", ...]}       POST /plan {...}
   POST /node_lost {node}  POST /drain {node}  POST /command {node, command}
   POST /checkpoint {hold?}                     POST /restore
@@ -73,6 +74,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer.types import InvalidInputError
 from airflow_dlrover.runtime.accounting import JOURNAL_DIR, REQUEUES_FILE, read_journal, reconcile
 from airflow_dlrover.runtime.auth import HEADER, Refused, Verifier
@@ -164,6 +166,7 @@ class Master:
         self.latest: dict[str, dict[str, Any]] = {}  # node → its last report
         self.heard: dict[str, float] = {}  # node → when it last spoke to the master (monotonic)
         self.commands: dict[str, str] = {}
+        self.report_interval_s = T.REPORT_INTERVAL_S  # what the workers' reports are told
         self.draining: set[str] = set()
         self.peers: list[Peer] = []
         self.last_shard: dict[str, int] = {}  # worker → the shard it was last handed
@@ -451,7 +454,17 @@ class Master:
         row.update(node=node, time=time.time())
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(row) + "\n")
-        return {"command": command}
+        return {"command": command, "report_interval_s": self.report_interval_s}
+
+    def set_report_interval(self, seconds: float) -> dict[str, Any]:
+        """How often the workers report from their next report on (``timings.PROBE_REPORT_INTERVAL_S``
+        while profiled); not persisted: a restarted master tells them ``REPORT_INTERVAL_S`` again."""
+        low, high = T.REPORT_INTERVAL_RANGE_S
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not low <= seconds <= high:
+            raise InvalidInputError("seconds", seconds, f"a report interval of {low:g}–{high:g} s")
+        with self.lock:
+            self.report_interval_s = float(seconds)
+            return {"report_interval_s": self.report_interval_s}
 
     def job_throughput(self) -> float:
         with self.lock:
@@ -834,7 +847,7 @@ class _Handler(BaseHTTPRequestHandler):
             "/shard/next": m.next_shard, "/shard/done": m.shard_done, "/shard/abandon": m.abandon,
             "/report": m.report, "/cluster": m.set_cluster, "/plan": m.set_plan, "/node_lost": m.node_lost,
             "/drain": m.drain, "/command": m.command, "/checkpoint": m.checkpoint, "/restore": m.restore,
-            "/faults": m.schedule_faults, "/finish": m.finish,
+            "/faults": m.schedule_faults, "/finish": m.finish, "/report_interval": m.set_report_interval,
         }
         if self.path not in routes:
             return self._reply({"error": f"no route {self.path}"}, 404)

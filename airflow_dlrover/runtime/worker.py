@@ -17,6 +17,7 @@ import numpy as np
 import psutil
 import torch
 
+from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer.types import InvalidInputError
 from airflow_dlrover.runtime.auth import call_master
 from airflow_dlrover.runtime.data import Batch
@@ -27,7 +28,6 @@ from airflow_dlrover.runtime.transport import Peer, RemoteError, Unreachable, pa
 
 log = logging.getLogger(__name__)
 
-REPORT_INTERVAL_S = 1.0
 MASTER_RETRY_S = 120.0  # a master restart takes seconds; give it time before giving up
 PS_RETRY_S = 10.0  # a PS that stays away this long was replaced: ask the master for the cluster
 
@@ -86,6 +86,7 @@ class Worker:
         self.samples = 0
         self.window = {"samples": 0, "data": 0.0, "lookup": 0.0, "compute": 0.0, "push": 0.0, "start": time.monotonic()}
         self.last_loss = float("nan")
+        self.report_interval_s = T.REPORT_INTERVAL_S  # the master's, from its last reply
 
     def _set_cluster(self, ps: list[str], generation: int) -> None:
         if ps != self.ps_addresses:
@@ -299,7 +300,7 @@ class Worker:
     def _report(self, force: bool = False, final: bool = False) -> None:
         w = self.window
         elapsed = time.monotonic() - w["start"]
-        if elapsed < REPORT_INTERVAL_S and not force:
+        if elapsed < self.report_interval_s and not force:
             return
         cpu = self.process.cpu_times()
         reply = self.master.post(
@@ -310,6 +311,7 @@ class Worker:
             generation=self.generation, final=final,
         )
         self.window = {"samples": 0, "data": 0.0, "lookup": 0.0, "compute": 0.0, "push": 0.0, "start": time.monotonic()}
+        self.report_interval_s = float(reply.get("report_interval_s", T.REPORT_INTERVAL_S))
         command = reply.get("command")
         if command == "oom":
             _allocate_until_killed()

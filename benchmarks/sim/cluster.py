@@ -36,8 +36,7 @@ import numpy as np
 
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.types import Configuration, InvalidInputError, Quota
-from airflow_dlrover.runtime.worker import REPORT_INTERVAL_S
-from airflow_dlrover.timings import SUPERVISOR_POLL_S
+from airflow_dlrover.timings import PROBE_REPORT_INTERVAL_S, SUPERVISOR_POLL_S
 from sim.truth import BATCH
 from sim.workload import JobSpec, SimConfig
 
@@ -503,10 +502,11 @@ class Cluster:
         spends it: the settle (every worker's first report ``PROBE_REPORT_AFTER_S`` after the change,
         up to a report interval later), then the window, until every worker reported past it (polled
         every ``SUPERVISOR_POLL_S``; at most ``PROBE_WINDOW_REPORT_FACTOR`` windows). A worker reports
-        after a step, at most every ``REPORT_INTERVAL_S``: max(REPORT_INTERVAL_S, BATCH · workers / rate)."""
+        after a step, at most every ``PROBE_REPORT_INTERVAL_S`` while profiled:
+        max(PROBE_REPORT_INTERVAL_S, BATCH · workers / rate)."""
         window = self._probe_window_s(job)
         step = BATCH * probe.workers / job.true_rate if job.true_rate > 0 else 0.0
-        interval = min(max(REPORT_INTERVAL_S, step), C.PROBE_WINDOW_REPORT_FACTOR * window)
+        interval = min(max(PROBE_REPORT_INTERVAL_S, step), C.PROBE_WINDOW_REPORT_FACTOR * window)
         return C.PROBE_REPORT_AFTER_S + interval + max(window, interval) + SUPERVISOR_POLL_S
 
     # --- the core: integrate, then act on the earliest of the job's own events

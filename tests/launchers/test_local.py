@@ -8,15 +8,18 @@ from dataclasses import replace
 from pathlib import Path
 
 import chaos_faults as cf
+import numpy as np
 import pandas as pd
 import pytest
 
+from airflow_dlrover import timings as T
 from airflow_dlrover.launchers.base import RUNNING
 from airflow_dlrover.launchers.cgroups import CgroupManager
 from airflow_dlrover.launchers.local import LocalLauncher
+from airflow_dlrover.lifecycle.profiling import profile_job
 from airflow_dlrover.lifecycle.run import run_job
 from airflow_dlrover.optimizer.types import (
-    CONFIG_COLUMNS, USAGE_COLUMNS, Configuration, Fault, FaultKind, InvalidInputError, parse_faults,
+    CONFIG_COLUMNS, USAGE_COLUMNS, Configuration, Fault, FaultKind, InvalidInputError, Quota, parse_faults,
 )
 from airflow_dlrover.runtime.spec import JobSpec
 
@@ -64,6 +67,26 @@ def test_training_learns_and_writes_profile_samples(tmp_path):
     assert (samples.worker_cpu_used <= CONFIG.worker_cpu * 1.1).all()  # the quota holds
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved["samples_lost"] == 0 and saved["throughput_series"]
+
+
+def test_workers_report_at_the_probe_interval_while_profiled_and_at_their_own_after(tmp_path):
+    """The profile asks the master for reports every ``PROBE_REPORT_INTERVAL_S`` and gives the
+    interval back when it ends: the reports' own windows say how often the workers reported."""
+    launcher, job = LocalLauncher(tmp_path / "jobs"), spec("often", samples=20_000_000)
+    probes = pd.DataFrame([replace(CONFIG, workers=workers, worker_cpu=0.5).to_row() for workers in (1, 2)])
+    try:
+        table = profile_job(launcher, job, Quota(cpu=2, memory_mb=8192), probes=probes)
+        profiled = time.time()
+        time.sleep(4 * T.REPORT_INTERVAL_S)
+        rows = [json.loads(line) for line in (launcher.job_dir(job.job_id) / "metrics.jsonl").read_text().splitlines()]
+    finally:
+        launcher.stop(job.job_id)
+    assert len(table) == 2 and (table.throughput > 0).all()
+    reports = [r for r in rows if r.get("role") == "worker" and not r.get("final")]
+    during = [r["window_s"] for r in reports if r["time"] < profiled]
+    after = [r["window_s"] for r in reports if r["time"] > profiled + 1.5 * T.REPORT_INTERVAL_S]
+    assert len(during) >= 8 and np.median(during) < 2 * T.PROBE_REPORT_INTERVAL_S
+    assert after and min(after) > 0.9 * T.REPORT_INTERVAL_S
 
 
 @pytest.mark.parametrize("fault", ["kill-worker@4s", "kill-ps@5s", "kill-master@4s",

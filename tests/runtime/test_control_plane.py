@@ -17,6 +17,7 @@ import urllib.request
 import numpy as np
 import pytest
 
+from airflow_dlrover import timings as T
 from airflow_dlrover.optimizer.types import InvalidInputError
 from airflow_dlrover.runtime import master as master_module
 from airflow_dlrover.runtime.auth import HEADER, MasterRejected, call_master, sign, sign_hashed
@@ -330,6 +331,10 @@ def test_a_request_the_master_rejects_is_not_sent_again(api, path, body, code):
     ("/faults", {"faults": [{"kind": "melt-cpu", "at_s": 0, "node": "w"}]}, "faults[0].kind"),
     ("/cluster", {"ps": ["no port"]}, "ps"),
     ("/checkpoint", {"hold": "yes"}, "hold"),
+    ("/report_interval", {"seconds": 0}, "seconds"),
+    ("/report_interval", {"seconds": 3600}, "seconds"),
+    ("/report_interval", {"seconds": "often"}, "seconds"),
+    ("/report_interval", {"seconds": True}, "seconds"),
 ])
 def test_a_key_holders_bad_input_answers_400_naming_the_field_and_persists_nothing(api, tmp_path, path, body, field):
     master, _, base = api
@@ -340,6 +345,20 @@ def test_a_key_holders_bad_input_answers_400_naming_the_field_and_persists_nothi
     status, reply = request(base, "/status")
     assert status == 200 and reply["shards"] == {"todo": 10, "doing": 0, "done": 0}
     assert master.commands == {} and master.latest == {} and master.faults == []
+    assert master.report_interval_s == T.REPORT_INTERVAL_S
+
+
+@pytest.mark.unit
+def test_the_report_interval_set_by_a_key_holder_reaches_the_workers_and_a_restart_forgets_it(api, tmp_path):
+    master, _, base = api
+    report = {"node": "worker-0", "role": "worker", "samples": 0}
+    assert request(base, "/report", report)[1]["report_interval_s"] == T.REPORT_INTERVAL_S
+    assert request(base, "/report_interval", {"seconds": 0.25}, header=None)[0] == 401
+    assert request(base, "/report_interval", {"seconds": 0.25}, key=b"another job's key")[0] == 401
+    assert request(base, "/report", report)[1]["report_interval_s"] == T.REPORT_INTERVAL_S
+    assert request(base, "/report_interval", {"seconds": 0.25}) == (200, {"report_interval_s": 0.25})
+    assert request(base, "/report", report)[1]["report_interval_s"] == 0.25
+    assert Master(SPEC, tmp_path).report(**report)["report_interval_s"] == T.REPORT_INTERVAL_S
 
 
 @pytest.mark.unit

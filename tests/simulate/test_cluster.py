@@ -17,8 +17,7 @@ from airflow_dlrover.optimizer.controller import Probe, begin
 from airflow_dlrover.optimizer.types import Configuration, Phase
 from airflow_dlrover.optimizer.finetune import shape
 from airflow_dlrover.optimizer.transitions import measured as measured_transitions
-from airflow_dlrover.runtime.worker import REPORT_INTERVAL_S
-from airflow_dlrover.timings import SUPERVISOR_POLL_S
+from airflow_dlrover.timings import PROBE_REPORT_INTERVAL_S, REPORT_INTERVAL_S, SUPERVISOR_POLL_S
 from sim.bound import bound_table, check, peak_throughput
 from sim.cluster import CheckPlan, Cluster, Policy, QuotaExceededError, Resize, SetHotPsCpu, Start, rate_factor
 from sim.dlrover_bridge import DLRoverUnavailable, default_venv, venv_python
@@ -320,6 +319,14 @@ class ReplayedJob:
     def __init__(self, samples_total: float, transitions=None, in_place: bool = True):
         self.config, self.samples_done, self.samples_total = None, 0.0, samples_total
         self.transitions, self.in_place = transitions or measured_transitions(), in_place
+        self.report_intervals = []  # what the profile asked the master for
+
+    def trainer(self, job_id):
+        return None
+
+    def master_call(self, job_id, path, body, timeout=0.0):
+        assert path == "/report_interval"
+        self.report_intervals.append(body["seconds"])
 
     def exists(self, job_id):
         return self.config is not None
@@ -376,6 +383,8 @@ def test_the_simulated_and_the_product_profile_visit_the_same_probes_in_the_same
                                          a.config for a in actions if isinstance(a, Probe)))
         assert state.phase == Phase.FITTING
         assert asked == job.probes[:simulated.probes_issued] and state.probes_issued == simulated.probes_issued
+        # probes measured with the reports the simulation assumed, and the job's own interval given back
+        assert replay.report_intervals == [PROBE_REPORT_INTERVAL_S, REPORT_INTERVAL_S]
 
 
 ALLREDUCE = replace(SMALL, allreduce_fraction=0.5)
@@ -644,7 +653,7 @@ def test_a_plan_check_measures_the_plan_on_the_job_and_only_another_plan_relaunc
     costs = cfg.transitions
     probe, plan = (replace(c, **policy.memory) for c in (CheckingPolicy.PROBE, CheckingPolicy.PLAN))
     # each measured as measure_probe does: the first report past the change, the window, its last poll
-    measured = C.PROBE_REPORT_AFTER_S + REPORT_INTERVAL_S + CheckingPolicy.WINDOW_S + SUPERVISOR_POLL_S
+    measured = C.PROBE_REPORT_AFTER_S + PROBE_REPORT_INTERVAL_S + CheckingPolicy.WINDOW_S + SUPERVISOR_POLL_S
     assert job.profile_s == pytest.approx(costs.cold_launch_s + measured + costs.of(probe, plan) + measured)
     first_check_at, config = policy.checks_at[0]
     # the checked plan runs on as it is; another is a resize from it
