@@ -94,7 +94,7 @@ def _report_every(launcher: Any, job_id: str, seconds: float) -> None:
         return
     try:
         launcher.master_call(job_id, "/report_interval", {"seconds": seconds}, timeout=T.MASTER_POLL_TIMEOUT_S)
-    except (ConnectionError, MasterRejected) as err:
+    except (OSError, MasterRejected) as err:  # unreachable, refused, or a master without the route
         log.info("reports of %s stay at their interval (not %g s): %s", job_id, seconds, err)
 
 
