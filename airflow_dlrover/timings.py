@@ -53,9 +53,9 @@ REPORT_INTERVAL_S = 1.0
 #: master for the phase, and the master passes it on in its replies): a probe waits for every
 #: worker's report past its change (``PROBE_REPORT_AFTER_S`` + up to an interval), and its window
 #: ends early once ``PROBE_MIN_INTERVALS`` interval rates settle (``PROBE_STOP_HALFWIDTH``), which
-#: reports a second apart never reach within a window. (ours, measured: the cold demo's profile
-#: 45 → 35 s, each probe's wait for its first report 0.5–1.0 → 0.5 s, the plan check's window
-#: 8 → 1.6 s; no throughput lost that 60 s runs of the demo's plan could see)
+#: reports a second apart never reach within a window. (ours, measured: three cold demos each, the
+#: profile's median 44 → 40 s; each probe's wait for its first report 0.5–1.0 → 0.5 s; no
+#: throughput lost that 60 s runs of the demo's plan could see)
 PROBE_REPORT_INTERVAL_S = 0.25
 #: The report intervals the master accepts (seconds).
 REPORT_INTERVAL_RANGE_S = (0.05, 10.0)
