@@ -326,6 +326,14 @@ class RuntimeJob(JobKind):
         return {"actions": actions, "seconds": time.monotonic() - started}
 
 
+def _with_kept_progress(status: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    """A trainer job's ``status`` (:func:`contract.job_progress`) with the progress its earlier
+    incarnations reported (``TrainerJob._keep_progress``), where that is further."""
+    kept = record.get("progress") or {}
+    return {**status, "samples_done": max(status["samples_done"], kept.get("samples_done", 0)),
+            "samples_total": status["samples_total"] or kept.get("samples_total")}
+
+
 class TrainerJob(JobKind):
     """A trainer of the user's (a ``ps`` trainer; :class:`AllreduceTrainerJob` for ``allreduce``).
 
@@ -450,10 +458,8 @@ class TrainerJob(JobKind):
     def _keep_progress(self, record: dict[str, Any]) -> None:
         """Keep the job's progress so far in the record (``progress``) before nodes restart: a new
         incarnation's reports start afresh, and one that resumes with nothing left reports nothing."""
-        status = job_progress(self._reports(record), {})
-        kept = record.get("progress") or {"samples_done": 0, "samples_total": None}
-        record["progress"] = {"samples_done": max(kept["samples_done"], status["samples_done"]),
-                              "samples_total": status["samples_total"] or kept["samples_total"]}
+        status = _with_kept_progress(job_progress(self._reports(record), {}), record)
+        record["progress"] = {key: status[key] for key in ("samples_done", "samples_total")}
 
     def _finished_before(self, record: dict[str, Any]) -> bool:
         """Whether an earlier incarnation reported every sample trained (:meth:`_keep_progress`)."""
@@ -517,11 +523,8 @@ class TrainerJob(JobKind):
         throughput and progress (:func:`contract.job_progress`)."""
         record = self.launcher.read_job(self.job_id)
         reports = self._reports(record)
-        status = job_progress(reports, {n: node["state"] for n, node in record["nodes"].items()})
-        kept = record.get("progress") or {}
-        if kept:
-            status.update(samples_done=max(status["samples_done"], kept["samples_done"]),
-                          samples_total=status["samples_total"] or kept["samples_total"])
+        status = _with_kept_progress(job_progress(reports, {n: node["state"] for n, node in record["nodes"].items()}),
+                                     record)
         return {"throughput": status["throughput"], "nodes": reports, "status": status}
 
     def progress(self, timeout: float) -> dict[str, Any]:

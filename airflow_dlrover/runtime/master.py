@@ -460,7 +460,7 @@ class Master:
         """How often the workers report from their next report on (``timings.PROBE_REPORT_INTERVAL_S``
         while profiled); not persisted: a restarted master tells them ``REPORT_INTERVAL_S`` again."""
         low, high = T.REPORT_INTERVAL_RANGE_S
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not low <= seconds <= high:
+        if not low <= _number("seconds", seconds) <= high:
             raise InvalidInputError("seconds", seconds, f"a report interval of {low:g}–{high:g} s")
         with self.lock:
             self.report_interval_s = float(seconds)
