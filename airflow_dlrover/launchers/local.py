@@ -381,9 +381,17 @@ class LocalLauncher(Launcher):
         return metrics
 
     def kill_node(self, job_id: str, node_name: str) -> None:
-        """Fault injection: SIGKILL the node's training process (not its wrapper)."""
-        node = self._record(job_id)["nodes"][node_name]
-        for child in psutil.Process(node["pid"]).children(recursive=True):
+        """Fault injection: SIGKILL the node's training process (not its wrapper), waiting up to
+        ``NODE_START_TIMEOUT_S`` for the wrapper to start it (a kill just after a launch)."""
+        wrapper = psutil.Process(self._record(job_id)["nodes"][node_name]["pid"])
+        deadline = time.monotonic() + T.NODE_START_TIMEOUT_S
+        try:
+            while not (children := wrapper.children(recursive=True)) and time.monotonic() < deadline \
+                    and wrapper.status() != psutil.STATUS_ZOMBIE:
+                time.sleep(T.LOCAL_POLL_S)
+        except psutil.NoSuchProcess:  # the wrapper is gone: nothing of the node is left to kill
+            return
+        for child in children:
             child.kill()
 
     @exclusive
