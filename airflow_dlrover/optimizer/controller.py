@@ -17,7 +17,7 @@ The state carries the job's phase (``types.Phase``); :func:`begin` starts it pro
    warm-started from the prior (``job_model.choose_prior``); a warm start plans on the prior.
    *Planning*: :func:`initial_plan` for what remains of the job; a plan that extrapolates past the
    probes is measured first (``Probe``, at most ``PLAN_CHECK_PROBES`` times) and planned again on
-   the refit — a warm start's, which measures nothing, gives way to the configuration its last run
+   the refit; a warm start, which measures nothing, launches on the configuration its last run
    ended on; then ``Launch``, and the job is *training* until no sample remains (*done*).
 
 While training, one step looks at the observation in this order (failed nodes first in every
@@ -215,8 +215,7 @@ class ControllerState:
     report of failed nodes (``time_s``, ``samples_done`` and the nodes' ``exit_codes``);
     ``restart_budget``: (failures, seconds) a trainer of the user's may have before it stops (None:
     no budget). ``last_run_config``: the configuration the job's newest earlier run ended on (its
-    launch, or its last resize), which a warm start launches where its prior's plan extrapolates
-    (:func:`_plan`)."""
+    launch, or its last resize), which a warm start launches on (:func:`_last_run_plan`)."""
 
     quota: Quota | None
     objective: Objective = Objective.THROUGHPUT
@@ -474,7 +473,7 @@ def _plan(state: ControllerState, obs: Observation) -> tuple[ControllerState, li
     deadline_s = None if state.deadline_at_s is None else state.deadline_at_s - obs.now_s
     plan = initial_plan(state.model, state.quota, state.objective, samples=obs.remaining or None,
                         deadline_s=deadline_s, batch_size=state.batch_size)
-    if not state.profile and plan_needs_check(plan):
+    if not state.profile:
         plan = _last_run_plan(state, plan, obs.remaining or None) or plan
     if (state.profile and state.plan_checks < C.PLAN_CHECK_PROBES and plan_needs_check(plan)
             and obs.remaining != 0):
@@ -489,19 +488,18 @@ def _plan(state: ControllerState, obs: Observation) -> tuple[ControllerState, li
 
 def _last_run_plan(state: ControllerState, plan: Plan, samples: float | None) -> Plan | None:
     """A warm start's launch on the configuration its job's last run ended on
-    (``last_run_config``: measured, and where that run's fine-tune left it), sized for this run,
-    in place of its prior's ``plan`` that extrapolates past the probes. A warm start measures
-    nothing before it launches, and past the probes is where the model is least sure: a cold
-    launch measures such a plan first (``PLAN_CHECK_PROBES``), and the fine-tune explores toward
-    it from here. None (the plan stands): no such run, the same shape, another kind of job, a
-    deadline (the last configuration may not meet it), or it does not fit the quota."""
+    (``last_run_config``: measured, and where that run's fine-tune left it with the windows of
+    every shape it ran), sized for this run, in place of its prior's ``plan``. The prior is the
+    newest cold fit (``job_model.choose_prior``): its plan forgets what the fine-tunes since
+    measured, and each warm run would climb again from it (measured in the cluster simulation:
+    ``docs/evaluation.md``). The fine-tune goes on from here toward the model's plan. None (the
+    plan stands): no such run, the same shape, another kind of job, a deadline (the last
+    configuration may not meet it), or it does not fit the quota."""
     last = state.last_run_config
     if (last is None or state.objective == Objective.DEADLINE or shape(last) == shape(plan.config)
             or is_allreduce(last) != is_allreduce(plan.config)):
         return None
-    outside = ", ".join(f"{name} ×{factor:.2g}" for name, factor in plan.extrapolation.items())
-    why = (f"the configuration the last run ended on, measured there, as the prior's plan "
-           f"({plan.config.describe()}) extrapolates past the probes ({outside})")
+    why = f"the configuration the last run ended on, measured there, over the prior's plan ({plan.config.describe()})"
     return plan_at(state.model.throughput, state.model.memory, state.quota, state.objective,
                    replace(last, batch_size=state.batch_size), why, samples=samples)
 

@@ -18,10 +18,12 @@ same terms: a shape is tried about as often as it is plausibly the best, so a mo
 its probes can still learn. The
 target is the refitted model's plan for the run's own objective (``planner.plan``): the highest throughput under the quota, the knee of the
 Pareto front (``efficiency``), or the cheapest plan that still meets what is left of the deadline
-(``deadline``; once no plan can, the fastest one). The cost depends on the change: workers
-only (the others keep training), a per-node CPU/memory change (that node relaunches), or a PS
-count change (checkpoint → re-partition → restart); an all-reduce job's worker-count change
-restarts its whole ring. The target is always of the job's own kind (``types.is_allreduce``): the
+(``deadline``; once no plan can, the fastest one). The time rule never gives cores back, as a
+knee is slower than what runs past it: the efficiency objective resizes down to its knee when
+the cores past it pay neither their throughput nor the resize (``_past_the_knee``). The cost
+depends on the change: workers only (the others keep training), a per-node CPU/memory change
+(that node relaunches), or a PS count change (checkpoint → re-partition → restart); an
+all-reduce job's worker-count change restarts its whole ring. The target is always of the job's own kind (``types.is_allreduce``): the
 model must be of the running configuration's kind, and its plans are (``planner``). After ``MIN_OBSERVATIONS_TO_JUDGE`` windows
 on the new configuration, a resize that delivered less than ``REVERT_DELIVERED_FRACTION`` of its
 predicted gain is reverted, and its target is returned in ``reject`` so the caller excludes it
@@ -151,6 +153,8 @@ def decide(
             delivered = x_now / last_resize.throughput_before
             wanted = 1.0 + C.REVERT_DELIVERED_FRACTION * (last_resize.predicted_speedup - 1.0)
             judged = {"delivered": delivered, "predicted": last_resize.predicted_speedup}
+            if last_resize.predicted_speedup < 1.0:  # cores given back past the knee: judged as the knee is
+                wanted = _knee_floor(last_resize.before.cores, current.cores)
             if delivered < wanted:
                 return Decision(
                     "revert", Reason.DID_NOT_DELIVER, judged | {"needed": wanted, "explored": last_resize.exploring},
@@ -199,6 +203,10 @@ def decide(
     saving = keep_s - resize_s
     numbers = {"speedup": speedup, "speedup_low": speedup_low, "saving_s": saving, "keep_s": keep_s, "cost_s": cost}
     if speedup_low < C.MIN_RESIZE_SPEEDUP or saving < C.RESIZE_GAIN_MULTIPLE * cost:
+        if objective == Objective.EFFICIENCY and target.cores < current.cores:
+            given_back = _past_the_knee(current, target, speedup, speedup_low, keep_s, cost)
+            if given_back is not None:
+                return given_back
         explored = explore(best)
         if explored is not None:
             return explored
@@ -208,6 +216,38 @@ def decide(
                         target=target, predicted_speedup=speedup, predicted_saving_s=saving, resize_cost_s=cost)
     return Decision("resize", Reason.PAYS, numbers, target=target, predicted_speedup=speedup,
                     predicted_saving_s=saving, resize_cost_s=cost)
+
+
+def _knee_floor(cores: float, knee_cores: float) -> float:
+    """The least speed-up (< 1) at which ``knee_cores`` keep the knee over ``cores``: the cores
+    past it add less than ``KNEE_MARGINAL_FRACTION`` of the knee's throughput per core,
+
+        X·(1 − s)/(c − c_k) < f · X·s/c_k   ⇔   s > 1 / (1 + f·(c − c_k)/c_k)
+
+    (``planner.knee``'s rule, with the knee's own throughput per core for the front's best)."""
+    return 1.0 / (1.0 + C.KNEE_MARGINAL_FRACTION * (cores - knee_cores) / knee_cores)
+
+
+def _past_the_knee(current: Configuration, target: Configuration, speedup: float, speedup_low: float, keep_s: float,
+                   cost: float) -> Decision | None:
+    """The efficiency objective's resize to a knee with fewer cores than the job runs: the cores
+    past it do not pay, even at the pessimistic end of the band (``speedup_low`` above
+    :func:`_knee_floor`), and the core-seconds they save pay ``RESIZE_GAIN_MULTIPLE`` × the
+    core-seconds the resize costs:
+
+        c·T_keep − (c·cost + c_k·T_keep / s_low)  ≥  RESIZE_GAIN_MULTIPLE · c · cost
+
+    else None. The time rule never gives cores back: a knee is slower than what runs past it. The
+    resize is judged the same way once it runs: back, if the cores turn out to have paid."""
+    cores, knee_cores = current.cores, target.cores
+    floor = _knee_floor(cores, knee_cores)
+    saving_core_s = cores * keep_s - (cores * cost + knee_cores * keep_s / max(speedup_low, 1e-9))
+    if speedup_low <= floor or saving_core_s < C.RESIZE_GAIN_MULTIPLE * cores * cost:
+        return None
+    numbers = {"target": target.describe(), "cores": cores, "knee_cores": knee_cores, "speedup": speedup,
+               "speedup_low": speedup_low, "floor": floor, "saving_core_h": saving_core_s / 3600.0, "cost_s": cost}
+    return Decision("resize", Reason.PAST_THE_KNEE, numbers, target=target, predicted_speedup=speedup,
+                    resize_cost_s=cost)
 
 
 def _exploration(option: Plan, predictor: ThroughputModel, model: ThroughputModel, current: Configuration,

@@ -610,6 +610,7 @@ class Reason(StrEnum):
     AT_BEST = "at_best"
     NOT_WORTH_IT = "not_worth_it"
     PAYS = "pays"
+    PAST_THE_KNEE = "past_the_knee"
     EXPLORE = "explore"
     EXPLORED = "explored"
     DID_NOT_DELIVER = "did_not_deliver"
@@ -651,6 +652,9 @@ _REASON_TEXT = {
                           "{gain_multiple:g}× the cost)"),
     Reason.PAYS: ("predicts ×{speedup:.2f} (pessimistic ×{speedup_low:.2f}): saves {saving_s:.0f}s of {keep_s:.0f}s "
                   "for a {cost_s:.0f}s resize"),
+    Reason.PAST_THE_KNEE: ("{target}: the knee, {knee_cores:g} of {cores:g} cores; the cores past it add less than "
+                           "they would cost even pessimistically (×{speedup_low:.2f} there, above ×{floor:.2f}): "
+                           "saves {saving_core_h:.1f} core-hours for a {cost_s:.0f}s resize"),
     Reason.EXPLORE: ("exploring {target}: {source} predicts ×{speedup:.2f} (the model's mean "
                      "×{mean_speedup:.2f}, pessimistic ×{speedup_low:.2f}: it is unsure there, its 90 % band "
                      "{band:.0%} of the prediction); expected to save {expected_saving_s:.0f}s of {keep_s:.0f}s, "

@@ -139,7 +139,7 @@ def test_warm_run_recovers_a_killed_worker_through_a_retry(dag, killed_worker_ru
     [record] = history.runs(JOB, run_key=dagrun.run_id)
     assert dagrun.state == "success", {t: ti.state for t, ti in tis.items()}
     report = record["summary"]
-    # A warm start profiles nothing: the prior plans, the fine-tune refits from the job's windows.
+    # A warm start profiles nothing: it launches where the last run ended, the fine-tune refits on its windows.
     assert report["warm_start"] and report["probes"] == 0 and report["profile_s"] == 0
     assert history.samples(JOB, run_id=record["id"], stage="profile").empty
     assert tis["fit"].xcom_pull(task_ids=GROUP + "fit")["samples"] == 0

@@ -456,9 +456,9 @@ def test_job_args_take_a_dataset_a_layout_as_json_text_a_model_and_an_export(tmp
         assert err.value.field == field
 
 
-def test_a_warm_launch_whose_plan_extrapolates_takes_the_configuration_the_last_run_ended_on(airflow_db):
-    """The launch task's state carries the last run's configuration from the history store: a
-    warm plan past the probes (a prior that ran only 4-core PS, a 1.5-core quota) gives way to it."""
+def test_a_warm_launch_takes_the_configuration_the_last_run_ended_on(airflow_db):
+    """The launch task's state carries the last run's configuration from the history store: the
+    warm plan (a prior that ran only 4-core PS, a 1.5-core quota) gives way to it."""
     from airflow_dlrover.optimizer.job_model import fit_job_model
     from sim.synthetic import model_samples
 

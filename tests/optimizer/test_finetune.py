@@ -180,6 +180,32 @@ def test_an_efficiency_run_is_fine_tuned_to_the_knee_not_to_the_quota():
     assert grow.action == "resize" and grow.target == knee
 
 
+def test_an_efficiency_run_past_the_knee_gives_its_cores_back_and_takes_them_again_if_they_paid():
+    quota = Quota(cpu=128, memory_mb=512 * 1024)
+    knee = plan(MODEL, MEMORY, quota, "efficiency", samples=5e8).config
+    fastest = plan(MODEL, MEMORY, quota, "throughput", samples=5e8).config
+    measured = [predicted(fastest)] * 3
+    assert decide(MODEL, MEMORY, quota, fastest, measured, 5e8, 0).reason == Reason.AT_BEST  # the time rule keeps
+    shrink = decide(MODEL, MEMORY, quota, fastest, measured, 5e8, 0, objective="efficiency")
+    assert shrink.action == "resize" and shrink.reason == Reason.PAST_THE_KNEE and shrink.target == knee
+    speedup, numbers = shrink.predicted_speedup, shrink.numbers
+    assert numbers["floor"] < numbers["speedup_low"] <= speedup < 1 and numbers["saving_core_h"] > 0
+    assert speedup == pytest.approx(predicted(knee) / predicted(fastest))
+    assert "the knee" in Reason.PAST_THE_KNEE.describe(numbers)
+    # Too little left to pay for the resize in core-seconds: kept.
+    short = decide(MODEL, MEMORY, quota, fastest, measured, 2e5, 0, objective="efficiency")
+    assert short.action == "keep" and short.reason == Reason.NOT_WORTH_IT
+    # Judged on its own windows as the knee is: lost what the model said, kept; lost more than the
+    # cores past the knee may add, back to them, and the knee rejected.
+    last = ResizeRecord(0.0, fastest, knee, predicted(fastest), speedup)
+    now = C.MIN_RESIZE_INTERVAL_S + 1
+    kept = decide(MODEL, MEMORY, quota, knee, [predicted(knee)] * 3, 5e8, now, last, objective="efficiency")
+    assert kept.action == "keep"
+    lost = [0.9 * numbers["floor"] * predicted(fastest)] * 3
+    back = decide(MODEL, MEMORY, quota, knee, lost, 5e8, now, last, objective="efficiency")
+    assert back.action == "revert" and back.target == fastest and back.reject == knee
+
+
 def test_a_deadline_run_keeps_to_the_cheapest_plan_on_time_and_runs_fastest_once_late():
     samples = 5e8
     on_time = plan(MODEL, MEMORY, QUOTA, "deadline", samples=samples, deadline_s=samples / predicted(SMALL) / 3).config

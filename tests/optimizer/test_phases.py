@@ -201,7 +201,7 @@ def test_the_prior_is_the_newest_cold_fits_throughput_with_the_newest_memory():
     assert choose_prior([]) is None and choose_prior([warm]) == JobModel(warm.throughput, warm.memory)
 
 
-def test_a_warm_start_whose_plan_extrapolates_launches_where_the_last_run_ended():
+def test_a_warm_start_launches_where_the_last_run_ended_not_on_its_priors_plan():
     cold_state, *_ = drive(begin(QUOTA))
     prior = choose_prior([cold_state.model])
     throughput = prior.throughput
@@ -223,8 +223,8 @@ def test_a_warm_start_whose_plan_extrapolates_launches_where_the_last_run_ended(
     assert plan.config.worker_memory_mb == float(memory.worker_request_mb(512, SAMPLES))
     assert plan.predicted_throughput == pytest.approx(
         float(narrow.throughput.predict_features(narrow.throughput.features(plan.config), band=False)[0]))
-    inside = launched(prior)  # a plan inside the probes stands
-    assert not inside.extrapolation and shape(inside.config) != shape(last)
+    inside = launched(prior)  # a plan inside the probes forgets the fine-tunes' windows all the same
+    assert shape(inside.config) == shape(last) and not launched(prior, last_run_config=None).extrapolation
     assert shape(launched(narrow, "deadline").config) != shape(last)  # the last configuration may miss it
     small = replace(QUOTA, cpu=last.cores - 1.0)  # it no longer fits
     assert shape(launched(narrow, quota=small).config) != shape(last)
