@@ -237,8 +237,8 @@ def _past_the_knee(current: Configuration, target: Configuration, speedup: float
 
         c·T_keep − (c·cost + c_k·T_keep / s_low)  ≥  RESIZE_GAIN_MULTIPLE · c · cost
 
-    else None. The time rule never gives cores back: a knee is slower than what runs past it. The
-    resize is judged the same way once it runs: back, if the cores turn out to have paid."""
+    else None. Once it runs, the resize is judged the same way: back, if the cores turn out to
+    have paid."""
     cores, knee_cores = current.cores, target.cores
     floor = _knee_floor(cores, knee_cores)
     saving_core_s = cores * keep_s - (cores * cost + knee_cores * keep_s / max(speedup_low, 1e-9))
