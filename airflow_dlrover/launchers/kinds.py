@@ -523,8 +523,8 @@ class TrainerJob(JobKind):
         throughput and progress (:func:`contract.job_progress`)."""
         record = self.launcher.read_job(self.job_id)
         reports = self._reports(record)
-        status = _with_kept_progress(job_progress(reports, {n: node["state"] for n, node in record["nodes"].items()}),
-                                     record)
+        states = {name: node["state"] for name, node in record["nodes"].items()}
+        status = _with_kept_progress(job_progress(reports, states), record)
         return {"throughput": status["throughput"], "nodes": reports, "status": status}
 
     def progress(self, timeout: float) -> dict[str, Any]:

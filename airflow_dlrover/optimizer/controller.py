@@ -488,8 +488,8 @@ def _plan(state: ControllerState, obs: Observation) -> tuple[ControllerState, li
 
 def _last_run_plan(state: ControllerState, plan: Plan, samples: float | None) -> Plan | None:
     """A warm start's launch on the configuration its job's last run ended on
-    (``last_run_config``: measured, and where that run's fine-tune left it with the windows of
-    every shape it ran), sized for this run, in place of its prior's ``plan``. The prior is the
+    (``last_run_config``: measured, and where that run's fine-tune left it), sized for this run,
+    in place of its prior's ``plan``. The prior is the
     newest cold fit (``job_model.choose_prior``): its plan forgets what the fine-tunes since
     measured, and each warm run would climb again from it (measured in the cluster simulation:
     ``docs/evaluation.md``). The fine-tune goes on from here toward the model's plan. None (the

@@ -23,8 +23,8 @@ knee is slower than what runs past it: the efficiency objective resizes down to 
 the cores past it pay neither their throughput nor the resize (``_past_the_knee``). The cost
 depends on the change: workers only (the others keep training), a per-node CPU/memory change
 (that node relaunches), or a PS count change (checkpoint → re-partition → restart); an
-all-reduce job's worker-count change restarts its whole ring. The target is always of the job's own kind (``types.is_allreduce``): the
-model must be of the running configuration's kind, and its plans are (``planner``). After ``MIN_OBSERVATIONS_TO_JUDGE`` windows
+all-reduce job's worker-count change restarts its whole ring. The target is always of the job's
+own kind (``types.is_allreduce``): the model must be of the running configuration's kind, and its plans are (``planner``). After ``MIN_OBSERVATIONS_TO_JUDGE`` windows
 on the new configuration, a resize that delivered less than ``REVERT_DELIVERED_FRACTION`` of its
 predicted gain is reverted, and its target is returned in ``reject`` so the caller excludes it
 from later plans: the policy cannot oscillate between two configurations. ``decide`` is one part
