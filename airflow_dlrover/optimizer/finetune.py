@@ -43,7 +43,7 @@ import numpy as np
 from airflow_dlrover.optimizer import constants as C
 from airflow_dlrover.optimizer.memory import MemoryModel
 from airflow_dlrover.optimizer.model import PARAMETERS, ThroughputModel
-from airflow_dlrover.optimizer.planner import plan
+from airflow_dlrover.optimizer.planner import plan, throughput_ceiling
 from airflow_dlrover.optimizer.transitions import TransitionCosts, measured as measured_transitions
 from airflow_dlrover.optimizer.types import (
     Configuration, InfeasibleQuotaError, InvalidInputError, Objective, Plan, Quota, Reason, check_kind, is_allreduce,
@@ -184,6 +184,9 @@ def decide(
         if explored is None:
             seed = _draw_seed(now_s, samples_done, current)
             drawn = posterior_draw(model, seed)
+            x_drawn = float(drawn.predict_features(drawn.features(current), band=False)[0])
+            if throughput_ceiling(drawn, quota, current.batch_size) < C.EXPLORE_MIN_SPEEDUP * x_drawn * (1 - 1e-9):
+                return None  # no plan of the draw is fast enough to explore (_exploration): none is made
             try:
                 explored = _exploration(_target(drawn, *plan_args, brief=True), drawn, model, current, x_now,
                                         remaining_samples, cost_of, seed)

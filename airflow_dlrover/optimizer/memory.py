@@ -375,16 +375,7 @@ def _fit_curve(terms: dict[str, np.ndarray], share: np.ndarray, seen: np.ndarray
     names = [first] + [k for k in rest if np.ptp(terms[k]) > 0]  # as _nnls_fit: a constant column stays 0
     x = np.column_stack([terms[k] for k in names])
     top = np.inf if capacity is None else float(capacity)
-
-    def parts(theta: np.ndarray) -> tuple[np.ndarray, float, float, float]:
-        t0 = theta[len(names)] if start else 0.0
-        g, s = theta[-2], theta[-1]
-        return theta[:len(names)], t0, g, s * max(top - t0, 0.0) if capacity is not None else s
-
-    def predict(theta: np.ndarray) -> np.ndarray:
-        c, t0, g, headroom = parts(theta)
-        return x @ c + share * (t0 - headroom * np.expm1(-g * seen / (1e6 * max(headroom, 1e-12))))
-
+    curve = _Curve(x, share, seen, top if capacity is not None else None, start is not None)
     start_mb = line[start] if start else 0.0
     line_sse = float(np.sum((x @ [line[k] for k in names] + share * (start_mb + line["growth"] * seen / 1e6) - y) ** 2))
     dof = len(y) - (len(names) + bool(start) + 2)  # less the curve's parameters
@@ -408,14 +399,51 @@ def _fit_curve(terms: dict[str, np.ndarray], share: np.ndarray, seen: np.ndarray
         if tuple(theta0) in tried:  # a start the capacity clipped to one tried already: the same result
             continue
         tried.add(tuple(theta0))
-        result = least_squares(lambda th: predict(th) - y, theta0, bounds=(lower, upper), x_scale="jac")
+        result = least_squares(lambda th: curve.predict(th) - y, theta0, jac=curve.jacobian, bounds=(lower, upper),
+                               x_scale="jac")
         if best is None or result.cost < best.cost:
             best = result
     if _line_kept(line_sse, 2.0 * float(best.cost), dof):
         return not_slowing
-    c, t0, g, headroom = parts(best.x)
+    c, t0, g, headroom = curve.parts(best.x)
     values = dict(line) | dict(zip(names, map(float, c))) | {"growth": float(g)} | ({start: float(t0)} if start else {})
     return values, float(t0 + headroom), {}
+
+
+@dataclass(frozen=True)
+class _Curve:
+    """``_fit_curve``'s curve of θ = (c_j…, [T₀], g, s): y = x·c + share·(T₀ − h·expm1(−g·n/(10⁶·h)))
+    with h = s·(capacity − T₀) (s ∈ [0, 1]), else h = s; ``start``: T₀ is fitted (else 0)."""
+
+    x: np.ndarray
+    share: np.ndarray
+    seen: np.ndarray
+    capacity: float | None
+    start: bool
+
+    def parts(self, theta: np.ndarray) -> tuple[np.ndarray, float, float, float]:
+        """(c, T₀, g, h) of θ."""
+        k = self.x.shape[1]
+        t0 = theta[k] if self.start else 0.0
+        g, s = theta[-2], theta[-1]
+        return theta[:k], t0, g, s * max(self.capacity - t0, 0.0) if self.capacity is not None else s
+
+    def predict(self, theta: np.ndarray) -> np.ndarray:
+        c, t0, g, headroom = self.parts(theta)
+        return self.x @ c + self.share * (t0 - headroom * np.expm1(-g * self.seen / (1e6 * max(headroom, 1e-12))))
+
+    def jacobian(self, theta: np.ndarray) -> np.ndarray:
+        """∂predict/∂θ: with z = −g·n/(10⁶·h), ∂/∂g = share·e^z·n/10⁶, ∂/∂h = share·(z·e^z − expm1(z))
+        (h ≤ 10⁻¹², held at 10⁻¹² in z: −share·expm1(z)), and ∂/∂T₀ = share + ∂/∂h·∂h/∂T₀."""
+        _, t0, g, headroom = self.parts(theta)
+        floor = max(headroom, 1e-12)
+        z = -g * self.seen / (1e6 * floor)
+        ez = np.exp(z)
+        d_g = self.share * (headroom / floor) * ez * self.seen / 1e6
+        d_h = self.share * ((z * ez if headroom > 1e-12 else 0.0) - np.expm1(z))
+        room = max(self.capacity - t0, 0.0) if self.capacity is not None else None
+        d_t0 = [self.share - (d_h * theta[-1] if room else 0.0)] if self.start else []
+        return np.column_stack([self.x, *d_t0, d_g, d_h * (room if room is not None else 1.0)])
 
 
 def _line_kept(line_sse: float, curve_sse: float, dof: int) -> bool:

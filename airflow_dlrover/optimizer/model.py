@@ -433,8 +433,10 @@ class _Problem:
         return replace(self, feats=features(*self.raw.T, scaling=scaling), scaling=scaling)
 
 
-def _solve(problem: _Problem, q: float, prior: ThroughputModel | None, prior_weight: float) -> ThroughputModel:
-    """One NNLS fit at sharpness q (no report)."""
+def _solve(problem: _Problem, q: float, prior: ThroughputModel | None, prior_weight: float,
+           band: bool = True) -> ThroughputModel:
+    """One NNLS fit at sharpness q (no report); ``band`` False: no covariance (zeros), for a fit
+    that only predicts the mean (a fold of the cross-validation)."""
     k = len(PARAMETERS)
     design = problem.feats**q * (problem.observed**q * problem.weights)[:, None]
     target = problem.weights
@@ -475,7 +477,7 @@ def _solve(problem: _Problem, q: float, prior: ThroughputModel | None, prior_wei
         noise = C.DEFAULT_RELATIVE_NOISE
     noise = max(noise, C.MIN_RELATIVE_NOISE)
     covariance = np.zeros((k, k))
-    if active:
+    if active and band:
         sub = rows[:, [free.index(j) for j in active]]
         covariance[np.ix_(active, active)] = (q * noise) ** 2 * np.linalg.pinv(sub.T @ sub)
     return ThroughputModel(
@@ -498,7 +500,7 @@ def _held_out_mape(problem: _Problem, folds: list[np.ndarray], q: float, prior, 
         rest = problem.subset(~held)
         if rest.n_configs < (1 if prior is not None else 2):
             return None
-        model = _solve(rest, q, prior, prior_weight)
+        model = _solve(rest, q, prior, prior_weight, band=False)
         predicted = model.predict_features(problem.feats[held], band=False)
         errors.append(np.abs(predicted - problem.observed[held]) / problem.observed[held])
     return float(np.mean(np.concatenate(errors)))

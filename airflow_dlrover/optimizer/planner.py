@@ -513,11 +513,7 @@ def plan(
             raise InvalidInputError("deadline", deadline_s, "a positive duration")
     exclude = tuple(exclude)
     batch = int(batch_size or model.batch_size)
-    use_gpu = quota.gpu > 0 and "gpu_compute" in model.identified
-    gpu_values = (0,) + tuple(g for g in C.GRID_GPU_VALUES if g <= quota.gpu) if use_gpu else (0,)
-    largest = model.report.largest_node_cpu if model.report is not None else None
-    rng = search_range(quota.cpu, allreduce=allreduce, gpu_values=gpu_values, largest_node_cpu=largest,
-                       max_nodes=quota.max_nodes)
+    rng, use_gpu = _range_of(model, quota)
     if rng.max_workers < 1 or (not allreduce and rng.max_ps < 1):
         raise InfeasibleQuotaError("cpu", quota.cpu,
                                    minimum_requirement(memory, batch, allreduce, worker_memory_mb, ps_memory_mb))
@@ -613,6 +609,39 @@ def plan(
         pareto_front=_rows(grid, front, x, total_mem),
         extrapolation=outside,
     ))
+
+
+def _range_of(model: ThroughputModel, quota: Quota) -> tuple[SearchRange, bool]:
+    """The range a plan of ``model`` under ``quota`` searches, and whether it searches GPUs."""
+    use_gpu = quota.gpu > 0 and "gpu_compute" in model.identified
+    gpu_values = (0,) + tuple(g for g in C.GRID_GPU_VALUES if g <= quota.gpu) if use_gpu else (0,)
+    largest = model.report.largest_node_cpu if model.report is not None else None
+    return search_range(quota.cpu, allreduce=model.allreduce, gpu_values=gpu_values, largest_node_cpu=largest,
+                        max_nodes=quota.max_nodes), use_gpu
+
+
+def throughput_ceiling(model: ThroughputModel, quota: Quota, batch_size: int | None = None) -> float:
+    """At least the ``predicted_throughput`` of any plan of ``model`` under ``quota`` (whatever
+    its memory, GPUs and exclusions): X never falls as p grows (the module docstring's (1)), so for
+    each node shape and worker count the most PS the cores and nodes allow bound every other PS
+    count. Evaluated by the plan's own formula (:class:`_Separable`): it compares exactly. 0 when
+    nothing fits the cores."""
+    rng, _ = _range_of(model, quota)
+    sep = _Separable.of(model, rng, int(batch_size or model.batch_size))
+    lw, lp, _ = rng.shapes()
+    budget = quota.cpu + _CORES_EPS
+    nodes = quota.max_nodes if quota.max_nodes is not None else rng.max_workers + rng.max_ps + 1
+    s, w = (a.ravel() for a in np.meshgrid(np.arange(len(lw)), np.arange(1, rng.max_workers + 1), indexing="ij"))
+    if rng.allreduce:
+        p = np.zeros_like(w)
+        fits = (w * lw[s] <= budget) & (w <= nodes)
+    else:
+        p = np.minimum.reduce([np.full_like(w, rng.max_ps), np.floor((budget - w * lw[s]) / lp[s]).astype(np.int64),
+                               nodes - w])
+        fits = p >= 1
+    if not fits.any():
+        return 0.0
+    return float(sep.throughput(sep.inverse_q(s[fits], w[fits], p[fits])).max())
 
 
 def plan_at(model: ThroughputModel, memory: MemoryModel | None, quota: Quota, objective: Objective | str,

@@ -21,7 +21,7 @@ metric; across seeds the benchmark reports mean ± a t-interval.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -53,8 +53,8 @@ class PolicyRun:
     counters: dict = field(default_factory=dict)
 
 
-def job_table(name: str, jobs: list[JobRun], bounds: dict | None = None) -> pd.DataFrame:
-    """One row per job; ``bounds`` (:func:`sim.bound.bound_table`) gives its ``bound_run_s``."""
+def job_table(name: str, jobs: list[JobRun]) -> pd.DataFrame:
+    """One row per job (``bound_run_s`` empty: :func:`with_bounds` fills it)."""
     rows = []
     for job in jobs:
         spec, c = job.spec, getattr(job, "config_final", None) or job.config
@@ -74,7 +74,7 @@ def job_table(name: str, jobs: list[JobRun], bounds: dict | None = None) -> pd.D
             worker_memory_mb=c.worker_memory_mb if c else np.nan, ps_memory_mb=c.ps_memory_mb if c else np.nan,
             resizes=job.resizes, deferred=job.deferred, refused=job.refused, failures=job.failures, ooms=job.ooms,
             wasted_samples=job.wasted_samples, trained_samples=job.trained_samples,
-            peak_true_rate=job.peak_true_rate, bound_run_s=bounds[spec.id][0] if bounds else np.nan,
+            peak_true_rate=job.peak_true_rate, bound_run_s=np.nan,
         ))
     return pd.DataFrame(rows, columns=list(JOB_COLUMNS))
 
@@ -229,11 +229,12 @@ def bootstrap(table: pd.DataFrame, resamples: int = 400, seed: int = 0) -> pd.Da
 
 
 def run_policy(cfg: SimConfig, name: str, *, trace=None, objective: str = "efficiency", bridge=None,
-               policy=None) -> PolicyRun:
+               policy=None, bounds: dict | None = None) -> PolicyRun:
     """One policy on the trace of ``cfg`` (``policy``: an instance to run under ``name``, e.g. an
-    ablation of one; default ``make_policy(name)``)."""
+    ablation of one; default ``make_policy(name)``). ``bounds``: :func:`sim.bound.bound_table`'s
+    (default: computed here); {} leaves the jobs' ``bound_run_s`` to :func:`with_bounds`."""
     trace = trace if trace is not None else generate_trace(cfg)
-    bounds = bound_table(cfg, trace)
+    bounds = bound_table(cfg, trace) if bounds is None else bounds
     policy = policy if policy is not None else make_policy(name, objective=objective, bridge=bridge)
     start = time.perf_counter()
     cluster = Cluster(cfg, trace, policy)
@@ -249,9 +250,16 @@ def run_policy(cfg: SimConfig, name: str, *, trace=None, objective: str = "effic
     counters = {k: getattr(policy, k) for k in ("fits", "steps") if hasattr(policy, k)}
     if bridge is not None and name == "dlrover":
         counters["bridge_calls"] = bridge.calls
-    table = job_table(name, jobs, bounds)
-    check(name, table, bounds)  # no job ran faster than the bound's X* (else it would not be a bound)
-    return PolicyRun(name, table, series, seconds, counters)
+    run = PolicyRun(name, job_table(name, jobs), series, seconds, counters)
+    return with_bounds(run, bounds) if bounds else run
+
+
+def with_bounds(run: PolicyRun, bounds: dict) -> PolicyRun:
+    """``run`` with each job's ``bound_run_s``, checked: no job ran faster than the bound's X*
+    (else it would not be a bound)."""
+    table = run.jobs.assign(bound_run_s=run.jobs["job"].map(lambda job: bounds[job][0]))
+    check(run.name, table, bounds)
+    return replace(run, jobs=table)
 
 
 def format_table(summary: pd.DataFrame, cis: pd.DataFrame | None = None) -> str:
@@ -330,7 +338,7 @@ def _run_one(args) -> PolicyRun:
     side (OpenBLAS's default pool of a thread per core made two processes 1.6× slower)."""
     from threadpoolctl import threadpool_limits
 
-    cfg, name, objective, dlrover_venv, setup_dlrover = args
+    cfg, name, objective, dlrover_venv, setup_dlrover, bounds = args
     bridge = None
     if name == "dlrover":
         from sim.dlrover_bridge import DLRoverBridge
@@ -338,10 +346,14 @@ def _run_one(args) -> PolicyRun:
         bridge = DLRoverBridge(dlrover_venv, create=setup_dlrover)
     try:
         with threadpool_limits(limits=1):
-            return run_policy(cfg, name, objective=objective, bridge=bridge)
+            return run_policy(cfg, name, objective=objective, bridge=bridge, bounds=bounds)
     finally:
         if bridge is not None:
             bridge.close()
+
+
+def _bound_table(cfg: SimConfig) -> dict[int, tuple[float, float]]:
+    return bound_table(cfg, generate_trace(cfg))
 
 
 def simulate(cfg: SimConfig, policies=POLICIES, *, objective: str = "efficiency", dlrover_venv=None,
@@ -360,21 +372,21 @@ def simulate(cfg: SimConfig, policies=POLICIES, *, objective: str = "efficiency"
         from sim.dlrover_bridge import ensure_venv
 
         ensure_venv(dlrover_venv, create=setup_dlrover)
-    trace = generate_trace(cfg)
-    bound_s = np.array([b for b, _ in bound_table(cfg, trace).values()])  # X* cached before the pool forks
-    jobs = [(cfg, name, objective, dlrover_venv, False) for name in policies]
     if processes > 1 and len(policies) > 1:
         import multiprocessing
 
-        # Longest first (dlrover, ours), so that the pool finishes together.
+        # Longest first (dlrover, ours), so that the pool finishes together; the bounds last, on
+        # the core the shorter policies leave (each policy's run takes them after it ends).
+        jobs = [(cfg, name, objective, dlrover_venv, False, {}) for name in policies]
         order = sorted(range(len(jobs)), key=lambda i: POLICY_COST.index(policies[i]))
         with multiprocessing.get_context("fork").Pool(min(processes, len(jobs))) as pool:
-            results = pool.map(_run_one, [jobs[i] for i in order], chunksize=1)
-        runs = [None] * len(jobs)
-        for i, run in zip(order, results):
-            runs[i] = run
+            pending = {i: pool.apply_async(_run_one, (jobs[i],)) for i in order}
+            bounds = pool.apply_async(_bound_table, (cfg,)).get()
+            runs = [with_bounds(pending[i].get(), bounds) for i in range(len(jobs))]
     else:
-        runs = [_run_one(job) for job in jobs]
+        bounds = _bound_table(cfg)
+        runs = [_run_one((cfg, name, objective, dlrover_venv, False, bounds)) for name in policies]
+    bound_s = np.array([b for b, _ in bounds.values()])
     summary, cis = summaries([run.jobs for run in runs], bound_s, resamples, cfg.seed)
     return summary, cis, runs
 

@@ -356,3 +356,24 @@ def test_the_curves_error_floor_is_at_most_the_error_of_any_curve(seed, start, c
         headroom = rng.uniform(0, 1) * (top - t0) if capacity else rng.exponential(1000)
         curve = x @ c + share * (t0 - headroom * np.expm1(-g * seen / (1e6 * max(headroom, 1e-12))))
         assert floor <= np.sum((curve - y) ** 2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.booleans(), st.booleans(), st.floats(0.05, 0.95), st.floats(0.1, 3.0), st.integers(0, 2**31))
+def test_the_memory_curves_jacobian_is_its_derivative(bounded, start, s, g_scale, seed):
+    """The curve fit's analytic Jacobian against central differences, with and without a
+    capacity and a fitted T₀ (the least-squares fit takes it in place of its own differences)."""
+    from scipy.optimize._numdiff import approx_derivative
+
+    from airflow_dlrover.optimizer.memory import _Curve
+
+    rng = np.random.default_rng(seed)
+    rows = 12
+    seen = np.sort(rng.uniform(0, 5e7, rows))
+    share = 1.0 / rng.integers(1, 9, rows)
+    x = np.column_stack([np.ones(rows), rng.uniform(0.5, 1.5, rows)])
+    curve = _Curve(x, share, seen, 40_000.0 if bounded else None, start)
+    theta = np.concatenate([rng.uniform(100, 1000, 2), [rng.uniform(0, 20_000)] if start else [],
+                            [g_scale * 200.0, s if bounded else s * 30_000.0]])
+    numeric = approx_derivative(curve.predict, theta, method="3-point")
+    np.testing.assert_allclose(curve.jacobian(theta), numeric, rtol=1e-5, atol=1e-6 * np.abs(numeric).max())

@@ -146,6 +146,30 @@ def test_the_structured_search_plans_as_the_exhaustive_one_past_today_s_grid(cpu
         assert not isinstance(result, tuple)
 
 
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_the_throughput_ceiling_bounds_every_plan_and_is_the_fastest_where_only_cores_and_nodes_bind(case):
+    """``throughput_ceiling`` is at least the predicted throughput of every plan, alternative and
+    front point under the quota (any memory, GPUs, exclusion); with memory and GPUs out of the way
+    it is the fastest configuration's."""
+    model, memory, quota, _, extra = case
+    ceiling = planner.throughput_ceiling(model, quota)
+    sizes = {k: extra[k] for k in ("samples", "worker_memory_mb", "ps_memory_mb") if k in extra}
+    for objective in ("throughput", "efficiency"):
+        chosen = outcome(model, memory, quota, objective, **sizes)
+        if not isinstance(chosen, tuple):
+            rows = [chosen.predicted_throughput] + [r["predicted_throughput"]
+                                                    for r in chosen.alternatives + chosen.pareto_front]
+            assert max(rows) <= ceiling
+    free = Quota(quota.cpu, 1e9, gpu=0, max_nodes=quota.max_nodes)
+    fastest = outcome(model, None, free, "throughput", exhaustive=True)
+    if isinstance(fastest, tuple):
+        assert fastest[0] == "InfeasibleQuotaError"
+        return
+    best = max([fastest.predicted_throughput] + [r["predicted_throughput"] for r in fastest.alternatives])
+    assert best == pytest.approx(planner.throughput_ceiling(model, free), rel=1e-12)
+
+
 def test_the_search_range_comes_from_the_quota():
     small = search_range(64.0)
     assert (small.max_workers, small.max_ps) == (127, 127)  # 0.5-core nodes, one of the other role
