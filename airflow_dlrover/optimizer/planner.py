@@ -832,15 +832,17 @@ class _Known:
         return front, best
 
 
-def _halve(s, lo, hi, *others):
-    """Boxes split in two along [lo, hi] (at ⌊√(lo·hi)⌋) where it holds more than one value; the
-    others' bounds (``others``: pairs of arrays) are copied."""
+def _halve(box: np.ndarray, cap: np.ndarray, lo_row: int, hi_row: int) -> tuple[np.ndarray, np.ndarray]:
+    """Boxes (``box``'s columns, ``cap`` theirs) split in two along rows [lo, hi] (at ⌊√(lo·hi)⌋)
+    where that side holds more than one value; every other row is copied."""
+    lo, hi = box[lo_row], box[hi_row]
     cut = hi > lo
     mid = np.clip(np.floor(np.sqrt(lo * hi)).astype(np.int64), lo, hi - 1)
-    idx = np.concatenate([np.arange(len(s)), np.flatnonzero(cut)])
-    new_lo = np.concatenate([lo, mid[cut] + 1])
-    new_hi = np.concatenate([np.where(cut, mid, hi), hi[cut]])
-    return (s[idx], new_lo, new_hi, *(a[idx] for a in others))
+    idx = np.concatenate([np.arange(len(lo)), np.flatnonzero(cut)])
+    out, n = box[:, idx], len(lo)
+    out[hi_row, :n] = np.where(cut, mid, hi)
+    out[lo_row, n:] = mid[cut] + 1
+    return out, cap[idx]
 
 
 def _branch_and_bound(sep: _Separable, rng: SearchRange, quota: Quota, grid_of: "_Grid", objective: str,
@@ -874,23 +876,27 @@ def _branch_and_bound(sep: _Separable, rng: SearchRange, quota: Quota, grid_of: 
             key, cores, x, money = key[mine], cores[mine], x[mine], money[mine] if money is not None else None
         known.add(key, cores, x, money)
 
-    s = np.arange(len(lw_s))
-    cap = np.full(len(s), budget)  # the most cores a configuration of the box may have and still matter
-    w1, p1 = np.ones(len(s), dtype=np.int64), np.ones(len(s), dtype=np.int64)
-    w2 = np.where(g_s > 0, np.minimum(W, quota.gpu // np.maximum(g_s, 1)), W).astype(np.int64)
-    p2 = np.full(len(s), P, dtype=np.int64)
+    # The boxes: rows (s, w1, w2, p1, p2) of one array (filtered at once), and the most cores a
+    # configuration of each may have and still matter.
+    count = len(lw_s)
+    box = np.stack([np.arange(count), np.ones(count, np.int64),
+                    np.where(g_s > 0, np.minimum(W, quota.gpu // np.maximum(g_s, 1)), W),
+                    np.ones(count, np.int64), np.full(count, P)]).astype(np.int64)
+    cap = np.full(count, budget)
     q = sep.q
-    while len(s):
+    while box.shape[1]:
+        s, w1, w2, p1, p2 = box
         lw, lp = lw_s[s], lp_s[s]
-        w2 = np.minimum.reduce([w2, np.floor((cap - p1 * lp) / lw).astype(np.int64), nodes - p1, most_w_from[p1]])
-        p2 = np.minimum.reduce([p2, np.floor((cap - w1 * lw) / lp).astype(np.int64), nodes - w1])
-        live = (w1 <= w2) & (p2 >= p1)
-        s, w1, w2, p1, p2, cap = (a[live] for a in (s, w1, w2, p1, p2, cap))
-        p2, p1 = last_from[w1, p2], next_from[w1, p1]
-        live = p1 <= p2
-        s, w1, w2, p1, p2, cap = (a[live] for a in (s, w1, w2, p1, p2, cap))
-        if not len(s):
+        box[2] = np.minimum.reduce([w2, np.floor((cap - p1 * lp) / lw).astype(np.int64), nodes - p1, most_w_from[p1]])
+        box[4] = np.minimum.reduce([p2, np.floor((cap - w1 * lw) / lp).astype(np.int64), nodes - w1])
+        live = (w1 <= box[2]) & (box[4] >= p1)
+        box, cap = box[:, live], cap[live]
+        box[4], box[3] = last_from[box[1], box[4]], next_from[box[1], box[3]]
+        live = box[3] <= box[4]
+        box, cap = box[:, live], cap[live]
+        if not box.shape[1]:
             break
+        s, w1, w2, p1, p2 = box
         lw, lp = lw_s[s], lp_s[s]
 
         # The bound: at p2, the best w of [w1, w2] (module docstring).
@@ -925,39 +931,39 @@ def _branch_and_bound(sep: _Separable, rng: SearchRange, quota: Quota, grid_of: 
         # configuration as fast as its bound: it keeps those.
         cap = np.where(best, cap, np.minimum(cap, known.cores_reaching(x_bound) + _CORES_EPS))
         split = front | best
-        s, w1, w2, p1, p2, cap = (a[split] for a in (s, w1, w2, p1, p2, cap))
+        box, cap = box[:, split], cap[split]
+        s, w1, w2, p1, p2 = box
 
         # Short rows (one w) that may still matter: every configuration, evaluated.
         small = (w1 == w2) & (p2 - p1 < C.PLAN_EXPAND_ROW)
         if small.any():
             n = (p2 - p1 + 1)[small]
-            box = np.repeat(np.flatnonzero(small), n)
-            ew, ep, es = w1[box], p1[box] + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n), s[box]
-            fit = fits[ew, ep] & (ew * lw_s[es] + ep * lp_s[es] <= cap[box])
+            at = np.repeat(np.flatnonzero(small), n)
+            ew, ep, es = w1[at], p1[at] + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n), s[at]
+            fit = fits[ew, ep] & (ew * lw_s[es] + ep * lp_s[es] <= cap[at])
             points = (es[fit], ew[fit], ep[fit])
             key, cores, x, money = point = evaluate(*points)
             learn(*point)
             wanted = np.logical_or(*known.wanted(x, cores, money))
             found.append(tuple(a[wanted] for a in points))
-            s, w1, w2, p1, p2, cap = (a[~small] for a in (s, w1, w2, p1, p2, cap))
+            box, cap = box[:, ~small], cap[~small]
+            s, w1, w2, p1, p2 = box
         # A small box becomes its rows (each bounded exactly, at its own w); a larger one is halved
         # along each side of more than one value, at its geometric mean.
         rows = (w2 > w1) & ((w2 - w1 + 1) * (p2 - p1 + 1) <= C.PLAN_ROWS_BOX)
         if rows.any():
             n = (w2 - w1 + 1)[rows]
-            box = np.repeat(np.flatnonzero(rows), n)
-            row_w = w1[box] + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+            at = np.repeat(np.flatnonzero(rows), n)
+            row_w = w1[at] + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+            expanded = box[:, at]
+            expanded[1] = expanded[2] = row_w
             keep = ~rows
-            s, w1, w2, p1, p2, cap = (np.concatenate([a[keep], b]) for a, b in (
-                (s, s[box]), (w1, row_w), (w2, row_w), (p1, p1[box]), (p2, p2[box]), (cap, cap[box])))
-            halve = np.arange(len(s)) < int(keep.sum())
+            whole = np.arange(len(at) + int(keep.sum())) >= int(keep.sum())
+            box, cap = np.concatenate([box[:, keep], expanded], axis=1), np.concatenate([cap[keep], cap[at]])
         else:
-            halve = np.ones(len(s), dtype=bool)
-        whole = ~halve
-        parts = _halve(s[halve], w1[halve], w2[halve], p1[halve], p2[halve], cap[halve])
-        parts = _halve(parts[0], parts[3], parts[4], parts[1], parts[2], parts[5])  # (s, p1, p2, w1, w2, cap)
-        s, w1, w2, p1, p2, cap = (np.concatenate([a[whole], b]) for a, b in (
-            (s, parts[0]), (w1, parts[3]), (w2, parts[4]), (p1, parts[1]), (p2, parts[2]), (cap, parts[5])))
+            whole = np.zeros(box.shape[1], dtype=bool)
+        halved, halved_cap = _halve(*_halve(box[:, ~whole], cap[~whole], 1, 2), 3, 4)
+        box, cap = np.concatenate([box[:, whole], halved], axis=1), np.concatenate([cap[whole], halved_cap])
 
     if not found:
         return Configurations.of(rng, *(np.zeros(0, np.int64),) * 3)
