@@ -65,6 +65,7 @@ Objectives:
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections import OrderedDict
@@ -115,15 +116,23 @@ class SearchRange:
     allreduce: bool = False
 
     def shapes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(λw, λp, g) of each node shape, in shape order."""
-        lw, lp, g = np.meshgrid(np.asarray(self.worker_cpu, float), np.asarray(self.ps_cpu, float),
-                                np.asarray(self.worker_gpu), indexing="ij")
-        return lw.ravel(), lp.ravel(), g.ravel()
+        """(λw, λp, g) of each node shape, in shape order (read-only: kept for the range)."""
+        return _shapes(self)
 
     @property
     def size(self) -> int:
         """Configurations in the range (before the quota's cores cut it)."""
         return self.max_workers * max(self.max_ps, 1) * len(self.worker_cpu) * len(self.ps_cpu) * len(self.worker_gpu)
+
+
+@functools.lru_cache(maxsize=256)
+def _shapes(rng: SearchRange) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    lw, lp, g = np.meshgrid(np.asarray(rng.worker_cpu, float), np.asarray(rng.ps_cpu, float),
+                            np.asarray(rng.worker_gpu), indexing="ij")
+    shapes = tuple(a.ravel() for a in (lw, lp, g))
+    for a in shapes:
+        a.flags.writeable = False
+    return shapes
 
 
 def search_range(cpu: float, *, allreduce: bool = False, gpu_values: tuple[int, ...] = (0,),
@@ -631,7 +640,7 @@ def throughput_ceiling(model: ThroughputModel, quota: Quota, batch_size: int | N
     lw, lp, _ = rng.shapes()
     budget = quota.cpu + _CORES_EPS
     nodes = quota.max_nodes if quota.max_nodes is not None else rng.max_workers + rng.max_ps + 1
-    s, w = (a.ravel() for a in np.meshgrid(np.arange(len(lw)), np.arange(1, rng.max_workers + 1), indexing="ij"))
+    s, w = np.repeat(np.arange(len(lw)), rng.max_workers), np.tile(np.arange(1, rng.max_workers + 1), len(lw))
     if rng.allreduce:
         p = np.zeros_like(w)
         fits = (w * lw[s] <= budget) & (w <= nodes)
