@@ -262,6 +262,21 @@ def test_cli_writes_the_files_with_the_exact_columns(tmp_path, capsys):
         assert (out / name).stat().st_size > 0
 
 
+@pytest.mark.jobs
+def test_policies_run_side_by_side_as_they_run_one_after_the_other():
+    """``simulate`` with a pool (the policies and the jobs' bounds in parallel) gives the serial
+    run's tables: every job's outcome and its ``bound_run_s``, filled and checked."""
+    from sim.run import simulate
+
+    cfg = replace(SMALL, jobs=10)
+    summary, _, serial = simulate(cfg, ["user", "oracle"], processes=1, resamples=20)
+    pooled_summary, _, pooled = simulate(cfg, ["user", "oracle"], processes=2, resamples=20)
+    for one, other in zip(serial, pooled):
+        pd.testing.assert_frame_equal(one.jobs, other.jobs, check_exact=True)
+        assert one.jobs["bound_run_s"].notna().all()
+    pd.testing.assert_frame_equal(summary, pooled_summary, check_exact=True)
+
+
 def test_cli_rejects_an_unknown_policy(tmp_path, capsys):
     assert main(["--jobs", "5", "--policies", "user,magic", "--out", str(tmp_path)]) == 2
     assert "policies='magic'" in capsys.readouterr().err
