@@ -375,7 +375,7 @@ def _fit_curve(terms: dict[str, np.ndarray], share: np.ndarray, seen: np.ndarray
     names = [first] + [k for k in rest if np.ptp(terms[k]) > 0]  # as _nnls_fit: a constant column stays 0
     x = np.column_stack([terms[k] for k in names])
     top = np.inf if capacity is None else float(capacity)
-    curve = _Curve(x, share, seen, top if capacity is not None else None, start is not None)
+    curve = _Curve(x, share, seen, None if capacity is None else top, start is not None)
     start_mb = line[start] if start else 0.0
     line_sse = float(np.sum((x @ [line[k] for k in names] + share * (start_mb + line["growth"] * seen / 1e6) - y) ** 2))
     dof = len(y) - (len(names) + bool(start) + 2)  # less the curve's parameters

@@ -375,8 +375,8 @@ def simulate(cfg: SimConfig, policies=POLICIES, *, objective: str = "efficiency"
     if processes > 1 and len(policies) > 1:
         import multiprocessing
 
-        # Longest first (dlrover, ours), so that the pool finishes together; the bounds last, on
-        # the core the shorter policies leave (each policy's run takes them after it ends).
+        # Longest first (dlrover, ours), so that the pool finishes together; the jobs' bounds last,
+        # on the core the shorter policies leave, added to every policy's jobs here (with_bounds).
         jobs = [(cfg, name, objective, dlrover_venv, False, {}) for name in policies]
         order = sorted(range(len(jobs)), key=lambda i: POLICY_COST.index(policies[i]))
         with multiprocessing.get_context("fork").Pool(min(processes, len(jobs))) as pool:
