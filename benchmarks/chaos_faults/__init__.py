@@ -97,21 +97,26 @@ def damaged_checkpoint(launcher: LocalLauncher, job_id: str, attempts: int = 3,
     """Flip a byte of the newest checkpoint's ps-0 file, then kill ps-0 so that a restore must read
     it and fall back (the master log's ``fallbacks``). Again, up to ``attempts`` times, where the
     restore did not fall back within ``restore_wait_s``: a checkpoint in flight at the flip that
-    completed before the kill is newer and whole, or ps-0 was down (a relaunch restoring already)."""
+    completed before the kill is newer and whole, or ps-0 was down (a relaunch restoring already).
+    A checkpoint is flipped once: flipped again, its byte would be whole (the kill alone retries)."""
     before = fallbacks(launcher, job_id)
     event: dict[str, Any] = {"skipped": "no checkpoint yet"}
+    flipped: set = set()
     for attempt in range(1, attempts + 1):
         _wait(lambda: running(launcher, job_id, "ps-0"), 10.0)
         checkpoint = launcher.master_call(job_id, "/status")["checkpoint"]
         if not checkpoint:
             return event
-        flip_middle_byte(Path(checkpoint["path"]) / "ps-0.npz")
+        if checkpoint["id"] not in flipped:
+            flip_middle_byte(Path(checkpoint["path"]) / "ps-0.npz")
+            flipped.add(checkpoint["id"])
         was_running = running(launcher, job_id, "ps-0")
         if was_running:
             launcher.kill_node(job_id, "ps-0")
             _wait(lambda: not running(launcher, job_id, "ps-0"), 10.0)  # its exit status written
-        event = {"flipped": checkpoint["id"], "path": checkpoint["path"], "killed": was_running, "attempts": attempt}
-        if _wait(lambda: fallbacks(launcher, job_id) > before, restore_wait_s):
+        event = {"flipped": checkpoint["id"], "path": checkpoint["path"], "killed": was_running, "attempts": attempt,
+                 "fell_back": _wait(lambda: fallbacks(launcher, job_id) > before, restore_wait_s)}
+        if event["fell_back"]:
             return event
     return event
 
