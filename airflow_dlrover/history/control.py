@@ -22,7 +22,7 @@ from airflow_dlrover.optimizer.controller import Action, ControllerState, Fail, 
 from airflow_dlrover.optimizer.finetune import ResizeRecord
 from airflow_dlrover.optimizer.similarity import SimilarPrior
 from airflow_dlrover.optimizer.types import (
-    RESIZE_ACTIONS, Configuration, EventKind, NodeState, NodeStatus, Phase, Quota, Reason, RecordKind,
+    EXPLORATIONS, RESIZE_ACTIONS, Configuration, EventKind, NodeState, NodeStatus, Phase, Quota, Reason, RecordKind,
 )
 
 
@@ -48,7 +48,7 @@ def controller_state(history: Any, job: Any, run: int, quota: Quota | None,
         last_resize = ResizeRecord(last["time"], Configuration(**last["current"]), Configuration(**last["target"]),
                                    last["throughput_before"], last.get("predicted_speedup") or 1.0,
                                    is_revert=last["action"] == "revert",
-                                   exploring=last["reason"] == Reason.EXPLORE and not judged)
+                                   exploring=last["reason"] in EXPLORATIONS and not judged)
     reports = [e for e in events if e.get("event") == EventKind.NODE_FAILED]
     failures = {(n["name"], n.get("restarts", 0)) for e in reports for n in e.get("nodes", [])}
     failure_log = tuple({"time_s": e["time"], "samples_done": e.get("samples_done") or 0.0,
@@ -67,7 +67,7 @@ def controller_state(history: Any, job: Any, run: int, quota: Quota | None,
         since_s=last["time"] if last else planned.get("time", -math.inf),
         last_resize=last_resize,
         rejected=tuple(Configuration(**d["reject"]) for d in resizes if d.get("reject")),
-        explorations=sum(d["reason"] == Reason.EXPLORE for d in resizes),
+        explorations=sum(d["reason"] in EXPLORATIONS for d in resizes),
         failures_reported=frozenset(failures),
         failure_log=failure_log,
         node_history=tuple(node_history),

@@ -315,7 +315,9 @@ REVERT_DELIVERED_FRACTION = 0.25
 #: ``EXPLORE_MAX_PER_RUN`` a run. It is judged and reverted as any resize (the revert excludes the
 #: shape), and its windows teach the refit what the probes could not. Where the mean's plan does not
 #: qualify (or already runs), the plan of one draw of the fit's posterior is tried on the same
-#: terms, its speed-up the draw's (``finetune.posterior_draw``: Thompson sampling). (ours: act on
+#: terms, its speed-up the draw's (``finetune.posterior_draw``: Thompson sampling). An efficiency
+#: run past a knee it is as unsure of explores the knee on the same band, when the core-hours its
+#: mean saves pay for the resize and its revert (``finetune._knee_exploration``). (ours: act on
 #: a plausible model where the band is wide and the stake pays; measured: benchmarks/simulate.py;
 #: docs/tuning.md#explore_min_band)
 EXPLORE_MIN_BAND = 0.3

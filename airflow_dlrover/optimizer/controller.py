@@ -80,8 +80,8 @@ from airflow_dlrover.optimizer.probes import (
 from airflow_dlrover.optimizer.similarity import SimilarPrior
 from airflow_dlrover.optimizer.transitions import TransitionCosts
 from airflow_dlrover.optimizer.types import (
-    CONFIG_COLUMNS, SAMPLE_TABLE_COLUMNS, Configuration, InvalidInputError, NodeState, NodeStatus, Objective, Phase,
-    Plan, Quota, Reason, is_allreduce,
+    CONFIG_COLUMNS, EXPLORATIONS, SAMPLE_TABLE_COLUMNS, Configuration, InvalidInputError, NodeState, NodeStatus,
+    Objective, Phase, Plan, Quota, Reason, is_allreduce,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -814,7 +814,8 @@ def _finetune(state: ControllerState, obs: Observation) -> tuple[ControllerState
     measured = measured_since_resize(state, config)
     deadline_s = None if state.deadline_at_s is None else state.deadline_at_s - obs.now_s
     model = state.model
-    decision = decide(model.throughput, model.memory, _less_heals(state.quota, obs), config, measured, remaining, obs.now_s,
+    room = _less_heals(state.quota, obs)
+    decision = decide(model.throughput, model.memory, room, config, measured, remaining, obs.now_s,
                       state.last_resize, state.rejected, objective=state.objective, deadline_s=deadline_s,
                       restart_cost_s=obs.restart_cost_s, transitions=obs.transitions, in_place=obs.in_place,
                       may_explore=state.explorations < C.EXPLORE_MAX_PER_RUN,
@@ -823,13 +824,19 @@ def _finetune(state: ControllerState, obs: Observation) -> tuple[ControllerState
         state = replace(state, last_resize=replace(state.last_resize, exploring=False))
     if decision.action == "keep":
         return state, Keep(decision.reason, decision.numbers)
+    back = decision.target
+    if decision.action == "revert" and room is not None and (back.cores > room.cpu + 1e-9
+                                                              or back.memory_mb > room.memory_mb + 1e-9):
+        # Planned before a heal that a revert would keep: back with it, the job would pass its quota.
+        return state, Keep(Reason.REVERT_PAST_QUOTA, {"target": back.describe(), "cores": back.cores,
+                                                      "healed": state.quota.cpu - room.cpu, "limit": state.quota.cpu})
     target = replace(decision.target,  # a running job's tables only grow: never less memory than now
                      worker_memory_mb=max(decision.target.worker_memory_mb, config.worker_memory_mb),
                      ps_memory_mb=max(decision.target.ps_memory_mb, config.ps_memory_mb))
     if state.quota is not None and target.memory_mb > state.quota.memory_mb + 1e-9:
         target = decision.target
     revert = decision.action == "revert"
-    exploring = decision.reason == Reason.EXPLORE
+    exploring = decision.reason in EXPLORATIONS
     record = ResizeRecord(obs.now_s, config, target, float(np.median(measured)), decision.predicted_speedup or 1.0,
                           is_revert=revert, exploring=exploring)
     rejected = state.rejected + ((decision.reject,) if decision.reject is not None else ())

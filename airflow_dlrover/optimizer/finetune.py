@@ -20,7 +20,8 @@ target is the refitted model's plan for the run's own objective (``planner.plan`
 Pareto front (``efficiency``), or the cheapest plan that still meets what is left of the deadline
 (``deadline``; once no plan can, the fastest one). The time rule never gives cores back, as a
 knee is slower than what runs past it: the efficiency objective resizes down to its knee when
-the cores past it pay neither their throughput nor the resize (``_past_the_knee``). The cost
+the cores past it pay neither their throughput nor the resize (``_past_the_knee``), and explores
+that knee where only the band's doubt refuses it (``_knee_exploration``). The cost
 depends on the change: workers only (the others keep training), a per-node CPU/memory change
 (that node relaunches), or a PS count change (checkpoint → re-partition → restart); an
 all-reduce job's worker-count change restarts its whole ring. The target is always of the job's
@@ -208,6 +209,8 @@ def decide(
     if speedup_low < C.MIN_RESIZE_SPEEDUP or saving < C.RESIZE_GAIN_MULTIPLE * cost:
         if objective == Objective.EFFICIENCY and target.cores < current.cores:
             given_back = _past_the_knee(current, target, speedup, speedup_low, keep_s, cost)
+            if given_back is None and may_explore:
+                given_back = _knee_exploration(model, current, target, speedup, speedup_low, keep_s, cost)
             if given_back is not None:
                 return given_back
         explored = explore(best)
@@ -250,6 +253,33 @@ def _past_the_knee(current: Configuration, target: Configuration, speedup: float
     numbers = {"target": target.describe(), "cores": cores, "knee_cores": knee_cores, "speedup": speedup,
                "speedup_low": speedup_low, "floor": floor, "saving_core_h": saving_core_s / 3600.0, "cost_s": cost}
     return Decision("resize", Reason.PAST_THE_KNEE, numbers, target=target, predicted_speedup=speedup,
+                    resize_cost_s=cost)
+
+
+def _knee_exploration(model: ThroughputModel, current: Configuration, target: Configuration, speedup: float,
+                      speedup_low: float, keep_s: float, cost: float) -> Decision | None:
+    """The knee tried where :func:`_past_the_knee` refuses it only for the model's doubt: at the
+    mean the cores past the knee do not pay (``speedup`` above :func:`_knee_floor`), the model is
+    unsure at the knee (its 90 % band at least ``EXPLORE_MIN_BAND`` of the prediction: a shape it
+    never measured), and the core-seconds the mean saves pay ``RESIZE_GAIN_MULTIPLE`` × those of
+    the resize and of its revert,
+
+        c·T_keep − (c·cost + c_k·T_keep / s)  ≥  2 · RESIZE_GAIN_MULTIPLE · c · cost
+
+    else None. It is judged as a give-back is (back, if the cores turn out to have paid), and its
+    windows teach the refit the knee's speed: without them a run resumed on its last configuration
+    is refused the knee by the same doubt every day."""
+    cores, knee_cores = current.cores, target.cores
+    floor = _knee_floor(cores, knee_cores)
+    x_target, lower, upper = (float(v[0]) for v in model.predict_features(model.features(target)))
+    band = (upper - lower) / x_target
+    saving_core_s = cores * keep_s - (cores * cost + knee_cores * keep_s / speedup)
+    if speedup <= floor or band < C.EXPLORE_MIN_BAND or saving_core_s < 2 * C.RESIZE_GAIN_MULTIPLE * cores * cost:
+        return None
+    numbers = {"target": target.describe(), "cores": cores, "knee_cores": knee_cores, "speedup": speedup,
+               "speedup_low": speedup_low, "floor": floor, "band": band, "saving_core_h": saving_core_s / 3600.0,
+               "cost_s": cost}
+    return Decision("resize", Reason.EXPLORE_KNEE, numbers, target=target, predicted_speedup=speedup,
                     resize_cost_s=cost)
 
 

@@ -612,8 +612,10 @@ class Reason(StrEnum):
     PAYS = "pays"
     PAST_THE_KNEE = "past_the_knee"
     EXPLORE = "explore"
+    EXPLORE_KNEE = "explore_knee"
     EXPLORED = "explored"
     DID_NOT_DELIVER = "did_not_deliver"
+    REVERT_PAST_QUOTA = "revert_past_quota"
     HOT_PS = "hot_ps"
     STRAGGLER = "straggler"
     OOM_RISK = "oom_risk"
@@ -659,9 +661,16 @@ _REASON_TEXT = {
                      "×{mean_speedup:.2f}, pessimistic ×{speedup_low:.2f}: it is unsure there, its 90 % band "
                      "{band:.0%} of the prediction); expected to save {expected_saving_s:.0f}s of {keep_s:.0f}s, "
                      "against a {cost_s:.0f}s resize and its revert"),
+    Reason.EXPLORE_KNEE: ("exploring {target}: the knee, {knee_cores:g} of {cores:g} cores; the model's mean puts it at "
+                          "×{speedup:.2f} of the current speed, above ×{floor:.2f}, where the cores past it do not pay, "
+                          "but it is unsure there (pessimistic ×{speedup_low:.2f}, its 90 % band {band:.0%} of the "
+                          "prediction); expected to save {saving_core_h:.1f} core-hours, against a {cost_s:.0f}s resize "
+                          "and its revert"),
     Reason.EXPLORED: "the exploration delivered ×{delivered:.2f} of a predicted ×{predicted:.2f}: kept",
     Reason.DID_NOT_DELIVER: ("last resize delivered ×{delivered:.2f} of a predicted ×{predicted:.2f} (needed "
                              "×{needed:.2f}): back to the configuration before it"),
+    Reason.REVERT_PAST_QUOTA: ("back to {target} ({cores:g} cores) would pass the quota's {limit:g} with what its "
+                               "healed nodes hold above their role ({healed:g} CPU): kept"),
     Reason.HOT_PS: "{node} uses {cpu_used:.2f} of {cpu_limit:g} cores ({utilisation:.0%}), {skew:.1f}× the median PS",
     Reason.STRAGGLER: "{node} runs {throughput:.0f} samples/s, {ratio:.0%} of the other workers' median",
     Reason.OOM_RISK: "{node} uses {memory_used_mb:.0f} of {memory_limit_mb:.0f} MB: limit reached {when}",
@@ -686,3 +695,6 @@ _REASON_TEXT = {
     Reason.RESTART_BACKOFF: ("{node} is relaunched in {wait_s:.0f}s: failure {failures} within {window_s:g}s "
                              "backs off {backoff_s:g}s"),
 }
+
+#: The fine-tune's explorations: resizes judged on their own windows, at most ``EXPLORE_MAX_PER_RUN`` a run.
+EXPLORATIONS = frozenset({Reason.EXPLORE, Reason.EXPLORE_KNEE})

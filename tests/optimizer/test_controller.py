@@ -307,6 +307,40 @@ def test_a_resize_leaves_room_for_what_a_healed_node_holds_above_its_role():
     assert max(c.cores for c in resizes) > quota.cpu - extra - 4  # it did use what was left
 
 
+def test_a_revert_that_a_heal_since_would_take_past_the_quota_is_not_made():
+    """A resize that gave cores back is judged, and its revert would take them again; a hot PS
+    healed meanwhile keeps its extra cores through the revert (it leaves the PS as they are), so
+    where the job's old size and the heal pass the quota, the job keeps its size."""
+    from airflow_dlrover.optimizer.finetune import ResizeRecord
+    from airflow_dlrover.optimizer.job_model import fit_job_model
+    from sim.synthetic import DIVERSE_CONFIGS, model_samples
+
+    profile = model_samples(configs=DIVERSE_CONFIGS, noise=0.02, seed=5)
+    quota = Quota(cpu=24.0, memory_mb=256 * 1024)
+    before = Configuration(10, 2, 2.0, 2.0, 2048, 4096, 0, 512)
+    after = Configuration(8, 2, 1.0, 2.0, 2048, 4096, 0, 512)
+    assert before.cores == quota.cpu > after.cores
+    last = ResizeRecord(0.0, before, after, throughput_before=1e5, predicted_speedup=0.8, exploring=True)
+    state = ControllerState(quota, model=fit_job_model(profile), profile=tuple(profile.to_dict("records")),
+                            last_resize=last, since_s=0.0)
+    now = C.MIN_RESIZE_INTERVAL_S + 10
+    windows = tuple(dict(after.to_row(), throughput=2e4, timestamp=now - 3 + k) for k in range(3))  # ×0.2
+
+    def running(extra):
+        return tuple([NodeStatus("ps-0", "ps", 0, NodeState.RUNNING, after.ps_cpu + extra, after.ps_memory_mb),
+                      NodeStatus("ps-1", "ps", 1, NodeState.RUNNING, after.ps_cpu, after.ps_memory_mb)]
+                     + [NodeStatus(f"worker-{i}", "worker", i, NodeState.RUNNING, after.worker_cpu,
+                                   after.worker_memory_mb) for i in range(after.workers)])
+
+    observe = dict(samples_done=1e6, samples_total=1e10, windows=windows)
+    _, (revert,) = step(state, Observation(now, after, nodes=running(0.0), **observe))
+    assert isinstance(revert, Resize) and revert.revert and revert.config.cores == before.cores
+    _, (kept,) = step(state, Observation(now, after, nodes=running(1.0), **observe))
+    assert kept == Keep(Reason.REVERT_PAST_QUOTA, kept.numbers)
+    assert kept.describe() == (f"back to {before.describe()} (24 cores) would pass the quota's 24 with what its "
+                               "healed nodes hold above their role (1 CPU): kept")
+
+
 # ---------------------------------------------------------------------------------------------
 # The memory model refitted from the running job
 # ---------------------------------------------------------------------------------------------

@@ -206,6 +206,36 @@ def test_an_efficiency_run_past_the_knee_gives_its_cores_back_and_takes_them_aga
     assert back.action == "revert" and back.target == fastest and back.reject == knee
 
 
+def test_an_efficiency_run_past_a_knee_its_model_is_unsure_of_explores_the_knee_and_is_judged_as_a_give_back():
+    from airflow_dlrover.optimizer.model import features
+
+    model, _, _ = _unsure()
+    quota = Quota(cpu=12, memory_mb=128 * 1024)
+    current = Configuration(5, 4, 1.0, 1.0, MEMORY.worker_request_mb(512), MEMORY.ps_request_mb(4))
+    x = 1 / float(features(5, 4, 1.0, 1.0, 0, 512) @ model.theta)
+    knee = plan(model, MEMORY, quota, "efficiency", samples=5e8).config
+    refused = decide(model, MEMORY, quota, current, [x] * 3, 5e8, 0, objective="efficiency")
+    assert refused.action == "keep" and refused.reason == Reason.NOT_WORTH_IT and refused.target == knee
+    explore = decide(model, MEMORY, quota, current, [x] * 3, 5e8, 0, objective="efficiency", may_explore=True)
+    assert explore.action == "resize" and explore.reason == Reason.EXPLORE_KNEE and explore.target == knee
+    numbers = explore.numbers
+    # Refused the give-back for its doubt alone: the pessimistic end below the floor, the mean above it.
+    assert numbers["speedup_low"] <= numbers["floor"] < numbers["speedup"] == explore.predicted_speedup
+    assert numbers["band"] >= C.EXPLORE_MIN_BAND and numbers["knee_cores"] < numbers["cores"] == current.cores
+    assert numbers["saving_core_h"] * 3600 >= 2 * C.RESIZE_GAIN_MULTIPLE * current.cores * explore.resize_cost_s
+    assert "exploring" in Reason.EXPLORE_KNEE.describe(numbers) and "the knee" in Reason.EXPLORE_KNEE.describe(numbers)
+    # Not without leave (the run's explorations spent), nor where too little is left to pay it back.
+    short = decide(model, MEMORY, quota, current, [x] * 3, 1e5, 0, objective="efficiency", may_explore=True)
+    assert short.action == "keep"
+    # Judged as a give-back: kept while it loses no more than the floor allows, else back and the knee rejected.
+    last = ResizeRecord(0.0, current, knee, x, explore.predicted_speedup, exploring=True)
+    now = C.MIN_RESIZE_INTERVAL_S + 1
+    kept = decide(model, MEMORY, quota, knee, [1.01 * numbers["floor"] * x] * 3, 5e8, now, last, objective="efficiency")
+    assert kept.action == "keep" and kept.reason == Reason.EXPLORED
+    back = decide(model, MEMORY, quota, knee, [0.95 * numbers["floor"] * x] * 3, 5e8, now, last, objective="efficiency")
+    assert back.action == "revert" and back.target == current and back.reject == knee
+
+
 def test_a_deadline_run_keeps_to_the_cheapest_plan_on_time_and_runs_fastest_once_late():
     samples = 5e8
     on_time = plan(MODEL, MEMORY, QUOTA, "deadline", samples=samples, deadline_s=samples / predicted(SMALL) / 3).config
