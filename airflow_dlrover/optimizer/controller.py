@@ -814,8 +814,7 @@ def _finetune(state: ControllerState, obs: Observation) -> tuple[ControllerState
     measured = measured_since_resize(state, config)
     deadline_s = None if state.deadline_at_s is None else state.deadline_at_s - obs.now_s
     model = state.model
-    room = _less_heals(state.quota, obs)
-    decision = decide(model.throughput, model.memory, room, config, measured, remaining, obs.now_s,
+    decision = decide(model.throughput, model.memory, _less_heals(state.quota, obs), config, measured, remaining, obs.now_s,
                       state.last_resize, state.rejected, objective=state.objective, deadline_s=deadline_s,
                       restart_cost_s=obs.restart_cost_s, transitions=obs.transitions, in_place=obs.in_place,
                       may_explore=state.explorations < C.EXPLORE_MAX_PER_RUN,
@@ -824,12 +823,6 @@ def _finetune(state: ControllerState, obs: Observation) -> tuple[ControllerState
         state = replace(state, last_resize=replace(state.last_resize, exploring=False))
     if decision.action == "keep":
         return state, Keep(decision.reason, decision.numbers)
-    back = decision.target
-    if decision.action == "revert" and room is not None and (back.cores > room.cpu + 1e-9
-                                                              or back.memory_mb > room.memory_mb + 1e-9):
-        # Planned before a heal that a revert would keep: back with it, the job would pass its quota.
-        return state, Keep(Reason.REVERT_PAST_QUOTA, {"target": back.describe(), "cores": back.cores,
-                                                      "healed": state.quota.cpu - room.cpu, "limit": state.quota.cpu})
     target = replace(decision.target,  # a running job's tables only grow: never less memory than now
                      worker_memory_mb=max(decision.target.worker_memory_mb, config.worker_memory_mb),
                      ps_memory_mb=max(decision.target.ps_memory_mb, config.ps_memory_mb))

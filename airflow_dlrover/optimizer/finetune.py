@@ -28,7 +28,9 @@ all-reduce job's worker-count change restarts its whole ring. The target is alwa
 own kind (``types.is_allreduce``): the model must be of the running configuration's kind, and its plans are (``planner``). After ``MIN_OBSERVATIONS_TO_JUDGE`` windows
 on the new configuration, a resize that delivered less than ``REVERT_DELIVERED_FRACTION`` of its
 predicted gain is reverted, and its target is returned in ``reject`` so the caller excludes it
-from later plans: the policy cannot oscillate between two configurations. ``decide`` is one part
+from later plans: the policy cannot oscillate between two configurations. Where the configuration
+before no longer fits the quota it plans in (a hot PS healed since holds the rest), the job is
+planned anew there without the target instead. ``decide`` is one part
 of ``controller.step``, which every caller goes through.
 """
 
@@ -156,15 +158,19 @@ def decide(
             judged = {"delivered": delivered, "predicted": last_resize.predicted_speedup}
             if last_resize.predicted_speedup < 1.0:  # cores given back past the knee: judged as the knee is
                 wanted = _knee_floor(last_resize.before.cores, current.cores)
-            if delivered < wanted:
+            back = last_resize.before
+            if delivered < wanted and (quota is None or (back.cores <= quota.cpu + 1e-9
+                                                         and back.memory_mb <= quota.memory_mb + 1e-9)):
                 return Decision(
                     "revert", Reason.DID_NOT_DELIVER, judged | {"needed": wanted, "explored": last_resize.exploring},
-                    target=last_resize.before,
+                    target=back,
                     predicted_speedup=last_resize.throughput_before / x_now,
-                    resize_cost_s=cost_of(current, last_resize.before),
+                    resize_cost_s=cost_of(current, back),
                     reject=last_resize.after,
                 )
-            if last_resize.exploring:
+            if delivered < wanted:  # no way back in the quota (a heal since holds the rest): planned anew without it
+                rejected = (*rejected, last_resize.after)
+            elif last_resize.exploring:
                 return Decision("keep", Reason.EXPLORED, judged)
 
     plan_args = (memory, quota, objective, remaining_samples, deadline_s, current.batch_size, tuple(rejected),

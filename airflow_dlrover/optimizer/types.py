@@ -615,7 +615,6 @@ class Reason(StrEnum):
     EXPLORE_KNEE = "explore_knee"
     EXPLORED = "explored"
     DID_NOT_DELIVER = "did_not_deliver"
-    REVERT_PAST_QUOTA = "revert_past_quota"
     HOT_PS = "hot_ps"
     STRAGGLER = "straggler"
     OOM_RISK = "oom_risk"
@@ -669,8 +668,6 @@ _REASON_TEXT = {
     Reason.EXPLORED: "the exploration delivered ×{delivered:.2f} of a predicted ×{predicted:.2f}: kept",
     Reason.DID_NOT_DELIVER: ("last resize delivered ×{delivered:.2f} of a predicted ×{predicted:.2f} (needed "
                              "×{needed:.2f}): back to the configuration before it"),
-    Reason.REVERT_PAST_QUOTA: ("back to {target} ({cores:g} cores) would pass the quota's {limit:g} with what its "
-                               "healed nodes hold above their role ({healed:g} CPU): kept"),
     Reason.HOT_PS: "{node} uses {cpu_used:.2f} of {cpu_limit:g} cores ({utilisation:.0%}), {skew:.1f}× the median PS",
     Reason.STRAGGLER: "{node} runs {throughput:.0f} samples/s, {ratio:.0%} of the other workers' median",
     Reason.OOM_RISK: "{node} uses {memory_used_mb:.0f} of {memory_limit_mb:.0f} MB: limit reached {when}",

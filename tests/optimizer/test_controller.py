@@ -307,11 +307,12 @@ def test_a_resize_leaves_room_for_what_a_healed_node_holds_above_its_role():
     assert max(c.cores for c in resizes) > quota.cpu - extra - 4  # it did use what was left
 
 
-def test_a_revert_that_a_heal_since_would_take_past_the_quota_is_not_made():
+def test_a_revert_that_a_heal_since_would_take_past_the_quota_is_planned_anew_without_the_shape():
     """A resize that gave cores back is judged, and its revert would take them again; a hot PS
     healed meanwhile keeps its extra cores through the revert (it leaves the PS as they are), so
-    where the job's old size and the heal pass the quota, the job keeps its size."""
-    from airflow_dlrover.optimizer.finetune import ResizeRecord
+    where the job's old size and the heal pass the quota, the fine-tune plans again in what the
+    heal leaves, without the shape that did not deliver."""
+    from airflow_dlrover.optimizer.finetune import ResizeRecord, shape
     from airflow_dlrover.optimizer.job_model import fit_job_model
     from sim.synthetic import DIVERSE_CONFIGS, model_samples
 
@@ -335,11 +336,9 @@ def test_a_revert_that_a_heal_since_would_take_past_the_quota_is_not_made():
     observe = dict(samples_done=1e6, samples_total=1e10, windows=windows)
     _, (revert,) = step(state, Observation(now, after, nodes=running(0.0), **observe))
     assert isinstance(revert, Resize) and revert.revert and revert.config.cores == before.cores
-    _, (kept,) = step(state, Observation(now, after, nodes=running(1.0), **observe))
-    assert kept == Keep(Reason.REVERT_PAST_QUOTA, kept.numbers)
-    assert kept.describe() == (f"back to {before.describe()} (24 cores) would pass the quota's 24 with what its "
-                               "healed nodes hold above their role (1 CPU): kept")
-
+    _, (planned,) = step(state, Observation(now, after, nodes=running(1.0), **observe))
+    assert isinstance(planned, Resize) and planned.reason == Reason.PAYS and not planned.revert
+    assert planned.config.cores + 1.0 <= quota.cpu and shape(planned.config) not in (shape(after), shape(before))
 
 # ---------------------------------------------------------------------------------------------
 # The memory model refitted from the running job
