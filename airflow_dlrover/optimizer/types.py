@@ -660,11 +660,11 @@ _REASON_TEXT = {
                      "×{mean_speedup:.2f}, pessimistic ×{speedup_low:.2f}: it is unsure there, its 90 % band "
                      "{band:.0%} of the prediction); expected to save {expected_saving_s:.0f}s of {keep_s:.0f}s, "
                      "against a {cost_s:.0f}s resize and its revert"),
-    Reason.EXPLORE_KNEE: ("exploring {target}: the knee, {knee_cores:g} of {cores:g} cores; the model's mean puts it at "
-                          "×{speedup:.2f} of the current speed, above ×{floor:.2f}, where the cores past it do not pay, "
-                          "but it is unsure there (pessimistic ×{speedup_low:.2f}, its 90 % band {band:.0%} of the "
-                          "prediction); expected to save {saving_core_h:.1f} core-hours, against a {cost_s:.0f}s resize "
-                          "and its revert"),
+    Reason.EXPLORE_KNEE: ("exploring {target}: the knee, {knee_cores:g} of {cores:g} cores; the model's mean puts "
+                          "it at ×{speedup:.2f} of the current speed, above ×{floor:.2f}, where the cores past it do "
+                          "not pay, but it is unsure there (pessimistic ×{speedup_low:.2f}, its 90 % band {band:.0%} "
+                          "of the prediction); expected to save {saving_core_h:.1f} core-hours, against a "
+                          "{cost_s:.0f}s resize and its revert"),
     Reason.EXPLORED: "the exploration delivered ×{delivered:.2f} of a predicted ×{predicted:.2f}: kept",
     Reason.DID_NOT_DELIVER: ("last resize delivered ×{delivered:.2f} of a predicted ×{predicted:.2f} (needed "
                              "×{needed:.2f}): back to the configuration before it"),
