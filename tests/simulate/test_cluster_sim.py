@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cluster_sim import profiling_target
+from cluster_sim import profiling_target, targets
 
 pytestmark = pytest.mark.unit
 
@@ -38,3 +38,16 @@ def test_the_profiling_target_is_the_median_share_of_profiled_cold_jobs_of_an_ho
 def test_no_profiled_job_of_an_hour_reports_nothing():
     assert profiling_target(_jobs([("ours", 0, 0.0, 0.0, 9000.0), ("ours", 0, 60.0, 30.0, 600.0)]), "cold") == []
     assert profiling_target(_jobs([("oracle", 0, 0.0, 0.0, 9000.0)]), "cold") == []
+
+
+def test_the_knee_target_is_its_jct_at_equal_or_fewer_of_its_core_hours():
+    def mean(jct, hours):
+        return pd.DataFrame({"policy": ["ours", "oracle"], "median_jct_s": [jct, 1000.0],
+                             "resource_hours": [hours, 100.0]})
+
+    [(goal, measured, met)] = targets(mean(1040.0, 100.0), "warm")
+    assert goal == "median JCT ≤ 1.05× the knee's (oracle) at equal or fewer core-hours"
+    assert measured == "1.04× at 1.00× its core-hours" and met is True
+    assert targets(mean(1040.0, 124.0), "warm")[0][2] is False  # as fast, on more of the cluster
+    assert targets(mean(1060.0, 90.0), "warm")[0][2] is False
+    assert targets(mean(1190.0, 95.0), "cold")[0][2] is True
