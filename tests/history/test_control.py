@@ -127,3 +127,18 @@ def test_a_failure_the_fine_tune_saw_is_no_resize_when_the_state_is_rebuilt(tmp_
     assert resized and rebuilt.last_resize.after == Configuration(**resized[-1]["target"])
     report = build_report(store, run, None, {"state": "failed"})
     assert report["resizes"] == sum(d["action"] in ("resize", "revert") for d in store.records(run, "decision"))
+
+
+def test_a_knee_exploration_counts_and_awaits_its_judgement_after_the_state_is_rebuilt(tmp_path):
+    store = HistoryStore(f"sqlite:///{tmp_path / 'h.db'}")
+    job = JobIdentity("", "", "knee")
+    run = store.start_run(job, "manual__knee")
+    current = Configuration(6, 4, 1.0, 1.0, MEMORY.worker_request_mb(512), MEMORY.ps_request_mb(4))
+    knee = Configuration(3, 3, 1.0, 0.5, MEMORY.worker_request_mb(512), MEMORY.ps_request_mb(3))
+    store.add(run, "plan", {**current.to_row(), "objective": "efficiency", "time": 0.0})
+    explore = Resize(Reason.EXPLORE_KNEE, {"target": knee.describe()}, config=knee, expected_speedup=0.9)
+    store.add(run, "decision", decision_record(explore, current, [1e5] * 3, 0) | {"time": 400.0})
+    rebuilt = controller_state(store, job, run, QUOTA)
+    assert rebuilt.explorations == 1 and rebuilt.objective == "efficiency"
+    last = rebuilt.last_resize
+    assert last.exploring and last.after == knee and last.predicted_speedup == 0.9
