@@ -31,12 +31,13 @@ def trainer_spec(job_id, command, samples=None, **trainer):
 
 def test_ddp_trainer_resized_and_killed_trains_every_sample_once(tmp_path):
     # 20 s on two workers of half a core: their start (torch, gloo) takes ~10 s when the machine is
-    # busy, and the 3 s windows that follow must include a clean one
-    spec = trainer_spec("ddp", [sys.executable, str(DDP), "--checkpoint-interval", "2"], samples=2_500_000)
+    # busy, and the 3 s windows that follow must include a clean one; sized to outlast the kill at
+    # 30 s where they train fast (2.5 M samples ended in 30 s on an idle 2-core EPYC)
+    spec = trainer_spec("ddp", [sys.executable, str(DDP), "--checkpoint-interval", "2"], samples=4_000_000)
     summary = run_job(LocalLauncher(tmp_path / "jobs"), spec, TWO, tmp_path, resizes=[(20.0, ONE)],
                       faults=[Fault(FaultKind.KILL_WORKER, 30.0, "worker-0")], timeout_s=300)
     # the trainer's own counter, restored from its checkpoint after each restart, reached the end
-    assert summary["samples_done"] == summary["samples_total"] == 2_500_000
+    assert summary["samples_done"] == summary["samples_total"] == 4_000_000
     assert summary["resizes"] == 1 and summary["restarts"] == 1
     assert len(summary["restart_s"]) == 2 and all(0 < s < 60 for s in summary["restart_s"])
     assert summary["auc"] > 0.7
