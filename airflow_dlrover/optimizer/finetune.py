@@ -216,7 +216,7 @@ def decide(
         if objective == Objective.EFFICIENCY and target.cores < current.cores:
             given_back = _past_the_knee(current, target, speedup, speedup_low, keep_s, cost)
             if given_back is None and may_explore:
-                given_back = _knee_exploration(model, current, target, speedup, speedup_low, keep_s, cost)
+                given_back = _knee_exploration(current, best, speedup, speedup_low, keep_s, cost)
             if given_back is not None:
                 return given_back
         explored = explore(best)
@@ -262,11 +262,11 @@ def _past_the_knee(current: Configuration, target: Configuration, speedup: float
                     resize_cost_s=cost)
 
 
-def _knee_exploration(model: ThroughputModel, current: Configuration, target: Configuration, speedup: float,
-                      speedup_low: float, keep_s: float, cost: float) -> Decision | None:
+def _knee_exploration(current: Configuration, knee: Plan, speedup: float, speedup_low: float, keep_s: float,
+                      cost: float) -> Decision | None:
     """The knee tried where :func:`_past_the_knee` refuses it only for the model's doubt: at the
     mean the cores past the knee do not pay (``speedup`` above :func:`_knee_floor`), the model is
-    unsure at the knee (its 90 % band at least ``EXPLORE_MIN_BAND`` of the prediction: a shape it
+    unsure at the knee (its plan's 90 % band at least ``EXPLORE_MIN_BAND`` of the prediction: a shape it
     never measured), and the core-seconds the mean saves pay ``RESIZE_GAIN_MULTIPLE`` × those of
     the resize and of its revert,
 
@@ -275,10 +275,9 @@ def _knee_exploration(model: ThroughputModel, current: Configuration, target: Co
     else None. It is judged as a give-back is (back, if the cores turn out to have paid), and its
     windows teach the refit the knee's speed: without them a run resumed on its last configuration
     is refused the knee by the same doubt every day."""
-    cores, knee_cores = current.cores, target.cores
+    target, cores, knee_cores = knee.config, current.cores, knee.config.cores
     floor = _knee_floor(cores, knee_cores)
-    x_target, lower, upper = (float(v[0]) for v in model.predict_features(model.features(target)))
-    band = (upper - lower) / x_target
+    band = (knee.upper_throughput - knee.lower_throughput) / knee.predicted_throughput
     saving_core_s = cores * keep_s - (cores * cost + knee_cores * keep_s / speedup)
     if speedup <= floor or band < C.EXPLORE_MIN_BAND or saving_core_s < 2 * C.RESIZE_GAIN_MULTIPLE * cores * cost:
         return None
