@@ -364,11 +364,11 @@ def test_the_torchrec_trainer_resumes_its_sharded_state_at_another_world_size_an
     pytest.importorskip("torchrec", reason="the torchrec extra (make installs it)")
     out = tmp_path / "run"
     assert main(["run-trainer", "--workers", "2", "--worker-cpu", "1", "--worker-memory", "2Gi", "--kind", "allreduce",
-                 "--reports-from", "rank0", "--samples", "500000", "--resize", "10s:workers=1,worker_cpu=2",
+                 "--reports-from", "rank0", "--samples", "1000000", "--resize", "10s:workers=1,worker_cpu=2",
                  "--inject", "kill-worker@18s", "--out", str(out), "--timeout", "300", "--",
                  sys.executable, str(TORCHREC), "--checkpoint-interval", "2"]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["samples_done"] == summary["samples_total"] == 500_000
+    assert summary["samples_done"] == summary["samples_total"] == 1_000_000
     # the resize asked for, at least (the fine-tune may explore one of its own), and the one kill
     assert summary["resizes"] >= 1 and summary["restarts"] == 1 and summary["config"]["workers"] == 1
     assert summary["auc"] > 0.7
