@@ -56,14 +56,15 @@ def test_a_parquet_job_recovers_loses_nothing_and_exports_what_it_scored(tmp_pat
 
 
 def test_epochs_under_a_killed_worker_and_a_ps_change_apply_every_sample_once_per_epoch(tmp_path, day):
-    job = JobSpec(job_id="epochs", data=str(day), samples=60_000, epochs=3, table_sizes=(5000,) * 26,
+    # six epochs, so that the job outlasts the PS change at 5 s on a fast machine
+    job = JobSpec(job_id="epochs", data=str(day), samples=60_000, epochs=6, table_sizes=(5000,) * 26,
                   checkpoint_interval_s=2.0, shuffle_window_rows=25_000)  # three windows, each shuffled
     ps_change = [(5.0, Configuration(2, 3, 1.0, 0.5, 2048, 1024))]
     summary = run_job(LocalLauncher(tmp_path / "jobs"), job, CONFIG, tmp_path, parse_faults("kill-worker@3s"), ps_change)
     assert summary["restarts"] >= 1 and any("re-partition" in " ".join(e.get("actions", [])) for e in summary["events"])
-    assert summary["samples_expected"] == 180_000 and summary["samples_lost"] == 0
+    assert summary["samples_expected"] == 360_000 and summary["samples_lost"] == 0
     assert summary["samples_duplicated"] <= job.shard_size  # a batch half pushed when its worker was killed
-    assert [e["samples_expected"] for e in summary["samples_by_epoch"]] == [60_000] * 3
+    assert [e["samples_expected"] for e in summary["samples_by_epoch"]] == [60_000] * 6
     assert all(e["samples_lost"] == 0 for e in summary["samples_by_epoch"])
 
 
